@@ -1,0 +1,62 @@
+"""fxkern: hand-written CUDA kernels as torch custom ops, carried through
+torch.export, torch.compile and Torch-TensorRT.
+
+Pipeline, one module per stage: :mod:`spec` (the DSL) → :mod:`derive`
+(plan: calling convention, shapes, geometry) → :mod:`compiler` (NVRTC,
+cache, signature check) → :mod:`ops` (torch.library registration) →
+:mod:`launcher` (per-device load, launch on torch's stream). Sizes,
+extras and grids are :mod:`symbolic` expressions evaluated by interpreters.
+"""
+
+from fxkern.errors import (
+    CompileError,
+    FxkernError,
+    KernelInputError,
+    LaunchError,
+    RegistrationError,
+    SignatureMismatch,
+    SpecError,
+)
+from fxkern.ops import cuda_kernel_op, kernel_op, ptx_op, registered_ops
+from fxkern.spec import (
+    Custom,
+    DimSize,
+    Elementwise,
+    InputDecl,
+    KernelSpec,
+    Numel,
+    OutputDecl,
+    ReduceDims,
+    Reduction,
+    SameAs,
+    ScalarInput,
+)
+from fxkern.symbolic import cdiv
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "CompileError",
+    "Custom",
+    "DimSize",
+    "Elementwise",
+    "FxkernError",
+    "InputDecl",
+    "KernelInputError",
+    "KernelSpec",
+    "LaunchError",
+    "Numel",
+    "OutputDecl",
+    "ReduceDims",
+    "Reduction",
+    "RegistrationError",
+    "SameAs",
+    "ScalarInput",
+    "SignatureMismatch",
+    "SpecError",
+    "cdiv",
+    "cuda_kernel_op",
+    "kernel_op",
+    "ptx_op",
+    "registered_ops",
+]

@@ -1,0 +1,346 @@
+"""From a KernelSpec to a KernelPlan: everything the spec implies, derived once.
+
+The plan holds the calling convention (one :class:`Param` per kernel
+argument), the schema, the output shapes, extras and launch geometry as
+:mod:`fxkern.symbolic` expressions, and the dtype rules. The launcher, the
+fake impl and the TensorRT plugin all read the plan; none re-derives it.
+Validation lives here too, so a malformed spec fails at registration with
+an error naming the field.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, Optional, Sequence, Tuple
+
+import torch
+
+from fxkern import symbolic as sym
+from fxkern.errors import SpecError
+from fxkern.spec import (
+    Custom,
+    DimSize,
+    Elementwise,
+    InputDecl,
+    KernelSpec,
+    Numel,
+    OutputDecl,
+    ReduceDims,
+    Reduction,
+    SameAs,
+    ScalarInput,
+)
+
+# C++ spelling of each element type a templated kernel can be instantiated for.
+CTYPES: Dict[torch.dtype, str] = {
+    torch.float32: "float",
+    torch.float16: "__half",
+    torch.bfloat16: "__nv_bfloat16",
+    torch.float64: "double",
+    torch.int32: "int",
+    torch.int64: "long long",
+    torch.int16: "short",
+    torch.int8: "signed char",
+    torch.uint8: "unsigned char",
+    torch.bool: "bool",
+}
+
+SCALAR_KINDS = {float: "f32", int: "i32", bool: "bool"}
+SCHEMA_TYPES = {float: "float", int: "int", bool: "bool"}
+INT32_MAX = 2**31 - 1
+
+
+@dataclass(frozen=True)
+class Param:
+    """One kernel parameter of the calling convention.
+
+    ``kind`` is ``pointer``, ``f32``, ``i32`` or ``bool``; ``role`` is
+    ``input``, ``scalar``, ``extra`` or ``output``; ``label`` is what an
+    error message calls it (``input x``, ``extra Numel('x')``...).
+    """
+
+    kind: str
+    role: str
+    label: str
+
+
+@dataclass(frozen=True)
+class KernelPlan:
+    spec: KernelSpec
+    inputs: Tuple[Any, ...]  # InputDecl | ScalarInput, declaration order
+    tensor_positions: Tuple[int, ...]  # argument positions of tensor inputs
+    tensor_decls: Tuple[InputDecl, ...]
+    output_names: Tuple[str, ...]
+    output_shapes: Optional[Tuple[sym.ShapeExpr, ...]]  # None: meta_fn decides
+    output_dtype_from: Tuple[Optional[int], ...]  # tensor index, or None: the call dtype
+    extras: Tuple[sym.Expr, ...]
+    grid: Optional[Tuple[sym.Expr, sym.Expr, sym.Expr]]
+    block: Optional[Tuple[int, int, int]]
+    shared_mem: sym.Expr
+    min_out_rank: int  # nd geometry needs this many output axes
+    elementwise: bool
+    dtypes: Optional[Tuple[torch.dtype, ...]]
+    params: Tuple[Param, ...]
+    schema: str
+
+    @property
+    def kernel_name(self) -> str:
+        return self.spec.kernel_name
+
+    def name_expression(self, dtype: Optional[torch.dtype]) -> str:
+        """The NVRTC name expression of the kernel instantiated for ``dtype``."""
+        if self.dtypes is None:
+            return self.spec.kernel_name
+        return f"{self.spec.kernel_name}<{CTYPES[dtype]}>"
+
+    def name_expressions(self) -> Tuple[str, ...]:
+        if self.dtypes is None:
+            return (self.spec.kernel_name,)
+        return tuple(self.name_expression(d) for d in self.dtypes)
+
+
+def _fail(field: str, message: str) -> SpecError:
+    return SpecError(f"KernelSpec.{field}: {message}")
+
+
+def _resolve_tensor(ref: Any, tensor_decls: Sequence[InputDecl], field: str) -> int:
+    names = [d.name for d in tensor_decls]
+    if isinstance(ref, bool) or not isinstance(ref, (int, str)):
+        raise _fail(field, f"refer to a tensor input by name or index, not {ref!r}")
+    if isinstance(ref, int):
+        if not 0 <= ref < len(tensor_decls):
+            raise _fail(field, f"index {ref} is out of range: the tensor inputs are {names}")
+        return ref
+    if ref not in names:
+        raise _fail(field, f"{ref!r} is not a tensor input; the tensor inputs are {names}")
+    return names.index(ref)
+
+
+def _check_dtype(dtype: Any, field: str) -> None:
+    if not isinstance(dtype, torch.dtype) or dtype not in CTYPES:
+        raise _fail(field, f"{dtype!r} is not a supported dtype; use one of {sorted(map(str, CTYPES))}")
+
+
+def plan_kernel(
+    spec: KernelSpec,
+    *,
+    has_meta_fn: bool = False,
+    has_eager_fn: bool = False,
+    schema: Optional[str] = None,
+) -> KernelPlan:
+    """Check ``spec`` and derive its plan. Raises :class:`SpecError` naming the field."""
+    if not isinstance(spec, KernelSpec):
+        raise SpecError(f"expected a fxkern.KernelSpec, got {type(spec).__name__}")
+    if not isinstance(spec.kernel_source, str) or not spec.kernel_source.strip():
+        raise _fail("kernel_source", "must be non-empty CUDA C++ source text")
+    if not isinstance(spec.kernel_name, str) or not spec.kernel_name.isidentifier():
+        raise _fail("kernel_name", f"{spec.kernel_name!r} is not a C identifier")
+    if spec.kernel_name not in spec.kernel_source:
+        raise _fail("kernel_name", f"{spec.kernel_name!r} does not appear in kernel_source")
+
+    inputs = tuple(spec.inputs or ())
+    if not inputs:
+        raise _fail("inputs", "declare at least one InputDecl")
+    seen = set()
+    for i, d in enumerate(inputs):
+        if not isinstance(d, (InputDecl, ScalarInput)):
+            raise _fail(f"inputs[{i}]", f"expected InputDecl or ScalarInput, got {d!r}")
+        if not isinstance(d.name, str) or not d.name.isidentifier():
+            raise _fail(f"inputs[{i}]", f"name {d.name!r} is not an identifier")
+        if d.name in seen:
+            raise _fail(f"inputs[{i}]", f"duplicate name {d.name!r}")
+        seen.add(d.name)
+        if isinstance(d, ScalarInput) and d.py_type not in SCALAR_KINDS:
+            raise _fail(f"inputs[{i}]", f"ScalarInput {d.name!r}: py_type must be float, int or bool, not {d.py_type!r}")
+        if isinstance(d, InputDecl) and d.dtype is not None:
+            _check_dtype(d.dtype, f"inputs[{i}].dtype")
+    tensor_positions = tuple(i for i, d in enumerate(inputs) if isinstance(d, InputDecl))
+    tensor_decls = tuple(inputs[i] for i in tensor_positions)
+    if not tensor_decls:
+        raise _fail("inputs", "declare at least one tensor InputDecl (shapes are derived from tensors)")
+    tensor_names = [d.name for d in tensor_decls]
+
+    dtypes = None
+    if spec.dtypes is not None:
+        dtypes = tuple(spec.dtypes)
+        if not dtypes:
+            raise _fail("dtypes", "is empty; leave it None for a float32-only kernel")
+        for d in dtypes:
+            _check_dtype(d, "dtypes")
+        if len(set(dtypes)) != len(dtypes):
+            raise _fail("dtypes", f"lists a dtype twice: {dtypes}")
+
+    # outputs
+    outputs = tuple(spec.outputs or ())
+    if not outputs and not has_meta_fn:
+        raise _fail("outputs", "declare at least one OutputDecl, or pass meta_fn=")
+    out_names, out_shapes, out_dtype_from = [], [], []
+    for j, o in enumerate(outputs):
+        if not isinstance(o, OutputDecl):
+            raise _fail(f"outputs[{j}]", f"expected OutputDecl, got {o!r}")
+        if not isinstance(o.name, str) or not o.name.isidentifier():
+            raise _fail(f"outputs[{j}]", f"name {o.name!r} is not an identifier")
+        if o.name in out_names or o.name in seen:
+            raise _fail(f"outputs[{j}]", f"duplicate name {o.name!r}")
+        out_names.append(o.name)
+        rel = o.shape
+        if isinstance(rel, SameAs):
+            out_shapes.append(sym.ShapeOf(_resolve_tensor(rel.input_idx, tensor_decls, f"outputs[{j}].shape")))
+        elif isinstance(rel, ReduceDims):
+            idx = _resolve_tensor(rel.input_idx, tensor_decls, f"outputs[{j}].shape")
+            dims = tuple(rel.dims) if isinstance(rel.dims, (tuple, list)) else (rel.dims,)
+            if not dims or not all(isinstance(a, int) for a in dims):
+                raise _fail(f"outputs[{j}].shape", f"ReduceDims.dims must be a non-empty tuple of ints, got {rel.dims!r}")
+            out_shapes.append(sym.Reduced(idx, dims, bool(rel.keepdim)))
+        else:
+            raise _fail(f"outputs[{j}].shape", f"expected SameAs or ReduceDims, got {rel!r}")
+        if o.dtype_from is None:
+            out_dtype_from.append(None)
+        else:
+            out_dtype_from.append(_resolve_tensor(o.dtype_from, tensor_decls, f"outputs[{j}].dtype_from"))
+    n_outputs = len(outputs)
+
+    # extras
+    extras = []
+    for k, e in enumerate(spec.extras or ()):
+        field = f"extras[{k}]"
+        if isinstance(e, Numel):
+            extras.append(sym.Prod(sym.INPUT, _resolve_tensor(e.input_name, tensor_decls, field)))
+        elif isinstance(e, DimSize):
+            if not isinstance(e.axis, int):
+                raise _fail(field, f"DimSize.axis must be an int, got {e.axis!r}")
+            extras.append(sym.Dim(sym.INPUT, _resolve_tensor(e.input_name, tensor_decls, field), e.axis))
+        else:
+            raise _fail(field, f"expected Numel or DimSize, got {e!r}")
+
+    # geometry
+    geom = spec.geometry
+    grid = block = None
+    shared_mem: sym.Expr = sym.Const(0)
+    min_out_rank = 0
+    if geom is None:
+        if not has_eager_fn:
+            raise _fail("geometry", "is required unless eager_fn= launches the kernel itself")
+    elif isinstance(geom, Elementwise):
+        blk = tuple(geom.block)
+        if not 1 <= len(blk) <= 3 or not all(isinstance(b, int) and b > 0 for b in blk):
+            raise _fail("geometry", f"Elementwise.block must be 1 to 3 positive ints, got {geom.block!r}")
+        if _prod(blk) > 1024:
+            raise _fail("geometry", f"Elementwise.block {blk} has {_prod(blk)} threads; a block holds at most 1024")
+        if geom.layout == "flat":
+            if len(blk) != 1:
+                raise _fail("geometry", f"Elementwise(layout='flat') takes a 1-D block, got {blk}")
+            grid = (sym.cdiv(sym.Prod(sym.OUTPUT, 0), blk[0]), sym.Const(1), sym.Const(1))
+        elif geom.layout == "nd":
+            g = [sym.cdiv(sym.Dim(sym.OUTPUT, 0, -(i + 1)), b) for i, b in enumerate(blk)]
+            outer = sym.Prod(sym.OUTPUT, 0, tuple(-(i + 1) for i in range(len(blk))))
+            if len(blk) == 3:
+                g[2] = g[2] * outer
+            else:
+                g += [sym.Const(1)] * (2 - len(blk)) + [outer]
+            grid = tuple(g)
+            min_out_rank = len(blk)
+        else:
+            raise _fail("geometry", f"Elementwise.layout must be 'flat' or 'nd', got {geom.layout!r}")
+        block = blk + (1,) * (3 - len(blk))
+    elif isinstance(geom, Reduction):
+        if not isinstance(geom.block_size, int) or not 0 < geom.block_size <= 1024:
+            raise _fail("geometry", f"Reduction.block_size must be an int in 1..1024, got {geom.block_size!r}")
+        rdims = tuple(geom.reduce_dims) if isinstance(geom.reduce_dims, (tuple, list)) else (geom.reduce_dims,)
+        if not rdims or not all(isinstance(a, int) for a in rdims):
+            raise _fail("geometry", f"Reduction.reduce_dims must be a non-empty tuple of ints, got {geom.reduce_dims!r}")
+        grid = (sym.Prod(sym.INPUT, 0, rdims), sym.Const(1), sym.Const(1))
+        block = (geom.block_size, 1, 1)
+    elif isinstance(geom, Custom):
+        grid, block, shared_mem = _custom_geometry(geom, len(tensor_decls), max(n_outputs, 1))
+    else:
+        raise _fail("geometry", f"expected Elementwise, Reduction or Custom, got {geom!r}")
+    if (isinstance(geom, Elementwise)) and not outputs and not has_meta_fn:
+        raise _fail("outputs", "Elementwise geometry is laid over output 0; declare it")
+
+    params = []
+    for i, d in enumerate(inputs):
+        if isinstance(d, InputDecl):
+            params.append(Param("pointer", "input", f"input {d.name!r}"))
+        else:
+            params.append(Param(SCALAR_KINDS[d.py_type], "scalar", f"scalar {d.name!r} ({d.py_type.__name__})"))
+    for e in spec.extras or ():
+        axis = f", {e.axis}" if isinstance(e, DimSize) else ""
+        params.append(Param("i32", "extra", f"extra {type(e).__name__}({e.input_name!r}{axis})"))
+    if not out_names and schema is not None:
+        out_names = [f"out{j}" for j in range(_schema_outputs(schema))]
+    for name in out_names:
+        params.append(Param("pointer", "output", f"output {name!r}"))
+
+    if schema is None:
+        if not outputs:
+            raise _fail("outputs", "with no OutputDecl, pass schema= (the outputs are not known)")
+        args = ", ".join(
+            f"Tensor {d.name}" if isinstance(d, InputDecl) else f"{SCHEMA_TYPES[d.py_type]} {d.name}"
+            for d in inputs
+        )
+        ret = "Tensor" if n_outputs == 1 else "(" + ", ".join(["Tensor"] * n_outputs) + ")"
+        schema = f"({args}) -> {ret}"
+
+    return KernelPlan(
+        spec=spec,
+        inputs=inputs,
+        tensor_positions=tensor_positions,
+        tensor_decls=tensor_decls,
+        output_names=tuple(out_names),
+        output_shapes=tuple(out_shapes) if outputs else None,
+        output_dtype_from=tuple(out_dtype_from),
+        extras=tuple(extras),
+        grid=grid,
+        block=block,
+        shared_mem=shared_mem,
+        min_out_rank=min_out_rank,
+        elementwise=isinstance(geom, Elementwise),
+        dtypes=dtypes,
+        params=tuple(params),
+        schema=schema,
+    )
+
+
+def _schema_outputs(schema: str) -> int:
+    try:
+        parsed = torch._C.parse_schema(f"op{schema}")
+    except RuntimeError as exc:
+        raise SpecError(f"schema {schema!r} does not parse: {exc}") from exc
+    if not all(str(r.type) == "Tensor" for r in parsed.returns):
+        raise SpecError(f"schema {schema!r}: an fxkern op returns Tensors only")
+    return len(parsed.returns)
+
+
+def _prod(values: Sequence[int]) -> int:
+    out = 1
+    for v in values:
+        out *= v
+    return out
+
+
+def _custom_geometry(geom: Custom, n_inputs: int, n_outputs: int):
+    if not callable(geom.fn):
+        raise _fail("geometry", "Custom.fn must be callable")
+    ins = [sym.Shape(sym.INPUT, i) for i in range(n_inputs)]
+    outs = [sym.Shape(sym.OUTPUT, j) for j in range(n_outputs)]
+    try:
+        result = geom.fn(ins, outs)
+    except TypeError as exc:
+        raise _fail("geometry", f"Custom.fn(inputs, outputs) failed on symbolic shapes: {exc}") from exc
+    if not isinstance(result, tuple) or len(result) not in (2, 3):
+        raise _fail("geometry", "Custom.fn must return (grid, block) or (grid, block, shared_mem)")
+    grid, block = result[0], result[1]
+    shared = result[2] if len(result) == 3 else 0
+    grid = tuple(grid) if isinstance(grid, (tuple, list)) else (grid,)
+    block = tuple(block) if isinstance(block, (tuple, list)) else (block,)
+    if not 1 <= len(grid) <= 3 or not 1 <= len(block) <= 3:
+        raise _fail("geometry", "Custom.fn: grid and block take 1 to 3 entries")
+    if not all(isinstance(b, int) and b > 0 for b in block) or _prod(block) > 1024:
+        raise _fail("geometry", f"Custom.fn: block must be positive ints, at most 1024 threads; got {block}")
+    try:
+        grid = tuple(sym.lift(g) for g in grid) + (sym.Const(1),) * (3 - len(grid))
+        shared = sym.lift(shared)
+    except TypeError as exc:
+        raise _fail("geometry", f"Custom.fn: {exc}") from exc
+    return grid, tuple(block) + (1,) * (3 - len(block)), shared

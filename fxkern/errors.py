@@ -1,0 +1,35 @@
+"""fxkern's exception types.
+
+Every error a user can trigger is one of these, with a message that says
+what to change. They subclass the built-in type a caller would otherwise
+expect (``ValueError``, ``TypeError``, ``RuntimeError``), so existing
+``except`` clauses keep working.
+"""
+
+
+class FxkernError(Exception):
+    """Base class of every fxkern error."""
+
+
+class SpecError(FxkernError, ValueError):
+    """A KernelSpec (or an override passed with it) is malformed."""
+
+
+class CompileError(FxkernError, RuntimeError):
+    """NVRTC rejected the kernel source; the message carries its log."""
+
+
+class SignatureMismatch(FxkernError, TypeError):
+    """The kernel's parameter list disagrees with the spec's calling convention."""
+
+
+class RegistrationError(FxkernError, RuntimeError):
+    """An op name is taken by a different spec, or is not a valid name."""
+
+
+class KernelInputError(FxkernError, ValueError):
+    """A call passed tensors or scalars the kernel cannot take (device, dtype, shape, size)."""
+
+
+class LaunchError(FxkernError, RuntimeError):
+    """The CUDA driver refused to load or launch the kernel."""

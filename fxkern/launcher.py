@@ -1,0 +1,118 @@
+"""Loads compiled kernels onto devices and launches them on torch's stream.
+
+Modules are loaded lazily, once per device, at the first launch there (the
+CUBIN is compiled for that device's architecture, through the cache). A
+launch packs the arguments with ctypes and calls ``cuLaunchKernel`` on the
+current torch stream of the tensors' device: no synchronisation and no
+allocation outside torch's allocator, so launches are CUDA-graph capturable.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+from typing import Any, Callable, Dict, Optional, Sequence, Tuple
+
+import torch
+
+from fxkern.errors import LaunchError
+
+_CTYPE = {"pointer": ctypes.c_void_p, "i32": ctypes.c_int32, "f32": ctypes.c_float, "bool": ctypes.c_bool}
+
+_driver_ready = False
+
+
+def _driver():
+    global _driver_ready
+    from cuda.bindings import driver
+
+    if not _driver_ready:
+        (err,) = driver.cuInit(0)
+        _check(err, "cuInit")
+        _driver_ready = True
+    return driver
+
+
+def _check(err: Any, what: str) -> None:
+    from cuda.bindings import driver
+
+    if err != driver.CUresult.CUDA_SUCCESS:
+        _, name = driver.cuGetErrorName(err)
+        _, text = driver.cuGetErrorString(err)
+        name = name.decode() if name else str(err)
+        text = text.decode() if text else ""
+        hint = ""
+        if name == "CUDA_ERROR_UNSUPPORTED_PTX_VERSION":
+            hint = " (the PTX is newer than this driver accepts: compile for this GPU's arch, or update the driver)"
+        raise LaunchError(f"{what} failed: {name}: {text}{hint}")
+
+
+def current_stream_handle(device_index: int) -> int:
+    """The raw cudaStream_t torch is using on ``device_index``."""
+    return torch.cuda.current_stream(device_index).cuda_stream
+
+
+class DeviceFunctions:
+    """Kernel handles of one compiled module, loaded per device on first use.
+
+    ``load(device_index)`` returns ``{entry name: CUfunction}``; ``image_for``
+    gives the bytes to load for a device (CUBIN for its arch, or PTX).
+    """
+
+    def __init__(self, image_for: Callable[[int], bytes], entries: Sequence[str]):
+        self._image_for = image_for
+        self._entries = tuple(entries)
+        self._loaded: Dict[int, Dict[str, Any]] = {}
+        self._lock = threading.Lock()
+        self._modules = []
+
+    def load(self, device_index: int) -> Dict[str, Any]:
+        functions = self._loaded.get(device_index)
+        if functions is not None:
+            return functions
+        with self._lock:
+            if device_index in self._loaded:
+                return self._loaded[device_index]
+            driver = _driver()
+            image = self._image_for(device_index)
+            err, dev = driver.cuDeviceGet(device_index)
+            _check(err, f"cuDeviceGet({device_index})")
+            err, ctx = driver.cuDevicePrimaryCtxRetain(dev)
+            _check(err, "cuDevicePrimaryCtxRetain")
+            (err,) = driver.cuCtxPushCurrent(ctx)
+            _check(err, "cuCtxPushCurrent")
+            try:
+                err, module = driver.cuModuleLoadData(image)
+                _check(err, f"loading the kernel module on cuda:{device_index}")
+                functions = {}
+                for name in self._entries:
+                    err, fn = driver.cuModuleGetFunction(module, name.encode())
+                    _check(err, f"cuModuleGetFunction({name!r})")
+                    functions[name] = fn
+            finally:
+                driver.cuCtxPopCurrent()
+            self._modules.append(module)
+            self._loaded[device_index] = functions
+            return functions
+
+
+def launch(
+    function: Any,
+    grid: Tuple[int, int, int],
+    block: Tuple[int, int, int],
+    shared_mem: int,
+    stream: int,
+    kinds: Sequence[str],
+    values: Sequence[Any],
+    what: str,
+) -> None:
+    """Launch ``function`` with ``values`` packed by ``kinds`` (pointer, i32, f32, bool)."""
+    driver = _driver()
+    holders = [_CTYPE[k](v) for k, v in zip(kinds, values)]
+    argv = (ctypes.c_void_p * len(holders))(*[ctypes.addressof(h) for h in holders])
+    (err,) = driver.cuLaunchKernel(
+        function, grid[0], grid[1], grid[2], block[0], block[1], block[2], shared_mem, stream,
+        ctypes.addressof(argv), 0,
+    )
+    if err != driver.CUresult.CUDA_SUCCESS:
+        _check(err, f"launching {what} with grid {grid} and block {block}")

@@ -1,0 +1,392 @@
+"""Registration: a KernelSpec (or PTX) becomes a torch custom op.
+
+``cuda_kernel_op`` derives the plan, compiles and checks the kernel (no GPU
+needed), then defines ``ns::name`` through ``torch.library`` with:
+
+* a CUDA impl that checks the call, allocates outputs with torch and
+  launches on the current stream of the inputs' device;
+* a fake impl that derives output shapes from the same expressions, with
+  SymInts under dynamic shapes;
+* a CPU impl that runs ``reference`` (the op's definition in PyTorch), or
+  a clear error when there is none.
+
+Every registered op is kept in a registry (:func:`kernel_op`) that the
+rewrite pass and the TensorRT converter read.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+import torch
+
+from fxkern import compiler, launcher, symbolic, validate
+from fxkern.derive import KernelPlan, plan_kernel
+from fxkern.errors import KernelInputError, RegistrationError, SpecError
+from fxkern.spec import KernelSpec
+
+log = logging.getLogger("fxkern")
+
+_PREAMBLE_HEADERS = {torch.float16: "cuda_fp16.h", torch.bfloat16: "cuda_bf16.h"}
+
+
+@dataclass
+class KernelOp:
+    """What fxkern knows about one registered op."""
+
+    qualname: str
+    schema: str
+    spec: Optional[KernelSpec]
+    plan: Optional[KernelPlan]
+    compiled: Optional[compiler.CompiledKernel]  # for the registration arch (PTX for TensorRT)
+    source: str  # the source handed to NVRTC (preamble included)
+    meta_fn: Optional[Callable[..., Any]]
+    eager_fn: Optional[Callable[..., Any]]
+    aot_fn: Optional[Callable[..., Any]]
+    reference: Optional[Callable[..., Any]]
+    supports_dynamic_shapes: bool
+    library: torch.library.Library
+    identity: Any = field(repr=False, default=None)
+    ptx: Optional[str] = None  # ptx_op's own PTX
+
+    @property
+    def op(self) -> torch._ops.OpOverloadPacket:
+        ns, name = self.qualname.split("::")
+        return getattr(getattr(torch.ops, ns), name)
+
+
+_REGISTRY: Dict[str, KernelOp] = {}
+
+
+def kernel_op(qualname: str) -> KernelOp:
+    """The registry entry of an fxkern op, by ``ns::name``."""
+    try:
+        return _REGISTRY[qualname]
+    except KeyError:
+        raise RegistrationError(f"{qualname!r} is not an fxkern op; registered: {sorted(_REGISTRY)}") from None
+
+
+def registered_ops() -> List[KernelOp]:
+    return list(_REGISTRY.values())
+
+
+def registration_arch(spec: Optional[KernelSpec] = None) -> str:
+    """Arch the registration-time PTX targets: ``arch_override``, ``$FXKERN_ARCH``, or sm_90.
+
+    Chosen without touching the GPU, so registering an op does no GPU work.
+    """
+    if spec is not None and spec.arch_override:
+        return compiler.normalize_arch(spec.arch_override)
+    return compiler.normalize_arch(os.environ.get("FXKERN_ARCH", compiler.DEFAULT_ARCH))
+
+
+def _split_name(op_name: str) -> Tuple[str, str]:
+    m = re.fullmatch(r"([A-Za-z_]\w*)::([A-Za-z_]\w*)", op_name or "")
+    if not m:
+        raise RegistrationError(f"op name {op_name!r} must look like 'namespace::name' (identifiers)")
+    ns, name = m.groups()
+    if ns in ("aten", "prim", "prims", "torch", "_", "fxkern_internal"):
+        raise RegistrationError(f"op namespace {ns!r} is reserved; pick your own")
+    return ns, name
+
+
+def kernel_source(spec: KernelSpec) -> str:
+    """The source NVRTC compiles: fp16/bf16 headers for the declared dtypes, then the user's code.
+
+    A ``#line`` directive keeps NVRTC's line numbers those of the user's source.
+    """
+    headers = [_PREAMBLE_HEADERS[d] for d in (spec.dtypes or ()) if d in _PREAMBLE_HEADERS]
+    if not headers:
+        return spec.kernel_source
+    pre = "".join(f"#include <{h}>\n" for h in headers)
+    return f'{pre}#line 1 "{spec.kernel_name}.cu"\n{spec.kernel_source}'
+
+
+def compile_plan(plan: KernelPlan, source: str, arch: str) -> compiler.CompiledKernel:
+    """Compile for ``arch`` and check every instantiation's PTX parameters against the plan."""
+    spec = plan.spec
+    compiled = compiler.compile_source(
+        source,
+        plan.name_expressions(),
+        arch=arch,
+        std=spec.compile_std,
+        include_paths=tuple(spec.include_paths or ()),
+        filename=f"{spec.kernel_name}.cu",
+    )
+    entries = compiler.ptx_entries(compiled.ptx)
+    for expr in plan.name_expressions():
+        entry = compiled.entry(expr)
+        if entry not in entries:
+            raise SpecError(f"kernel {expr!r} is not a __global__ function in the compiled PTX")
+        compiler.check_signature(expr, entries[entry], plan.params)
+    return compiled
+
+
+def cuda_kernel_op(
+    op_name: str,
+    spec: KernelSpec,
+    *,
+    meta_fn: Optional[Callable[..., Any]] = None,
+    eager_fn: Optional[Callable[..., Any]] = None,
+    aot_fn: Optional[Callable[..., Any]] = None,
+    schema: Optional[str] = None,
+    reference: Optional[Callable[..., Any]] = None,
+    supports_dynamic_shapes: bool = True,
+) -> torch._ops.OpOverloadPacket:
+    """Register ``spec`` as the torch op ``op_name`` (``ns::name``) and return it.
+
+    ``meta_fn``/``eager_fn``/``aot_fn``/``schema`` replace what would be
+    derived from the spec; ``reference`` is the op in PyTorch (its CPU impl
+    and the oracle for checks). Registering the same name with an equal spec
+    again returns the existing op.
+    """
+    ns, name = _split_name(op_name)
+    identity = (spec, schema, _fn_id(meta_fn), _fn_id(eager_fn), _fn_id(aot_fn), _fn_id(reference))
+    existing = _existing(op_name, identity)
+    if existing is not None:
+        return existing
+    plan = plan_kernel(spec, has_meta_fn=meta_fn is not None, has_eager_fn=eager_fn is not None, schema=schema)
+    source = kernel_source(spec)
+    compiled = compile_plan(plan, source, registration_arch(spec))
+    lib = _define(ns, name, plan.schema)
+    entry = KernelOp(
+        qualname=op_name, schema=plan.schema, spec=spec, plan=plan, compiled=compiled, source=source,
+        meta_fn=meta_fn, eager_fn=eager_fn, aot_fn=aot_fn, reference=reference,
+        supports_dynamic_shapes=supports_dynamic_shapes, library=lib, identity=identity,
+    )
+    lib.impl(name, eager_fn if eager_fn is not None else _cuda_impl(entry), "CUDA")
+    lib.impl(name, _cpu_impl(entry), "CPU")
+    torch.library.register_fake(op_name, meta_fn if meta_fn is not None else _fake_impl(entry), lib=lib)
+    _REGISTRY[op_name] = entry
+    log.info("fxkern: registered %s%s", op_name, plan.schema)
+    return entry.op
+
+
+def ptx_op(
+    op_name: str,
+    ptx: Any,
+    kernel_name: str,
+    *,
+    meta_fn: Callable[..., Any],
+    eager_fn: Optional[Callable[..., Any]] = None,
+    aot_fn: Optional[Callable[..., Any]] = None,
+    schema: Optional[str] = None,
+    reference: Optional[Callable[..., Any]] = None,
+) -> torch._ops.OpOverloadPacket:
+    """Register pre-compiled PTX as the op ``op_name``; NVRTC is skipped.
+
+    With no spec there is no derived launch: ``eager_fn`` runs the op on
+    CUDA, ``meta_fn`` gives its output shapes, ``aot_fn`` its TensorRT launch.
+    The schema is ``schema`` or inferred from ``meta_fn``'s annotations.
+    """
+    ns, name = _split_name(op_name)
+    text = ptx.decode() if isinstance(ptx, (bytes, bytearray)) else ptx
+    if not isinstance(text, str) or ".entry" not in text:
+        raise SpecError(f"ptx_op {op_name}: ptx must be PTX text (str or bytes) with a .entry")
+    entries = compiler.ptx_entries(text)
+    if kernel_name not in entries:
+        raise SpecError(f"ptx_op {op_name}: no .entry {kernel_name!r} in the PTX; it has {sorted(entries)}")
+    if not callable(meta_fn):
+        raise SpecError(f"ptx_op {op_name}: meta_fn is required (it gives the output shapes)")
+    if schema is None:
+        try:
+            schema = torch.library.infer_schema(meta_fn, mutates_args=())
+        except ValueError as exc:
+            raise SpecError(f"ptx_op {op_name}: pass schema=, or annotate meta_fn's parameters ({exc})") from exc
+    identity = (text, kernel_name, schema, _fn_id(meta_fn), _fn_id(eager_fn), _fn_id(aot_fn), _fn_id(reference))
+    existing = _existing(op_name, identity)
+    if existing is not None:
+        return existing
+    lib = _define(ns, name, schema)
+    entry = KernelOp(
+        qualname=op_name, schema=schema, spec=None, plan=None, compiled=None, source="",
+        meta_fn=meta_fn, eager_fn=eager_fn, aot_fn=aot_fn, reference=reference,
+        supports_dynamic_shapes=True, library=lib, identity=identity, ptx=text,
+    )
+    if eager_fn is not None:
+        lib.impl(name, eager_fn, "CUDA")
+    else:
+        lib.impl(name, _no_impl(op_name, "CUDA", "pass eager_fn= to run it outside TensorRT"), "CUDA")
+    lib.impl(name, _cpu_impl(entry), "CPU")
+    torch.library.register_fake(op_name, meta_fn, lib=lib)
+    _REGISTRY[op_name] = entry
+    return entry.op
+
+
+# ---- registration helpers ----------------------------------------------------
+
+
+def _fn_id(fn: Optional[Callable[..., Any]]) -> Any:
+    if fn is None:
+        return None
+    code = getattr(fn, "__code__", None)
+    return (getattr(fn, "__module__", None), getattr(fn, "__qualname__", repr(fn)), code.co_code if code else None)
+
+
+def _existing(op_name: str, identity: Any) -> Optional[torch._ops.OpOverloadPacket]:
+    entry = _REGISTRY.get(op_name)
+    if entry is None:
+        return None
+    if entry.identity == identity:
+        log.debug("fxkern: %s already registered with this spec", op_name)
+        return entry.op
+    raise RegistrationError(
+        f"op {op_name} is already registered with a different spec or override; pick another "
+        f"name (the old one stays registered until the process exits)"
+    )
+
+
+def _define(ns: str, name: str, schema: str) -> torch.library.Library:
+    namespace = getattr(torch.ops, ns)
+    if hasattr(namespace, name):
+        raise RegistrationError(f"op {ns}::{name} already exists and is not an fxkern op; pick another name")
+    lib = torch.library.Library(ns, "FRAGMENT")
+    try:
+        lib.define(f"{name}{schema}")
+    except RuntimeError as exc:
+        raise SpecError(f"op {ns}::{name}: schema {schema!r} is invalid: {exc}") from exc
+    return lib
+
+
+def _no_impl(op_name: str, where: str, hint: str) -> Callable[..., Any]:
+    def impl(*args: Any) -> Any:
+        raise KernelInputError(f"{op_name} has no {where} implementation: {hint}")
+
+    return impl
+
+
+def _as_tuple(result: Any) -> Tuple[Any, ...]:
+    return tuple(result) if isinstance(result, (tuple, list)) else (result,)
+
+
+# ---- impls -------------------------------------------------------------------
+
+
+def _fake_impl(entry: KernelOp) -> Callable[..., Any]:
+    plan, op = entry.plan, entry.qualname
+    shape_fns = [symbolic.compile_shape(s) for s in plan.output_shapes]
+    positions = plan.tensor_positions
+    single = len(shape_fns) == 1
+
+    def fake(*args: Any) -> Any:
+        tensors = [args[i] for i in positions]
+        dtype = validate.call_dtype(op, plan, tensors)
+        env = ([t.shape for t in tensors], ())
+        shapes = [f(env) for f in shape_fns]
+        validate.check_shapes(op, plan, tensors, shapes[0])
+        dtypes = validate.output_dtypes(plan, tensors, dtype)
+        device = tensors[0].device
+        outs = [tensors[0].new_empty(s, dtype=d, device=device) for s, d in zip(shapes, dtypes)]
+        return outs[0] if single else tuple(outs)
+
+    return fake
+
+
+def _cpu_impl(entry: KernelOp) -> Callable[..., Any]:
+    op, reference = entry.qualname, entry.reference
+    if reference is None:
+        return _no_impl(op, "CPU", "move the inputs to a CUDA device, or register it with reference= (a PyTorch function)")
+    fake = entry.meta_fn if entry.meta_fn is not None else _fake_impl(entry)
+
+    def cpu(*args: Any) -> Any:
+        expected = _as_tuple(fake(*args))  # validates the call like the CUDA path
+        inputs = [a for a in args if isinstance(a, torch.Tensor)]
+        outs = _as_tuple(reference(*args))
+        if len(outs) != len(expected):
+            raise SpecError(f"{op}: reference returned {len(outs)} outputs, the op declares {len(expected)}")
+        fixed = []
+        for i, (o, e) in enumerate(zip(outs, expected)):
+            if not isinstance(o, torch.Tensor) or o.dtype != e.dtype or o.shape != e.shape:
+                got = f"{o.dtype} {tuple(o.shape)}" if isinstance(o, torch.Tensor) else repr(o)
+                raise SpecError(
+                    f"{op}: reference output {i} is {got}, the op declares {e.dtype} {tuple(e.shape)}"
+                )
+            if any(o.untyped_storage().data_ptr() == t.untyped_storage().data_ptr() for t in inputs) or not o.is_contiguous():
+                o = o.clone(memory_format=torch.contiguous_format)
+            fixed.append(o)
+        return fixed[0] if len(fixed) == 1 else tuple(fixed)
+
+    return cpu
+
+
+def _cuda_impl(entry: KernelOp) -> Callable[..., Any]:
+    """The derived eager launcher: check, allocate, compute geometry, launch."""
+    plan, op = entry.plan, entry.qualname
+    spec = plan.spec
+    positions = plan.tensor_positions
+    inputs = plan.inputs
+    meta_fn = entry.meta_fn
+    shape_fns = [symbolic.compile_shape(s) for s in plan.output_shapes] if meta_fn is None else None
+    grid_fns = [symbolic.compile_expr(g) for g in plan.grid]
+    extra_fns = [symbolic.compile_expr(e) for e in plan.extras]
+    smem_fn = symbolic.compile_expr(plan.shared_mem)
+    extra_labels = [p.label for p in plan.params if p.role == "extra"]
+    kinds = [p.kind for p in plan.params]
+    block = plan.block
+    dtypes = plan.dtypes
+    entry_names = {d: plan.name_expression(d) for d in (dtypes or (None,))}
+    compiled_by_arch: Dict[str, compiler.CompiledKernel] = {}
+
+    def compiled_for(device_index: int) -> compiler.CompiledKernel:
+        major, minor = torch.cuda.get_device_capability(device_index)
+        arch = f"sm_{major}{minor}"
+        if arch not in compiled_by_arch:
+            compiled_by_arch[arch] = compile_plan(plan, entry.source, arch)
+        return compiled_by_arch[arch]
+
+    functions = launcher.DeviceFunctions(
+        lambda idx: compiled_for(idx).cubin,
+        [entry.compiled.entry(n) for n in entry_names.values()],
+    )
+    lowered = {d: entry.compiled.entry(n) for d, n in entry_names.items()}
+    scalar_slots = [(i, d.name, d.py_type) for i, d in enumerate(inputs) if i not in positions]
+    single = plan.output_shapes is not None and len(plan.output_shapes) == 1
+
+    def cuda(*args: Any) -> Any:
+        tensors = [args[i] for i in positions]
+        device = validate.check_devices(op, plan, tensors)
+        dtype = validate.call_dtype(op, plan, tensors)
+        tensors = [t if t.is_contiguous() else t.contiguous() for t in tensors]
+        in_shapes = [t.shape for t in tensors]
+        if meta_fn is None:
+            shapes = [f((in_shapes, ())) for f in shape_fns]
+            validate.check_shapes(op, plan, tensors, shapes[0])
+            out_dtypes = validate.output_dtypes(plan, tensors, dtype)
+            outs = [torch.empty(s, dtype=d, device=device) for s, d in zip(shapes, out_dtypes)]
+        else:
+            outs = list(_as_tuple(meta_fn(*args)))
+        env = (in_shapes, [o.shape for o in outs])
+        grid = (grid_fns[0](env), grid_fns[1](env), grid_fns[2](env))
+        extras = [f(env) for f in extra_fns]
+        validate.check_int32(op, extra_labels, extras)
+        validate.check_grid(op, grid)
+        if grid[0] and grid[1] and grid[2]:
+            values: List[Any] = []
+            t = 0
+            for i in range(len(inputs)):
+                if t < len(positions) and positions[t] == i:
+                    values.append(tensors[t].data_ptr())
+                    t += 1
+                else:
+                    values.append(None)
+            for i, name, py_type in scalar_slots:
+                values[i] = validate.coerce_scalar(op, name, py_type, args[i])
+            values += extras
+            values += [o.data_ptr() for o in outs]
+            index = device.index
+            fn = functions.load(index)[lowered[dtype if dtypes else None]]
+            stream = launcher.current_stream_handle(index)
+            if torch.cuda.current_device() != index:
+                with torch.cuda.device(index):
+                    launcher.launch(fn, grid, block, smem_fn(env), stream, kinds, values, op)
+            else:
+                launcher.launch(fn, grid, block, smem_fn(env), stream, kinds, values, op)
+        if meta_fn is not None:
+            return outs[0] if len(outs) == 1 else tuple(outs)
+        return outs[0] if single else tuple(outs)
+
+    return cuda

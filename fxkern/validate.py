@@ -1,0 +1,151 @@
+"""Checks a call against its plan before anything is launched.
+
+Shared by the CUDA impl, the CPU reference impl and the fake impl, so a bad
+call fails the same way in eager, under ``torch.export`` and on CPU. Every
+failure is a :class:`KernelInputError` that names the op and the argument.
+"""
+
+from __future__ import annotations
+
+from typing import Any, List, Optional, Sequence
+
+import torch
+
+from fxkern.derive import INT32_MAX, KernelPlan
+from fxkern.errors import KernelInputError
+
+
+def _is_concrete(x: Any) -> bool:
+    return isinstance(x, int)
+
+
+def call_dtype(op: str, plan: KernelPlan, tensors: Sequence[torch.Tensor]) -> Optional[torch.dtype]:
+    """The dtype the kernel is instantiated for, after checking every tensor input's dtype."""
+    chosen: Optional[torch.dtype] = None
+    chosen_from = ""
+    for decl, t in zip(plan.tensor_decls, tensors):
+        if not isinstance(t, torch.Tensor):
+            raise KernelInputError(f"{op}: input {decl.name!r} must be a tensor, got {type(t).__name__}")
+        if decl.dtype is not None:
+            if t.dtype != decl.dtype:
+                raise KernelInputError(
+                    f"{op}: input {decl.name!r} must be {decl.dtype}, got {t.dtype}; "
+                    f"convert it with .to({decl.dtype})"
+                )
+            continue
+        if chosen is None:
+            allowed = plan.dtypes or (torch.float32,)
+            if t.dtype not in allowed:
+                raise KernelInputError(
+                    f"{op}: input {decl.name!r} is {t.dtype}, but the kernel is built for "
+                    f"{', '.join(map(str, allowed))}; convert the input, or add {t.dtype} to "
+                    f"KernelSpec.dtypes (with a templated kernel)"
+                )
+            chosen, chosen_from = t.dtype, decl.name
+        elif t.dtype != chosen:
+            raise KernelInputError(
+                f"{op}: input {decl.name!r} is {t.dtype} but {chosen_from!r} is {chosen}; "
+                f"inputs without their own InputDecl.dtype must share one dtype"
+            )
+    return chosen
+
+
+def output_dtypes(plan: KernelPlan, tensors: Sequence[torch.Tensor], dtype: Optional[torch.dtype]) -> List[torch.dtype]:
+    result = []
+    for src in plan.output_dtype_from:
+        if src is not None:
+            result.append(tensors[src].dtype)
+        else:
+            result.append(dtype if dtype is not None else tensors[0].dtype)
+    return result
+
+
+def check_devices(op: str, plan: KernelPlan, tensors: Sequence[torch.Tensor]) -> torch.device:
+    device = tensors[0].device
+    for decl, t in zip(plan.tensor_decls, tensors):
+        if t.device.type != "cuda":
+            raise KernelInputError(
+                f"{op}: input {decl.name!r} is on {t.device}; every tensor input must be on the "
+                f"same CUDA device (move it with .to({str(device) if device.type == 'cuda' else 'cuda'!r}))"
+            )
+        if t.device != device:
+            raise KernelInputError(
+                f"{op}: input {decl.name!r} is on {t.device} but {plan.tensor_decls[0].name!r} is on "
+                f"{device}; move all tensor inputs to one device"
+            )
+    return device
+
+
+
+def check_shapes(op: str, plan: KernelPlan, tensors: Sequence[torch.Tensor], out_shape0: Optional[Sequence[Any]]) -> None:
+    """Elementwise inputs must have output 0's shape, or broadcast to it when declared so."""
+    if out_shape0 is not None and len(out_shape0) < plan.min_out_rank:
+        raise KernelInputError(
+            f"{op}: the 'nd' launch tiles the last {plan.min_out_rank} axes of the output, "
+            f"which has rank {len(out_shape0)}"
+        )
+    if not plan.elementwise or out_shape0 is None:
+        return
+    out = list(out_shape0)
+    for decl, t in zip(plan.tensor_decls, tensors):
+        shape = list(t.shape)
+        if decl.broadcast:
+            ok = len(shape) <= len(out) and all(
+                _eq(s, 1) or _eq(s, o) for s, o in zip(reversed(shape), reversed(out))
+            )
+            if not ok:
+                raise KernelInputError(
+                    f"{op}: input {decl.name!r} has shape {tuple(shape)}, which does not broadcast "
+                    f"to the output shape {tuple(out)}"
+                )
+        elif len(shape) != len(out) or not all(_eq(s, o) for s, o in zip(shape, out)):
+            raise KernelInputError(
+                f"{op}: input {decl.name!r} has shape {tuple(shape)} but the output has shape "
+                f"{tuple(out)}; an Elementwise kernel needs equal shapes (declare "
+                f"InputDecl({decl.name!r}, broadcast=True) for an input it broadcasts)"
+            )
+
+
+def _eq(a: Any, b: Any) -> bool:
+    """Size equality that works for SymInts: a runtime assert, not a specialisation."""
+    if _is_concrete(a) and _is_concrete(b):
+        return a == b
+    if _is_concrete(a) and a == 1:
+        return True
+    torch._check(a == b, lambda: f"size {a} must equal {b}")
+    return True
+
+
+def check_int32(op: str, labels: Sequence[str], values: Sequence[int]) -> None:
+    for label, v in zip(labels, values):
+        if v > INT32_MAX:
+            raise KernelInputError(
+                f"{op}: {label} is {v}, past the 32-bit int the kernel takes "
+                f"(at most {INT32_MAX}); split the tensor or use a kernel with 64-bit sizes"
+            )
+
+
+def check_grid(op: str, grid: Sequence[int]) -> None:
+    limits = (INT32_MAX, 65535, 65535)
+    for axis, (g, limit) in enumerate(zip(grid, limits)):
+        if g > limit:
+            raise KernelInputError(
+                f"{op}: grid {tuple(grid)} is past CUDA's limit of {limit} blocks on axis "
+                f"{'xyz'[axis]}; the input is too large for this launch geometry"
+            )
+
+
+def coerce_scalar(op: str, name: str, py_type: type, value: Any) -> Any:
+    if py_type is bool:
+        if not isinstance(value, (bool, int)):
+            raise KernelInputError(f"{op}: scalar {name!r} must be a bool, got {value!r}")
+        return bool(value)
+    if py_type is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise KernelInputError(f"{op}: scalar {name!r} must be an int, got {value!r}")
+        if not -(2**31) <= value <= INT32_MAX:
+            raise KernelInputError(f"{op}: scalar {name!r} = {value} does not fit the kernel's 32-bit int")
+        return value
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        raise KernelInputError(f"{op}: scalar {name!r} must be a float, got {value!r}")
+    return float(value)
