@@ -16,6 +16,7 @@ rewrite pass and the TensorRT converter read.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import re
@@ -27,7 +28,7 @@ import torch
 from fxkern import compiler, launcher, symbolic, validate
 from fxkern.derive import KernelPlan, plan_kernel
 from fxkern.errors import KernelInputError, RegistrationError, SpecError
-from fxkern.spec import KernelSpec
+from fxkern.spec import Custom, KernelSpec
 
 log = logging.getLogger("fxkern")
 
@@ -145,7 +146,7 @@ def cuda_kernel_op(
     again returns the existing op.
     """
     ns, name = _split_name(op_name)
-    identity = (spec, schema, _fn_id(meta_fn), _fn_id(eager_fn), _fn_id(aot_fn), _fn_id(reference))
+    identity = (_spec_id(spec), schema, _fn_id(meta_fn), _fn_id(eager_fn), _fn_id(aot_fn), _fn_id(reference))
     existing = _existing(op_name, identity)
     if existing is not None:
         return existing
@@ -225,6 +226,13 @@ def _fn_id(fn: Optional[Callable[..., Any]]) -> Any:
         return None
     code = getattr(fn, "__code__", None)
     return (getattr(fn, "__module__", None), getattr(fn, "__qualname__", repr(fn)), code.co_code if code else None)
+
+
+def _spec_id(spec: KernelSpec) -> Any:
+    """The spec as compared for re-registration: a Custom geometry function by its code, not its identity."""
+    if isinstance(spec, KernelSpec) and isinstance(spec.geometry, Custom):
+        return dataclasses.replace(spec, geometry=Custom(_fn_id(spec.geometry.fn)))
+    return spec
 
 
 def _existing(op_name: str, identity: Any) -> Optional[torch._ops.OpOverloadPacket]:

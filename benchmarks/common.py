@@ -1,0 +1,58 @@
+"""Shared benchmark plumbing: CUDA-event timing with warm-up and medians, machine description,
+and writing a named section of docs/benchmarks.md."""
+
+from __future__ import annotations
+
+import datetime
+import platform
+import re
+import statistics
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+DOC = Path(__file__).resolve().parents[1] / "docs" / "benchmarks.md"
+
+
+def cuda_time_ms(fn: Callable[[], object], *, warmup: int = 5, reps: int = 20) -> float:
+    """Median milliseconds of ``fn`` on the current stream, timed with CUDA events."""
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def machine() -> str:
+    parts = [f"{platform.node() or 'host'}", f"Python {platform.python_version()}", f"torch {torch.__version__}"]
+    if torch.cuda.is_available():
+        p = torch.cuda.get_device_properties(0)
+        parts.insert(0, f"{torch.cuda.device_count()}x {p.name} ({p.multi_processor_count} SMs, {p.total_memory / 2**30:.0f} GiB)")
+    else:
+        parts.insert(0, f"CPU only ({platform.processor() or platform.machine()})")
+    return ", ".join(parts)
+
+
+def today() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+
+
+def write_section(name: str, body: str, path: Path = DOC) -> None:
+    """Replace (or append) the section between ``<!-- name:start -->`` and ``<!-- name:end -->``."""
+    start, end = f"<!-- {name}:start -->", f"<!-- {name}:end -->"
+    block = f"{start}\n{body.strip()}\n{end}"
+    text = path.read_text() if path.exists() else "# fxkern benchmarks\n"
+    if start in text:
+        text = re.sub(re.escape(start) + r".*?" + re.escape(end), lambda m: block, text, flags=re.S)
+    else:
+        text = text.rstrip() + "\n\n" + block + "\n"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)

@@ -1,0 +1,150 @@
+"""NVRTC compile without a GPU, the disk cache, and the PTX signature check."""
+
+import multiprocessing as mp
+import os
+
+import pytest
+import torch
+
+import fxkern
+import seven_cases
+from fxkern import (
+    CompileError, Elementwise, InputDecl, KernelSpec, Numel, OutputDecl, SameAs, ScalarInput, SignatureMismatch,
+    compiler,
+)
+from fxkern.derive import plan_kernel
+from fxkern.ops import compile_plan, kernel_source
+
+ADD_SRC = 'extern "C" __global__ void add(const float* a, const float* b, int n, float* c) { int i = threadIdx.x; if (i < n) c[i] = a[i] + b[i]; }'
+
+
+def test_registration_needs_no_gpu():
+    # CI has no GPU and no driver: compiling must not touch either.
+    c = compiler.compile_source(ADD_SRC, ["add"], arch="sm_90")
+    assert ".target sm_90" in c.ptx and c.cubin[:4] == b"\x7fELF"
+    assert not torch.cuda.is_initialized()
+
+
+@pytest.mark.parametrize("case", seven_cases.CASES, ids=lambda c: c.name)
+def test_every_example_compiles_for_sm90_and_matches_its_spec(case):
+    case.register()
+    entry = fxkern.kernel_op(f"{seven_cases.NS}::{case.name}")
+    compiled = compile_plan(entry.plan, entry.source, "sm_90")
+    entries = compiler.ptx_entries(compiled.ptx)
+    for expr in entry.plan.name_expressions():
+        params = entries[compiled.entry(expr)]
+        assert len(params) == len(entry.plan.params)
+
+
+def test_ptx_entries_reads_parameter_types():
+    c = compiler.compile_source(ADD_SRC, ["add"])
+    assert [p.ptx_type for p in compiler.ptx_entries(c.ptx)["add"]] == ["u64", "u64", "u32", "u64"]
+
+
+def test_templated_kernel_one_compile_all_dtypes(fresh_cache):
+    case = seven_cases.BY_NAME["sigmoid"]
+    spec = KernelSpec(seven_cases.SIGMOID, "sigmoid_kernel", inputs=[InputDecl("x")], outputs=[OutputDecl("y", SameAs("x"))],
+                      extras=[Numel("x")], geometry=Elementwise(), dtypes=seven_cases.FLOATS)
+    plan = plan_kernel(spec)
+    c = compile_plan(plan, kernel_source(spec), "sm_90")
+    assert compiler.stats["compiles"] == 1
+    lowered = [c.entry(e) for e in plan.name_expressions()]
+    assert len(set(lowered)) == 3 and all(name.startswith("_Z") for name in lowered)
+
+
+def test_cache_hit_skips_nvrtc(fresh_cache):
+    compiler.compile_source(ADD_SRC, ["add"])
+    compiler.compile_source(ADD_SRC, ["add"])
+    assert compiler.stats == {"compiles": 1, "hits": 1}
+    compiler.compile_source(ADD_SRC, ["add"], arch="sm_80")  # another arch is another key
+    assert compiler.stats["compiles"] == 2
+
+
+def test_corrupt_entry_is_recompiled(fresh_cache, caplog):
+    first = compiler.compile_source(ADD_SRC, ["add"])
+    (entry,) = fresh_cache.glob("*.json")
+    data = bytearray(entry.read_bytes())
+    data[len(data) // 2] ^= 0x55
+    entry.write_bytes(bytes(data))
+    again = compiler.compile_source(ADD_SRC, ["add"])
+    assert compiler.stats["compiles"] == 2
+    assert again.ptx == first.ptx
+    assert "corrupt" in caplog.text
+    entry.write_bytes(b"")  # truncated, as after a crash mid-write without atomic rename
+    compiler.compile_source(ADD_SRC, ["add"])
+    assert compiler.stats["compiles"] == 3
+
+
+def _cold_start(cache_dir, queue):
+    os.environ["FXKERN_CACHE_DIR"] = cache_dir
+    from fxkern import compiler as c
+
+    c.compile_source(ADD_SRC, ["add"], arch="sm_90")
+    queue.put(c.stats["compiles"])
+
+
+def test_concurrent_cold_start_compiles_once(tmp_path):
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    procs = [ctx.Process(target=_cold_start, args=(str(tmp_path), queue)) for _ in range(4)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(120)
+    counts = [queue.get(timeout=5) for _ in procs]
+    assert sum(counts) == 1, counts
+    assert len(list(tmp_path.glob("*.json"))) == 1
+    assert not list(tmp_path.glob("*.tmp"))
+
+
+def test_compile_error_shows_log_and_source_lines(fresh_cache):
+    src = 'extern "C" __global__ void broken(float* x) {\n  int i = threadIdx.x;\n  x[i] = undefined_name;\n}\n'
+    with pytest.raises(CompileError) as info:
+        compiler.compile_source(src, ["broken"], filename="broken.cu")
+    msg = str(info.value)
+    assert "undefined_name" in msg and "identifier" in msg
+    assert ">>    3 |   x[i] = undefined_name;" in msg
+
+
+def _plan(src, name, **kw):
+    base = dict(inputs=[InputDecl("a"), InputDecl("b")], outputs=[OutputDecl("c", SameAs("a"))], extras=[Numel("a")], geometry=Elementwise())
+    base.update(kw)
+    return plan_kernel(KernelSpec(src, name, **base))
+
+
+def test_signature_matches():
+    compile_plan(_plan(ADD_SRC, "add"), ADD_SRC, "sm_90")
+
+
+def test_signature_wrong_type_names_the_argument():
+    src = 'extern "C" __global__ void add(const float* a, double b, int n, float* c) {}'
+    with pytest.raises(SignatureMismatch, match=r"parameter 1: the spec puts input 'b' there.*\.f64"):
+        compile_plan(_plan(src, "add"), src, "sm_90")
+
+
+def test_signature_missing_output_names_it():
+    src = 'extern "C" __global__ void add(const float* a, const float* b, int n) {}'
+    with pytest.raises(SignatureMismatch, match=r"no parameter for output 'c'"):
+        compile_plan(_plan(src, "add"), src, "sm_90")
+
+
+def test_signature_extra_parameter():
+    src = 'extern "C" __global__ void add(const float* a, const float* b, int n, float* c, float* d) {}'
+    with pytest.raises(SignatureMismatch, match=r"1 parameter\(s\) more"):
+        compile_plan(_plan(src, "add"), src, "sm_90")
+
+
+def test_signature_scalar_and_extra_types():
+    src = 'extern "C" __global__ void s(const float* x, float alpha, long long n, float* y) {}'
+    plan = plan_kernel(KernelSpec(src, "s", inputs=[InputDecl("x"), ScalarInput("alpha", float)],
+                                  outputs=[OutputDecl("y", SameAs("x"))], extras=[Numel("x")], geometry=Elementwise()))
+    with pytest.raises(SignatureMismatch, match=r"parameter 2: the spec puts extra Numel\('x'\) there, which is passed as a 32-bit int"):
+        compile_plan(plan, src, "sm_90")
+
+
+def test_arch_names():
+    assert compiler.normalize_arch("90") == "sm_90"
+    assert compiler.normalize_arch("compute_90a") == "sm_90a"
+    assert compiler.normalize_arch("8.6") == "sm_86"
+    with pytest.raises(CompileError):
+        compiler.normalize_arch("hopper")

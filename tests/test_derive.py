@@ -1,0 +1,147 @@
+"""Spec validation and what a plan derives: schema, calling convention, geometry."""
+
+import pytest
+import torch
+
+from fxkern import (
+    Custom, DimSize, Elementwise, InputDecl, KernelSpec, Numel, OutputDecl, ReduceDims, Reduction,
+    SameAs, ScalarInput, SpecError, cdiv,
+)
+from fxkern import symbolic as sym
+from fxkern.derive import plan_kernel
+
+SRC = 'extern "C" __global__ void k(const float* x, int n, float* y) {}'
+
+
+def spec(**kw):
+    base = dict(
+        kernel_source=SRC, kernel_name="k", inputs=[InputDecl("x")], outputs=[OutputDecl("y", SameAs("x"))],
+        extras=[Numel("x")], geometry=Elementwise(),
+    )
+    base.update(kw)
+    return KernelSpec(**base)
+
+
+def evaluate(expr, ins, outs=()):
+    return sym.compile_expr(expr)((ins, outs))
+
+
+def test_spec_is_frozen():
+    s = spec()
+    with pytest.raises(Exception):
+        s.kernel_name = "other"
+
+
+def test_schema_and_calling_convention():
+    p = plan_kernel(spec(inputs=[InputDecl("x"), ScalarInput("alpha", float), ScalarInput("k", int), ScalarInput("b", bool)]))
+    assert p.schema == "(Tensor x, float alpha, int k, bool b) -> Tensor"
+    assert [(q.kind, q.role) for q in p.params] == [
+        ("pointer", "input"), ("f32", "scalar"), ("i32", "scalar"), ("bool", "scalar"), ("i32", "extra"), ("pointer", "output"),
+    ]
+
+
+def test_multi_output_schema():
+    p = plan_kernel(spec(outputs=[OutputDecl("s", SameAs(0)), OutputDecl("c", SameAs("x"))]))
+    assert p.schema == "(Tensor x) -> (Tensor, Tensor)"
+    assert p.output_names == ("s", "c")
+
+
+@pytest.mark.parametrize(
+    "kw, field, words",
+    [
+        (dict(kernel_name="not an id"), "kernel_name", "identifier"),
+        (dict(kernel_name="missing"), "kernel_name", "does not appear"),
+        (dict(inputs=[]), "inputs", "at least one"),
+        (dict(inputs=[InputDecl("x"), InputDecl("x")]), "inputs[1]", "duplicate"),
+        (dict(inputs=[ScalarInput("a", float)]), "inputs", "tensor InputDecl"),
+        (dict(inputs=[InputDecl("x"), ScalarInput("a", str)]), "inputs[1]", "py_type"),
+        (dict(inputs=[InputDecl("x", dtype="float32")]), "inputs[0].dtype", "not a supported dtype"),
+        (dict(outputs=[OutputDecl("y", SameAs("nope"))]), "outputs[0].shape", "not a tensor input"),
+        (dict(outputs=[OutputDecl("y", SameAs(3))]), "outputs[0].shape", "out of range"),
+        (dict(outputs=[OutputDecl("y", ReduceDims("x", ()))]), "outputs[0].shape", "non-empty"),
+        (dict(outputs=[OutputDecl("y", SameAs("x"), dtype_from="z")]), "outputs[0].dtype_from", "not a tensor input"),
+        (dict(outputs=[OutputDecl("x", SameAs("x"))]), "outputs[0]", "duplicate"),
+        (dict(outputs=None), "outputs", "OutputDecl"),
+        (dict(extras=[Numel("nope")]), "extras[0]", "not a tensor input"),
+        (dict(extras=[DimSize("x", "last")]), "extras[0]", "axis"),
+        (dict(geometry=None), "geometry", "required"),
+        (dict(geometry=Elementwise(block=(0,))), "geometry", "positive"),
+        (dict(geometry=Elementwise(block=(64, 64))), "geometry", "1024"),
+        (dict(geometry=Elementwise(block=(16, 16))), "geometry", "1-D block"),
+        (dict(geometry=Elementwise(layout="tiled")), "geometry", "layout"),
+        (dict(geometry=Reduction(reduce_dims=())), "geometry", "reduce_dims"),
+        (dict(geometry=Reduction(reduce_dims=(-1,), block_size=2048)), "geometry", "block_size"),
+        (dict(geometry=Custom(lambda i, o: "nonsense")), "geometry", "Custom.fn must return"),
+        (dict(geometry=Custom(lambda i, o: ((1.5,), (32,)))), "geometry", "Custom.fn"),
+        (dict(dtypes=()), "dtypes", "empty"),
+        (dict(dtypes=(torch.float32, torch.float32)), "dtypes", "twice"),
+        (dict(dtypes=(torch.complex64,)), "dtypes", "not a supported dtype"),
+    ],
+)
+def test_bad_specs_name_the_field(kw, field, words):
+    with pytest.raises(SpecError) as info:
+        plan_kernel(spec(**kw))
+    msg = str(info.value)
+    assert msg.startswith(f"KernelSpec.{field}:"), msg
+    assert words in msg
+
+
+def test_elementwise_flat_geometry():
+    p = plan_kernel(spec(geometry=Elementwise(block=(128,))))
+    env = ([(10, 100)], [(10, 100)])
+    assert [sym.compile_expr(g)(env) for g in p.grid] == [8, 1, 1]
+    assert p.block == (128, 1, 1)
+    assert [sym.compile_expr(e)(env) for e in p.extras] == [1000]
+
+
+def test_elementwise_nd_folds_leading_axes_into_grid_z():
+    p = plan_kernel(spec(geometry=Elementwise(block=(32, 8), layout="nd")))
+    env = ([(4, 5, 17, 70)], [(4, 5, 17, 70)])
+    assert [sym.compile_expr(g)(env) for g in p.grid] == [3, 3, 20]
+    assert p.block == (32, 8, 1)
+    assert p.min_out_rank == 2
+
+
+def test_reduction_geometry_counts_rows():
+    p = plan_kernel(spec(outputs=[OutputDecl("y", ReduceDims("x", (-1,)))], geometry=Reduction(reduce_dims=(-1,), block_size=128)))
+    env = ([(3, 7, 1000)], [(3, 7)])
+    assert [sym.compile_expr(g)(env) for g in p.grid] == [21, 1, 1]
+    assert sym.compile_shape(p.output_shapes[0])(env) == [3, 7]
+
+
+def test_reduce_dims_keepdim_shape():
+    p = plan_kernel(spec(outputs=[OutputDecl("y", ReduceDims("x", (0, -1), keepdim=True))]))
+    assert sym.compile_shape(p.output_shapes[0])(([(3, 7, 5)], ())) == [1, 7, 1]
+
+
+def test_custom_geometry_is_symbolic():
+    p = plan_kernel(spec(geometry=Custom(lambda ins, outs: ((cdiv(outs[0].numel(), 64), ins[0][0]), (64,), 128))))
+    env = ([(6, 10)], [(12, 10)])
+    assert [sym.compile_expr(g)(env) for g in p.grid] == [2, 6, 1]
+    assert sym.compile_expr(p.shared_mem)(env) == 128
+
+
+def test_custom_geometry_cannot_branch_on_sizes():
+    def branchy(ins, outs):
+        if ins[0][0] > 5:
+            return (1,), (32,)
+        return (2,), (32,)
+
+    with pytest.raises((SpecError, TypeError)):
+        plan_kernel(spec(geometry=Custom(branchy)))
+
+
+def test_dtype_from_and_templated_name_expressions():
+    p = plan_kernel(spec(
+        inputs=[InputDecl("x"), InputDecl("idx", dtype=torch.int32)],
+        outputs=[OutputDecl("y", SameAs("x")), OutputDecl("i", SameAs("idx"), dtype_from="idx")],
+        dtypes=(torch.float32, torch.bfloat16),
+    ))
+    assert p.output_dtype_from == (None, 1)
+    assert p.name_expressions() == ("k<float>", "k<__nv_bfloat16>")
+
+
+def test_override_path_needs_no_outputs_with_meta_fn_and_schema():
+    p = plan_kernel(spec(outputs=None, geometry=Custom(lambda i, o: ((1,), (32,)))), has_meta_fn=True, schema="(Tensor x) -> Tensor")
+    assert p.output_shapes is None
+    assert p.params[-1].role == "output"

@@ -1,0 +1,195 @@
+"""The CUDA path, on a real GPU (run through tools/gpu_suite.sh on the device).
+
+Every example against its float64 reference on fresh random inputs, with
+outputs allocated over poisoned memory so an unwritten element shows up.
+"""
+
+import pytest
+import torch
+
+import fxkern
+import seven_cases
+from fxkern import KernelInputError
+
+pytestmark = pytest.mark.gpu
+
+SHAPES = [(1,), (37, 1000), (3, 5, 77), (2, 1025)]  # none a multiple of the block in every axis
+
+
+@pytest.fixture(scope="module")
+def ops():
+    return seven_cases.register_all()
+
+
+def poison():
+    """Fill freed allocator blocks with NaN so an output element the kernel skips is visible."""
+    big = torch.full((64 << 20,), float("nan"), device="cuda")
+    del big
+
+
+def assert_matches(out, ref, dtype):
+    outs = out if isinstance(out, tuple) else (out,)
+    refs = ref if isinstance(ref, tuple) else (ref,)
+    assert len(outs) == len(refs)
+    for o, r in zip(outs, refs):
+        assert o.is_cuda and o.shape == r.shape and o.dtype == r.dtype
+        assert not torch.isnan(o).any(), "an output element was never written"
+        err = float((o.double() - r.double()).norm() / r.double().norm().clamp_min(1e-30))
+        assert err <= seven_cases.tolerance(dtype), err
+
+
+def cases_and_dtypes():
+    for case in seven_cases.CASES:
+        for dtype in case.dtypes:
+            yield pytest.param(case, dtype, id=f"{case.name}-{str(dtype)[6:]}")
+
+
+@pytest.mark.parametrize("case, dtype", list(cases_and_dtypes()))
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+def test_example_matches_reference(ops, case, dtype, shape):
+    if case.name == "relu_2d" and len(shape) < 2:
+        pytest.skip("relu_2d tiles two axes")
+    for _ in range(2):  # fresh inputs each time
+        args = case.make_inputs(shape, dtype, "cuda")
+        poison()
+        out = ops[case.name](*args)
+        assert_matches(out, seven_cases.reference_in_float64(case, args), dtype)
+    torch.cuda.synchronize()
+
+
+@pytest.mark.parametrize("case", seven_cases.CASES, ids=lambda c: c.name)
+def test_exported_program_runs_the_kernel(ops, case):
+    args = case.make_inputs(case.shape, torch.float32, "cuda")
+    dyn = tuple({0: torch.export.Dim("b", min=2, max=100000)} if isinstance(a, torch.Tensor) else None for a in args)
+    ep = torch.export.export(seven_cases.CallOp(ops[case.name]), args, dynamic_shapes=(dyn,))
+    other = case.make_inputs((case.shape[0] + 13, *case.shape[1:]), torch.float32, "cuda")
+    assert_matches(ep.module()(*other), seven_cases.reference_in_float64(case, other), torch.float32)
+
+
+def test_non_contiguous_inputs_are_made_contiguous(ops):
+    x = torch.randn(300, 200, device="cuda").t()
+    assert not x.is_contiguous()
+    torch.testing.assert_close(ops["sigmoid"](x), torch.sigmoid(x))
+    torch.testing.assert_close(ops["row_sum"](x), x.sum(-1), rtol=1e-5, atol=1e-4)
+    a, b = torch.randn(64, 48, device="cuda")[:, ::2], torch.randn(64, 24, device="cuda")
+    torch.testing.assert_close(ops["add"](a, b), a + b)
+
+
+def test_empty_inputs(ops):
+    x = torch.randn(0, 5, device="cuda")
+    assert ops["sigmoid"](x).shape == (0, 5)
+    s, c = ops["sin_cos"](x)
+    assert s.shape == c.shape == (0, 5)
+    assert ops["repeat2"](x).shape == (0, 5)
+    # a reduction over an empty axis has a real, all-zero result
+    torch.testing.assert_close(ops["row_sum"](torch.randn(4, 0, device="cuda")), torch.zeros(4, device="cuda"))
+    torch.cuda.synchronize()
+
+
+def test_scalar_input_values(ops):
+    x = torch.randn(1000, device="cuda")
+    for alpha in (0.0, -2.5, 1e-3, 3):
+        torch.testing.assert_close(ops["scale"](x, alpha), x * alpha)
+
+
+def test_bad_calls_leave_no_sticky_error(ops):
+    x = torch.randn(100, device="cuda")
+    bad = [
+        lambda: ops["add"](x, torch.randn(100)),  # one input on the CPU
+        lambda: ops["add"](x, torch.randn(99, device="cuda")),
+        lambda: ops["sigmoid"](x.double()),
+        lambda: ops["scale"](x, 2**40),  # a python int past float? still a float: fine; use bool below
+    ]
+    with pytest.raises(KernelInputError, match="is on cpu"):
+        bad[0]()
+    with pytest.raises(KernelInputError, match="equal shapes"):
+        bad[1]()
+    with pytest.raises(KernelInputError, match="float64"):
+        bad[2]()
+    with pytest.raises(KernelInputError, match="must be a float"):
+        ops["scale"](x, "two")
+    torch.cuda.synchronize()
+    torch.testing.assert_close(ops["sigmoid"](x), torch.sigmoid(x))
+    torch.cuda.synchronize()
+
+
+def test_sizes_past_int32_are_refused_before_launch(ops):
+    n = 2**31 + 64
+    try:
+        x = torch.empty(n, dtype=torch.float16, device="cuda")
+    except torch.OutOfMemoryError:
+        pytest.skip("not enough GPU memory for a 2**31-element tensor")
+    with pytest.raises(KernelInputError, match="past the 32-bit int"):
+        ops["sigmoid"](x)
+    del x
+    torch.cuda.synchronize()
+    y = torch.randn(10, device="cuda")
+    torch.testing.assert_close(ops["sigmoid"](y), torch.sigmoid(y))
+
+
+def test_runs_on_the_current_stream(ops):
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(50_000_000)  # keep the side stream busy...
+        x = torch.full((1 << 20,), 2.0, device="cuda")  # ...so x is written late on it
+        y = ops["scale"](x, 3.0)  # ordered after the fill only if launched on `side`
+    side.synchronize()
+    assert torch.all(y == 6.0)
+
+
+def test_cuda_graph_capture_and_replay(ops):
+    static_x = torch.randn(4096, device="cuda")
+    ops["sigmoid"](static_x)  # load the module outside capture
+    ops["sin_cos"](static_x)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(s):
+        with torch.cuda.graph(graph):
+            y = ops["sigmoid"](static_x)
+            sn, cs = ops["sin_cos"](y)
+    torch.cuda.current_stream().wait_stream(s)
+    for _ in range(3):
+        static_x.copy_(torch.randn(4096, device="cuda"))
+        graph.replay()
+        torch.cuda.synchronize()
+        ref = torch.sigmoid(static_x)
+        torch.testing.assert_close(y, ref)
+        torch.testing.assert_close(sn, torch.sin(ref))
+        torch.testing.assert_close(cs, torch.cos(ref))
+
+
+def test_kernel_is_loaded_once_per_device(ops):
+    entry = fxkern.kernel_op(f"{seven_cases.NS}::sigmoid")
+    x = torch.randn(10, device="cuda")
+    ops["sigmoid"](x)
+    from fxkern import compiler
+
+    before = dict(compiler.stats)
+    for _ in range(5):
+        ops["sigmoid"](x)
+    assert compiler.stats == before  # no compile and no cache read on the hot path
+    assert entry.plan is not None
+
+
+@pytest.mark.multi_gpu
+def test_op_on_second_gpu_runs_there(ops):
+    torch.cuda.set_device(0)
+    x = torch.randn(3, 1001, device="cuda:1")
+    poison_dev = torch.full((16 << 20,), float("nan"), device="cuda:1")
+    del poison_dev
+    for case in ("sigmoid", "row_sum", "sin_cos", "relu_2d"):
+        c = seven_cases.BY_NAME[case]
+        out = ops[case](x)
+        outs = out if isinstance(out, tuple) else (out,)
+        assert all(o.device == x.device for o in outs)
+        assert_matches(out, seven_cases.reference_in_float64(c, (x,)), torch.float32)
+    side = torch.cuda.Stream(device=1)
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(50_000_000)
+        z = torch.full((1 << 20,), 2.0, device="cuda:1")
+        y = ops["scale"](z, 3.0)
+    side.synchronize()
+    assert torch.all(y == 6.0)
+    assert torch.cuda.current_device() == 0
+    torch.cuda.synchronize(1)

@@ -1,0 +1,181 @@
+"""Registration: schema, fake shapes (dynamic too), the reference impl, re-registration, bad calls."""
+
+import pytest
+import torch
+
+import fxkern
+import seven_cases
+from fxkern import (
+    Elementwise, InputDecl, KernelInputError, KernelSpec, Numel, OutputDecl, RegistrationError, SameAs, ScalarInput,
+    SpecError,
+)
+
+SCALE = seven_cases.SCALE
+
+
+def scale_spec(**kw):
+    base = dict(inputs=[InputDecl("x"), ScalarInput("alpha", float)], outputs=[OutputDecl("y", SameAs("x"))],
+                extras=[Numel("x")], geometry=Elementwise())
+    base.update(kw)
+    return KernelSpec(SCALE, "scale_kernel", **base)
+
+
+def test_returns_the_torch_op_with_derived_schema(op_name):
+    op = fxkern.cuda_kernel_op(op_name, scale_spec(), reference=seven_cases.scale_ref)
+    ns, name = op_name.split("::")
+    assert op is getattr(getattr(torch.ops, ns), name)
+    assert str(op.default._schema) == f"{op_name}(Tensor x, float alpha) -> Tensor"
+
+
+def test_registering_the_same_spec_again_is_a_no_op(op_name):
+    a = fxkern.cuda_kernel_op(op_name, scale_spec(), reference=seven_cases.scale_ref)
+    b = fxkern.cuda_kernel_op(op_name, scale_spec(), reference=seven_cases.scale_ref)
+    assert a is b
+
+
+def test_registering_a_different_spec_under_the_name_is_an_error(op_name):
+    fxkern.cuda_kernel_op(op_name, scale_spec())
+    with pytest.raises(RegistrationError, match="already registered with a different spec"):
+        fxkern.cuda_kernel_op(op_name, scale_spec(geometry=Elementwise(block=(128,))))
+
+
+def test_name_taken_by_a_non_fxkern_op():
+    lib = torch.library.Library("fxkern_foreign", "FRAGMENT")
+    lib.define("taken(Tensor x) -> Tensor")
+    with pytest.raises(RegistrationError, match="not an fxkern op"):
+        fxkern.cuda_kernel_op("fxkern_foreign::taken", scale_spec())
+
+
+@pytest.mark.parametrize("bad", ["noname", "a::b::c", "ns::1x", "aten::myop", ""])
+def test_bad_op_names(bad):
+    with pytest.raises(RegistrationError):
+        fxkern.cuda_kernel_op(bad, scale_spec())
+
+
+def test_reference_is_the_cpu_impl(op_name):
+    op = fxkern.cuda_kernel_op(op_name, scale_spec(), reference=seven_cases.scale_ref)
+    x = torch.randn(5, 7)
+    torch.testing.assert_close(op(x, 2.5), x * 2.5)
+
+
+def test_reference_output_never_aliases_an_input(op_name):
+    spec = KernelSpec(seven_cases.SIGMOID, "sigmoid_kernel", inputs=[InputDecl("x")], outputs=[OutputDecl("y", SameAs("x"))],
+                      extras=[Numel("x")], geometry=Elementwise(), dtypes=(torch.float32,))
+    op = fxkern.cuda_kernel_op(op_name, spec, reference=lambda x: x)  # an identity reference
+    x = torch.randn(4)
+    y = op(x)
+    assert y.data_ptr() != x.data_ptr()
+    torch.testing.assert_close(y, x)
+
+
+def test_reference_that_disagrees_with_the_declared_output_is_reported(op_name):
+    op = fxkern.cuda_kernel_op(op_name, scale_spec(), reference=lambda x, a: (x * a).double())
+    with pytest.raises(SpecError, match="reference output 0 is torch.float64"):
+        op(torch.randn(3), 1.0)
+
+
+def test_cpu_without_reference_says_what_to_do(op_name):
+    op = fxkern.cuda_kernel_op(op_name, scale_spec())
+    with pytest.raises(KernelInputError, match="has no CPU implementation.*reference="):
+        op(torch.randn(3), 1.0)
+
+
+def test_fake_impl_under_dynamic_export():
+    ops = seven_cases.register_all()
+
+    class M(torch.nn.Module):
+        def forward(self, x):
+            s, c = ops["sin_cos"](x)
+            return ops["row_sum"](s + c), ops["repeat2"](x)
+
+    batch = torch.export.Dim("batch", min=2, max=1 << 20)
+    ep = torch.export.export(M(), (torch.randn(8, 33),), dynamic_shapes=({0: batch},))
+    outs = [n for n in ep.graph.nodes if n.op == "output"][0].args[0]
+    row_val, rep_val = outs[0].meta["val"], outs[1].meta["val"]
+    assert isinstance(row_val.shape[0], torch.SymInt)
+    assert str(rep_val.shape[0]) == f"2*{row_val.shape[0]}"
+    x = torch.randn(19, 33)
+    r, rep = ep.module()(x)
+    torch.testing.assert_close(r, (torch.sin(x) + torch.cos(x)).sum(-1))
+    torch.testing.assert_close(rep, torch.cat([x, x]))
+
+
+def test_fake_impl_checks_dtype_and_shape():
+    ops = seven_cases.register_all()
+    with torch._subclasses.FakeTensorMode():
+        with pytest.raises(KernelInputError, match="float64"):
+            ops["sigmoid"](torch.empty(3, dtype=torch.float64))
+        with pytest.raises(KernelInputError, match="shape"):
+            ops["add"](torch.empty(3, 4), torch.empty(4, 3))
+        out = ops["row_sum"](torch.empty(3, 4, dtype=torch.bfloat16))
+        assert out.shape == (3,) and out.dtype == torch.bfloat16
+
+
+@pytest.mark.parametrize(
+    "call, words",
+    [
+        (lambda o: o["sigmoid"](torch.randn(3, dtype=torch.float64)), "is torch.float64, but the kernel is built for torch.float32, torch.float16, torch.bfloat16"),
+        (lambda o: o["add"](torch.randn(3), torch.randn(3, dtype=torch.float16)), "inputs without their own InputDecl.dtype must share one dtype"),
+        (lambda o: o["scale"](torch.randn(3, dtype=torch.float16), 1.0), "convert the input, or add torch.float16 to KernelSpec.dtypes"),
+        (lambda o: o["add"](torch.randn(3, 4), torch.randn(4, 3)), "an Elementwise kernel needs equal shapes"),
+        (lambda o: o["add"](torch.randn(3, 4), torch.randn(4)), "declare InputDecl('b', broadcast=True)"),
+        (lambda o: o["relu_2d"](torch.randn(7)), "tiles the last 2 axes of the output, which has rank 1"),
+    ],
+)
+def test_bad_calls_are_clear_errors(call, words):
+    ops = seven_cases.register_all()
+    with pytest.raises(KernelInputError) as info:
+        call(ops)
+    assert words in str(info.value)
+
+
+def test_broadcast_input_must_broadcast(op_name):
+    src = 'extern "C" __global__ void bias_add(const float* x, const float* b, int n, int d, float* y) {}'
+    spec = KernelSpec(src, "bias_add", inputs=[InputDecl("x"), InputDecl("b", broadcast=True)],
+                      outputs=[OutputDecl("y", SameAs("x"))], extras=[Numel("x"), fxkern.DimSize("x", -1)], geometry=Elementwise())
+    op = fxkern.cuda_kernel_op(op_name, spec, reference=lambda x, b: x + b)
+    x, b = torch.randn(4, 6), torch.randn(6)
+    torch.testing.assert_close(op(x, b), x + b)
+    torch.testing.assert_close(op(x, b.view(1, 6)), x + b)
+    with pytest.raises(KernelInputError, match="does not broadcast"):
+        op(x, torch.randn(5))
+
+
+@pytest.mark.parametrize("name", ["sigmoid", "add", "scale", "row_sum", "sin_cos", "relu_2d"])
+def test_opcheck(name):
+    ops = seven_cases.register_all()
+    case = seven_cases.BY_NAME[name]
+    args = case.make_inputs(case.shape, torch.float32, "cpu")
+    torch.library.opcheck(ops[name], args)
+
+
+def _ptx_of(src, name):
+    return fxkern.compiler.compile_source(src, [name]).ptx
+
+
+def test_ptx_op_infers_schema_from_meta_fn(op_name):
+    ptx = _ptx_of(SCALE, "scale_kernel")
+
+    def meta(x: torch.Tensor, alpha: float) -> torch.Tensor:
+        return torch.empty_like(x)
+
+    op = fxkern.ptx_op(op_name, ptx, "scale_kernel", meta_fn=meta, reference=seven_cases.scale_ref)
+    assert str(op.default._schema) == f"{op_name}(Tensor x, float alpha) -> Tensor"
+    x = torch.randn(6)
+    torch.testing.assert_close(op(x, 3.0), 3 * x)
+    assert fxkern.kernel_op(op_name).ptx == ptx
+
+
+def test_ptx_op_without_the_entry_names_what_is_there(op_name):
+    with pytest.raises(SpecError, match=r"no \.entry 'other'.*scale_kernel"):
+        fxkern.ptx_op(op_name, _ptx_of(SCALE, "scale_kernel"), "other", meta_fn=lambda x: x)
+
+
+def test_ptx_op_rejects_non_ptx(op_name):
+    with pytest.raises(SpecError, match="must be PTX text"):
+        fxkern.ptx_op(op_name, b"\x7fELF...", "k", meta_fn=lambda x: x)
+
+
+def test_registration_does_no_gpu_work(op_name):
+    fxkern.cuda_kernel_op(op_name, scale_spec(), reference=seven_cases.scale_ref)
+    assert not torch.cuda.is_initialized()

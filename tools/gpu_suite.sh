@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# The whole GPU suite in one device call: tests (CPU and GPU), the examples on CUDA,
+# and the benchmarks. Run from the repository root on the GPU machine:
+#   bash tools/gpu_suite.sh            (results under $OUT, or ./gpu-out without it)
+#   FXKERN_SUITE="tests" bash tools/gpu_suite.sh    (only some parts: tests examples bench)
+# The project is used in place (PYTHONPATH), with the machine's own torch and CUDA packages.
+set -u -o pipefail
+OUT=${OUT:-$PWD/gpu-out}
+mkdir -p "$OUT"
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+export FXKERN_CACHE_DIR=${FXKERN_CACHE_DIR:-/tmp/fxkern-gpu-cache}
+parts=${FXKERN_SUITE:-"tests examples bench"}
+status=0
+
+nvidia-smi -L
+python3 - <<'PY'
+import importlib.metadata as md, torch
+names = ["torch", "cuda-bindings", "cuda-core", "nvidia-cuda-nvrtc", "nvidia-cuda-runtime", "triton", "transformers"]
+vers = {}
+for n in names:
+    try:
+        vers[n] = md.version(n)
+    except md.PackageNotFoundError:
+        vers[n] = "-"
+print("versions:", vers, "| cuda devices:", torch.cuda.device_count())
+PY
+
+if [[ $parts == *tests* ]]; then
+  python3 -m pytest tests -q -p no:cacheprovider --junitxml="$OUT/junit.xml" ${FXKERN_PYTEST_ARGS:-} 2>&1 | tee "$OUT/pytest.log" || status=1
+fi
+if [[ $parts == *examples* ]]; then
+  python3 examples/seven_cases.py --device cuda 2>&1 | tee "$OUT/examples.log" || status=1
+fi
+if [[ $parts == *bench* ]]; then
+  python3 benchmarks/kernel_ops.py --section-out "$OUT/kernel_ops.md" 2>&1 | tee "$OUT/bench.log" || status=1
+fi
+echo "gpu suite exit status: $status"
+exit $status
