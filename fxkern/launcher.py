@@ -82,7 +82,9 @@ class DeviceFunctions:
             (err,) = driver.cuCtxPushCurrent(ctx)
             _check(err, "cuCtxPushCurrent")
             try:
-                err, module = driver.cuModuleLoadData(image)
+                # A NUL-terminated copy: PTX must end in NUL, and an address works on every cuda-bindings.
+                buffer = ctypes.create_string_buffer(image)
+                err, module = driver.cuModuleLoadData(ctypes.addressof(buffer))
                 _check(err, f"loading the kernel module on cuda:{device_index}")
                 functions = {}
                 for name in self._entries:
