@@ -135,7 +135,7 @@ def main(argv=None):
             f"| torch.sigmoid | {native:.2f} | 1.00x |",
             f"| fxkern sigmoid | {ours:.2f} | {ours / native:.2f}x (goal: at most 1.5x) |",
             "",
-            f"### Kernel time at 16384x8192 (CUDA events, 5 warm-ups, median of 20); device-to-device copy {copy_gbs:.0f} GB/s",
+            f"### Kernel time at 16384x8192 (CUDA events around 10 back-to-back calls, 5 warm-ups, median of 20); device-to-device copy {copy_gbs:.0f} GB/s",
             "",
             "Useful bytes: each input read once, each output written once.",
             "",

@@ -10,6 +10,7 @@ allocation outside torch's allocator, so launches are CUDA-graph capturable.
 from __future__ import annotations
 
 import ctypes
+import os
 import threading
 from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 
@@ -47,15 +48,36 @@ def _check(err: Any, what: str) -> None:
         raise LaunchError(f"{what} failed: {name}: {text}{hint}")
 
 
+_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+
+
 def current_stream_handle(device_index: int) -> int:
-    """The raw cudaStream_t torch is using on ``device_index``."""
+    """The raw cudaStream_t torch is using on ``device_index`` (no Stream object is built)."""
+    if _raw_stream is not None:
+        return _raw_stream(device_index)
     return torch.cuda.current_stream(device_index).cuda_stream
+
+
+_libcuda_launch = None
+
+
+def _launch_fn():
+    """``cuLaunchKernel`` called through ctypes: the fewest Python steps between a call and the GPU."""
+    global _libcuda_launch
+    if _libcuda_launch is None:
+        _driver()  # cuInit, with a clear error if there is no driver
+        lib = ctypes.CDLL("nvcuda.dll" if os.name == "nt" else "libcuda.so.1")
+        fn = lib.cuLaunchKernel
+        fn.argtypes = [ctypes.c_void_p] + [ctypes.c_uint] * 7 + [ctypes.c_void_p] * 3
+        fn.restype = ctypes.c_int
+        _libcuda_launch = fn
+    return _libcuda_launch
 
 
 class DeviceFunctions:
     """Kernel handles of one compiled module, loaded per device on first use.
 
-    ``load(device_index)`` returns ``{entry name: CUfunction}``; ``image_for``
+    ``load(device_index)`` returns ``{entry name: CUfunction handle (int)}``; ``image_for``
     gives the bytes to load for a device (CUBIN for its arch, or PTX).
     """
 
@@ -90,7 +112,7 @@ class DeviceFunctions:
                 for name in self._entries:
                     err, fn = driver.cuModuleGetFunction(module, name.encode())
                     _check(err, f"cuModuleGetFunction({name!r})")
-                    functions[name] = fn
+                    functions[name] = int(fn)  # the raw CUfunction, for the ctypes launch
             finally:
                 driver.cuCtxPopCurrent()
             self._modules.append(module)
@@ -98,23 +120,32 @@ class DeviceFunctions:
             return functions
 
 
-def launch(
-    function: Any,
-    grid: Tuple[int, int, int],
-    block: Tuple[int, int, int],
-    shared_mem: int,
-    stream: int,
-    kinds: Sequence[str],
-    values: Sequence[Any],
-    what: str,
-) -> None:
-    """Launch ``function`` with ``values`` packed by ``kinds`` (pointer, i32, f32, bool)."""
-    driver = _driver()
-    holders = [_CTYPE[k](v) for k, v in zip(kinds, values)]
-    argv = (ctypes.c_void_p * len(holders))(*[ctypes.addressof(h) for h in holders])
-    (err,) = driver.cuLaunchKernel(
-        function, grid[0], grid[1], grid[2], block[0], block[1], block[2], shared_mem, stream,
-        ctypes.addressof(argv), 0,
-    )
-    if err != driver.CUresult.CUDA_SUCCESS:
-        _check(err, f"launching {what} with grid {grid} and block {block}")
+class KernelLauncher:
+    """Launches one kernel signature: reusable ctypes argument slots, one set per thread.
+
+    ``kinds`` (pointer, i32, f32, bool) fix the parameter layout; a launch
+    only stores the values into the slots and calls the driver, which copies
+    them before returning.
+    """
+
+    def __init__(self, kinds: Sequence[str]):
+        self._kinds = tuple(kinds)
+        self._local = threading.local()
+
+    def _slots(self):
+        slots = [_CTYPE[k]() for k in self._kinds]
+        argv = (ctypes.c_void_p * max(1, len(slots)))(*[ctypes.addressof(s) for s in slots])
+        self._local.pack = pack = (slots, argv, ctypes.addressof(argv))
+        return pack
+
+    def __call__(self, function: int, grid: Tuple[int, int, int], block: Tuple[int, int, int],
+                 shared_mem: int, stream: int, values: Sequence[Any], what: str) -> None:
+        pack = getattr(self._local, "pack", None) or self._slots()
+        for slot, value in zip(pack[0], values):
+            slot.value = value
+        err = _launch_fn()(function, grid[0], grid[1], grid[2], block[0], block[1], block[2],
+                           shared_mem, stream, pack[2], None)
+        if err:
+            from cuda.bindings import driver
+
+            _check(driver.CUresult(err), f"launching {what} with grid {tuple(grid)} and block {tuple(block)}")

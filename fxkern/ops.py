@@ -53,6 +53,7 @@ class KernelOp:
     library: torch.library.Library
     identity: Any = field(repr=False, default=None)
     ptx: Optional[str] = None  # ptx_op's own PTX
+    cuda_impl: Optional[Callable[..., Any]] = field(repr=False, default=None)
 
     @property
     def op(self) -> torch._ops.OpOverloadPacket:
@@ -159,7 +160,8 @@ def cuda_kernel_op(
         meta_fn=meta_fn, eager_fn=eager_fn, aot_fn=aot_fn, reference=reference,
         supports_dynamic_shapes=supports_dynamic_shapes, library=lib, identity=identity,
     )
-    lib.impl(name, eager_fn if eager_fn is not None else _cuda_impl(entry), "CUDA")
+    entry.cuda_impl = eager_fn if eager_fn is not None else _cuda_impl(entry)
+    lib.impl(name, entry.cuda_impl, "CUDA")
     lib.impl(name, _cpu_impl(entry), "CPU")
     torch.library.register_fake(op_name, meta_fn if meta_fn is not None else _fake_impl(entry), lib=lib)
     _REGISTRY[op_name] = entry
@@ -352,7 +354,10 @@ def _cuda_impl(entry: KernelOp) -> Callable[..., Any]:
     )
     lowered = {d: entry.compiled.entry(n) for d, n in entry_names.items()}
     scalar_slots = [(i, d.name, d.py_type) for i, d in enumerate(inputs) if i not in positions]
-    single = plan.output_shapes is not None and len(plan.output_shapes) == 1
+    single = sum(p.role == "output" for p in plan.params) == 1
+
+    launch = launcher.KernelLauncher(kinds)
+    n_inputs, n_tensors = len(inputs), len(positions)
 
     def cuda(*args: Any) -> Any:
         tensors = [args[i] for i in positions]
@@ -373,28 +378,23 @@ def _cuda_impl(entry: KernelOp) -> Callable[..., Any]:
         validate.check_int32(op, extra_labels, extras)
         validate.check_grid(op, grid)
         if grid[0] and grid[1] and grid[2]:
-            values: List[Any] = []
-            t = 0
-            for i in range(len(inputs)):
-                if t < len(positions) and positions[t] == i:
-                    values.append(tensors[t].data_ptr())
-                    t += 1
-                else:
-                    values.append(None)
-            for i, name, py_type in scalar_slots:
-                values[i] = validate.coerce_scalar(op, name, py_type, args[i])
+            if n_tensors == n_inputs:
+                values = [t.data_ptr() for t in tensors]
+            else:
+                values = list(args[:n_inputs])
+                for i, t in zip(positions, tensors):
+                    values[i] = t.data_ptr()
+                for i, name, py_type in scalar_slots:
+                    values[i] = validate.coerce_scalar(op, name, py_type, args[i])
             values += extras
             values += [o.data_ptr() for o in outs]
             index = device.index
             fn = functions.load(index)[lowered[dtype if dtypes else None]]
-            stream = launcher.current_stream_handle(index)
             if torch.cuda.current_device() != index:
                 with torch.cuda.device(index):
-                    launcher.launch(fn, grid, block, smem_fn(env), stream, kinds, values, op)
+                    launch(fn, grid, block, smem_fn(env), launcher.current_stream_handle(index), values, op)
             else:
-                launcher.launch(fn, grid, block, smem_fn(env), stream, kinds, values, op)
-        if meta_fn is not None:
-            return outs[0] if len(outs) == 1 else tuple(outs)
+                launch(fn, grid, block, smem_fn(env), launcher.current_stream_handle(index), values, op)
         return outs[0] if single else tuple(outs)
 
     return cuda
