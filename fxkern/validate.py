@@ -15,6 +15,44 @@ from fxkern.derive import INT32_MAX, KernelPlan
 from fxkern.errors import KernelInputError
 
 
+def fast_checker(plan: KernelPlan):
+    """A check for the common, valid call: one pass, no messages.
+
+    Returns ``fast(tensors) -> (ok, dtype)``; when ``ok`` is False the caller
+    runs the full checks below, which raise with a precise message (or
+    accept a call the fast path does not cover, such as broadcasting).
+    """
+    decl_dtypes = [d.dtype for d in plan.tensor_decls]
+    allowed = frozenset(plan.dtypes or (torch.float32,))
+    same_shape = plan.elementwise and not any(d.broadcast for d in plan.tensor_decls)
+    min_rank = plan.min_out_rank
+
+    def fast(tensors: Sequence[torch.Tensor]):
+        first = tensors[0]
+        device = first.device
+        if device.type != "cuda":
+            return False, None
+        shape = first.shape
+        if len(shape) < min_rank:
+            return False, None
+        dtype = None
+        for t, want in zip(tensors, decl_dtypes):
+            if t.device != device or (same_shape and t.shape != shape):
+                return False, None
+            if want is None:
+                if dtype is None:
+                    dtype = t.dtype
+                    if dtype not in allowed:
+                        return False, None
+                elif t.dtype != dtype:
+                    return False, None
+            elif t.dtype != want:
+                return False, None
+        return True, dtype
+
+    return fast
+
+
 def _is_concrete(x: Any) -> bool:
     return isinstance(x, int)
 
