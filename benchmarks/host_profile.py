@@ -39,12 +39,12 @@ def main():
     x = torch.randn(1024, device="cuda")
     op(x)
     impl = entry.cuda_impl
-    fn = impl.functions.load(0)[impl.lowered[torch.float32]]
+    kernel = impl.functions.load(0)[impl.lowered[torch.float32]]
     y = torch.empty_like(x)
     stream = launcher.current_stream_handle(0)
     values = [x.data_ptr(), x.numel(), y.data_ptr()]
     rows = {
-        "ctypes launch only": lambda: impl.launch(fn, (4, 1, 1), (256, 1, 1), 0, stream, values, "bench"),
+        "ctypes launch only": lambda: impl.launch(kernel, (4, 1, 1), (256, 1, 1), 0, stream, values, "bench"),
         "torch.sigmoid(x)": lambda: torch.sigmoid(x),
         "torch.ops sigmoid(x)": lambda: op(x),
         "op.default(x)": lambda: op.default(x),

@@ -11,14 +11,13 @@ from __future__ import annotations
 
 import ctypes
 import os
+import struct
 import threading
 from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 
 import torch
 
 from fxkern.errors import LaunchError
-
-_CTYPE = {"pointer": ctypes.c_void_p, "i32": ctypes.c_int32, "f32": ctypes.c_float, "bool": ctypes.c_bool}
 
 _driver_ready = False
 
@@ -49,6 +48,14 @@ def _check(err: Any, what: str) -> None:
 
 
 _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+
+
+_get_device = getattr(torch._C, "_cuda_getDevice", None)
+
+
+def current_device() -> int:
+    """torch's current CUDA device index, without the Python wrapper's lazy-init checks."""
+    return _get_device() if _get_device is not None else torch.cuda.current_device()
 
 
 def current_stream_handle(device_index: int) -> int:
@@ -120,31 +127,47 @@ class DeviceFunctions:
             return functions
 
 
-class KernelLauncher:
-    """Launches one kernel signature: reusable ctypes argument slots, one set per thread.
+# struct format and alignment of each parameter kind, as the kernel ABI lays them out.
+_LAYOUT = {"pointer": ("Q", 8), "i32": ("i", 4), "f32": ("f", 4), "bool": ("?", 1)}
 
-    ``kinds`` (pointer, i32, f32, bool) fix the parameter layout; a launch
-    only stores the values into the slots and calls the driver, which copies
-    them before returning.
+
+class KernelLauncher:
+    """Launches kernels of one parameter signature.
+
+    ``kinds`` (pointer, i32, f32, bool) fix the layout of one argument
+    buffer per thread; a launch packs the values into it with one
+    ``struct.pack_into`` and hands the driver pointers into it (the driver
+    copies the arguments before ``cuLaunchKernel`` returns).
     """
 
     def __init__(self, kinds: Sequence[str]):
-        self._kinds = tuple(kinds)
+        fmt, offsets, size = "<", [], 0
+        for kind in kinds:
+            code, align = _LAYOUT[kind]
+            pad = -size % align
+            fmt += "x" * pad + code
+            size += pad
+            offsets.append(size)
+            size += align
+        self._struct = struct.Struct(fmt)
+        self._offsets = offsets
+        self._size = max(size, 8)
         self._local = threading.local()
 
-    def _slots(self):
-        slots = [_CTYPE[k]() for k in self._kinds]
-        argv = (ctypes.c_void_p * max(1, len(slots)))(*[ctypes.addressof(s) for s in slots])
-        self._local.pack = pack = (slots, argv, ctypes.addressof(argv))
+    def _buffers(self):
+        buf = ctypes.create_string_buffer(self._size)
+        base = ctypes.addressof(buf)
+        argv = (ctypes.c_void_p * max(1, len(self._offsets)))(*[base + off for off in self._offsets])
+        self._local.pack = pack = (buf, ctypes.addressof(argv), argv)
         return pack
 
     def __call__(self, function: int, grid: Tuple[int, int, int], block: Tuple[int, int, int],
                  shared_mem: int, stream: int, values: Sequence[Any], what: str) -> None:
-        pack = getattr(self._local, "pack", None) or self._slots()
-        for slot, value in zip(pack[0], values):
-            slot.value = value
-        err = _launch_fn()(function, grid[0], grid[1], grid[2], block[0], block[1], block[2],
-                           shared_mem, stream, pack[2], None)
+        pack = getattr(self._local, "pack", None) or self._buffers()
+        self._struct.pack_into(pack[0], 0, *values)
+        err = (_libcuda_launch or _launch_fn())(
+            function, grid[0], grid[1], grid[2], block[0], block[1], block[2], shared_mem, stream, pack[1], None
+        )
         if err:
             from cuda.bindings import driver
 

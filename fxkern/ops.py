@@ -357,6 +357,12 @@ def _cuda_impl(entry: KernelOp) -> Callable[..., Any]:
     single = sum(p.role == "output" for p in plan.params) == 1
 
     launch = launcher.KernelLauncher(kinds)
+    loaded: Dict[Tuple[int, Any], int] = {}
+
+    def load(index: int, dtype: Optional[torch.dtype]) -> int:
+        loaded[(index, dtype)] = fn = functions.load(index)[lowered[dtype if dtypes else None]]
+        return fn
+
     fast_check = validate.fast_checker(plan)
     all_tensors = len(inputs) == len(positions)
     # Output shapes that are an input's shape (SameAs) need no evaluation.
@@ -379,7 +385,8 @@ def _cuda_impl(entry: KernelOp) -> Callable[..., Any]:
         in_shapes = [t.shape for t in tensors]
         if simple_outputs and ok:
             outs = [
-                torch.empty(in_shapes[i], dtype=dtype if src is None else tensors[src].dtype, device=device)
+                torch.empty_like(tensors[i]) if src is None and dtype == tensors[i].dtype
+                else torch.empty_like(tensors[i], dtype=dtype if src is None else tensors[src].dtype)
                 for i, src in zip(same_as, dtype_from)
             ]
         elif meta_fn is None:
@@ -408,9 +415,9 @@ def _cuda_impl(entry: KernelOp) -> Callable[..., Any]:
             values += extras
             values += [o.data_ptr() for o in outs]
             index = device.index
-            fn = functions.load(index)[lowered[dtype if dtypes else None]]
+            fn = loaded.get((index, dtype)) or load(index, dtype)
             smem = smem_const if smem_const is not None else smem_fn(env)
-            if torch.cuda.current_device() != index:
+            if launcher.current_device() != index:
                 with torch.cuda.device(index):
                     launch(fn, grid, block, smem, launcher.current_stream_handle(index), values, op)
             else:

@@ -16,6 +16,7 @@ eager hot path does no tree walking.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence, Tuple, Union
 
@@ -165,31 +166,39 @@ def normalize_axis(axis: int, ndim: int, what: str) -> int:
     return axis % ndim
 
 
-def _shapes(env: Env, kind: str) -> Sequence[Sequence[Any]]:
-    return env[0] if kind == INPUT else env[1]
-
-
 def compile_expr(expr: Expr, arith: Arithmetic = PYTHON) -> Callable[[Env], Any]:
-    """Turn an expression into a closure ``env -> value`` under ``arith``."""
+    """Turn an expression into a closure ``env -> value`` under ``arith``.
+
+    Under Python arithmetic (eager launches run this per call) the closures
+    are specialised: a numel is ``math.prod`` over the shape, an operation
+    with a constant operand folds the constant in.
+    """
     if isinstance(expr, Const):
         value = expr.value
         if arith is PYTHON:
             return lambda env: value
         return lambda env: arith.const(value)
     if isinstance(expr, Dim):
-        kind, index, axis = expr.kind, expr.index, expr.axis
+        side, index, axis = (0 if expr.kind == INPUT else 1), expr.index, expr.axis
+        what = f"{expr.kind} {index}"
 
         def dim(env: Env) -> Any:
-            shape = _shapes(env, kind)[index]
-            return shape[normalize_axis(axis, len(shape), f"{kind} {index}")]
+            shape = env[side][index]
+            try:
+                return shape[axis]
+            except IndexError:
+                raise IndexError(f"axis {axis} is out of range for {what} of rank {len(shape)}") from None
 
         return dim
     if isinstance(expr, Prod):
-        kind, index, skip = expr.kind, expr.index, expr.skip
+        side, index, skip = (0 if expr.kind == INPUT else 1), expr.index, expr.skip
+        if not skip and arith is PYTHON:
+            return lambda env: math.prod(env[side][index])
+        what = f"{expr.kind} {index}"
 
         def prod(env: Env) -> Any:
-            shape = _shapes(env, kind)[index]
-            skipped = {normalize_axis(a, len(shape), f"{kind} {index}") for a in skip}
+            shape = env[side][index]
+            skipped = {normalize_axis(a, len(shape), what) for a in skip}
             result = None
             for i, d in enumerate(shape):
                 if i not in skipped:
@@ -198,7 +207,17 @@ def compile_expr(expr: Expr, arith: Arithmetic = PYTHON) -> Callable[[Env], Any]
 
         return prod
     if isinstance(expr, BinOp):
-        lhs, rhs = compile_expr(expr.lhs, arith), compile_expr(expr.rhs, arith)
+        lhs = compile_expr(expr.lhs, arith)
+        if arith is PYTHON and isinstance(expr.rhs, Const):
+            c = expr.rhs.value
+            folded = {
+                "add": lambda env: lhs(env) + c,
+                "mul": lambda env: lhs(env) * c,
+                "floordiv": lambda env: lhs(env) // c,
+                "cdiv": lambda env: (lhs(env) + (c - 1)) // c,
+            }
+            return folded[expr.op]
+        rhs = compile_expr(expr.rhs, arith)
         fn = getattr(arith, expr.op)
         return lambda env: fn(lhs(env), rhs(env))
     raise TypeError(f"not a size expression: {expr!r}")
