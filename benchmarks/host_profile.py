@@ -20,15 +20,16 @@ import seven_cases  # noqa: E402
 from fxkern import launcher  # noqa: E402
 
 
-def per_call_us(fn, calls=20000, rounds=5):
+def per_call_us(fn, burst=200, rounds=200):
+    """Host time per call, in bursts short enough that the GPU queue never pushes back."""
     best = float("inf")
     for _ in range(rounds):
         torch.cuda.synchronize()
         t0 = time.perf_counter()
-        for _ in range(calls):
+        for _ in range(burst):
             fn()
-        torch.cuda.synchronize()
-        best = min(best, (time.perf_counter() - t0) / calls * 1e6)
+        best = min(best, (time.perf_counter() - t0) / burst * 1e6)
+    torch.cuda.synchronize()
     return best
 
 

@@ -60,8 +60,7 @@ def test_example_matches_reference(ops, case, dtype, shape):
 @pytest.mark.parametrize("case", seven_cases.CASES, ids=lambda c: c.name)
 def test_exported_program_runs_the_kernel(ops, case):
     args = case.make_inputs(case.shape, torch.float32, "cuda")
-    dyn = tuple({0: torch.export.Dim("batch", min=2, max=100000)} if isinstance(a, torch.Tensor) else None for a in args)
-    ep = torch.export.export(seven_cases.CallOp(ops[case.name]), args, dynamic_shapes=(dyn,))
+    ep = seven_cases.export_dynamic(case, ops[case.name], args)
     other = case.make_inputs((case.shape[0] + 13, *case.shape[1:]), torch.float32, "cuda")
     assert_matches(ep.module()(*other), seven_cases.reference_in_float64(case, other), torch.float32)
 
