@@ -1,0 +1,103 @@
+"""Host time of one kernel launch through each Python path fxkern could use.
+
+    python benchmarks/launch_paths.py
+
+Same kernel (the sigmoid example, 4 blocks), same stream, host time per call
+in bursts from an idle GPU: ctypes -> cuLaunchKernel (fxkern's path),
+cuda.bindings' cuLaunchKernel, cuda.core's launch, and torch.sigmoid for scale.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
+
+import torch  # noqa: E402
+
+import fxkern  # noqa: E402
+import seven_cases  # noqa: E402
+from fxkern import launcher  # noqa: E402
+
+
+def host_us(fn, burst=200, rounds=200):
+    best = float("inf")
+    for _ in range(rounds):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(burst):
+            fn()
+        best = min(best, (time.perf_counter() - t0) / burst * 1e6)
+    torch.cuda.synchronize()
+    return best
+
+
+def main():
+    ops = seven_cases.register_all()
+    x = torch.randn(1024, device="cuda")
+    y = torch.empty_like(x)
+    ops["sigmoid"](x)
+    entry = fxkern.kernel_op(f"{seven_cases.NS}::sigmoid")
+    impl = entry.cuda_impl
+    name = impl.lowered[torch.float32]
+    handle = impl.functions.load(0)[name]
+    stream = launcher.current_stream_handle(0)
+    values = [x.data_ptr(), x.numel(), y.data_ptr()]
+    results = {}
+
+    results["fxkern KernelLauncher (struct + ctypes cuLaunchKernel)"] = host_us(
+        lambda: impl.launch(handle, (4, 1, 1), (256, 1, 1), 0, stream, values, "b"))
+
+    raw = launcher._launch_fn()
+    pack = impl.launch._local.pack
+    results["bare ctypes cuLaunchKernel (args prepacked)"] = host_us(
+        lambda: raw(handle, 4, 1, 1, 256, 1, 1, 0, stream, pack[1], None))
+
+    try:
+        from cuda.bindings import driver
+
+        f = driver.CUfunction(handle)
+        s = driver.CUstream(stream)
+        addr = pack[1]
+        results["cuda.bindings cuLaunchKernel (objects prebuilt)"] = host_us(
+            lambda: driver.cuLaunchKernel(f, 4, 1, 1, 256, 1, 1, 0, s, addr, 0))
+    except Exception as exc:  # report, keep measuring the others
+        print("cuda.bindings path failed:", type(exc).__name__, exc)
+
+    try:
+        try:
+            from cuda.core import Device, LaunchConfig, ObjectCode, launch
+        except ImportError:
+            from cuda.core.experimental import Device, LaunchConfig, ObjectCode, launch
+        dev = Device(0)
+        dev.set_current()
+        cubin = entry.compiled.cubin
+        kernel = ObjectCode.from_cubin(cubin).get_kernel(name)
+
+        class TorchStream:
+            def __cuda_stream__(self):
+                return (0, stream)
+
+        cstream = dev.create_stream(TorchStream())
+        cfg = LaunchConfig(grid=(4, 1, 1), block=(256, 1, 1))
+        px, py, n = ctypes.c_void_p(x.data_ptr()), ctypes.c_void_p(y.data_ptr()), ctypes.c_int32(1024)
+        results["cuda.core launch (stream, config, args prebuilt)"] = host_us(lambda: launch(cstream, cfg, kernel, px, n, py))
+        results["cuda.core launch (config + args built per call)"] = host_us(
+            lambda: launch(cstream, LaunchConfig(grid=(4, 1, 1), block=(256, 1, 1)), kernel,
+                           ctypes.c_void_p(x.data_ptr()), ctypes.c_int32(1024), ctypes.c_void_p(y.data_ptr())))
+    except Exception as exc:
+        print("cuda.core path failed:", type(exc).__name__, exc)
+
+    results["torch.sigmoid(x) (dispatch + alloc + launch)"] = host_us(lambda: torch.sigmoid(x))
+    results["torch.empty_like(x)"] = host_us(lambda: torch.empty_like(x))
+    results["fxkern op .default(x)"] = host_us(lambda: ops["sigmoid"].default(x))
+    torch.testing.assert_close(torch.sigmoid(x), ops["sigmoid"](x))
+    for k, v in results.items():
+        print(f"{k:58s} {v:6.2f} us")
+
+
+if __name__ == "__main__":
+    main()
