@@ -51,15 +51,19 @@ def main():
     results["fxkern KernelLauncher (struct + ctypes cuLaunchKernel)"] = host_us(
         lambda: impl.launch(handle, (4, 1, 1), (256, 1, 1), 0, stream, values, "b"))
 
-    raw = launcher._launch_fn()
     pack = impl.launch._local.pack
+    lib = ctypes.CDLL("libcuda.so.1")
+    raw = lib.cuLaunchKernel
+    raw.argtypes = [ctypes.c_void_p] + [ctypes.c_uint] * 7 + [ctypes.c_void_p] * 3
+    raw.restype = ctypes.c_int
+    handle_int = int(handle)
     results["bare ctypes cuLaunchKernel (args prepacked)"] = host_us(
-        lambda: raw(handle, 4, 1, 1, 256, 1, 1, 0, stream, pack[1], None))
+        lambda: raw(handle_int, 4, 1, 1, 256, 1, 1, 0, stream, pack[1], None))
 
     try:
         from cuda.bindings import driver
 
-        f = driver.CUfunction(handle)
+        f = handle
         s = driver.CUstream(stream)
         addr = pack[1]
         results["cuda.bindings cuLaunchKernel (objects prebuilt)"] = host_us(
@@ -83,11 +87,12 @@ def main():
 
         cstream = dev.create_stream(TorchStream())
         cfg = LaunchConfig(grid=(4, 1, 1), block=(256, 1, 1))
-        px, py, n = ctypes.c_void_p(x.data_ptr()), ctypes.c_void_p(y.data_ptr()), ctypes.c_int32(1024)
-        results["cuda.core launch (stream, config, args prebuilt)"] = host_us(lambda: launch(cstream, cfg, kernel, px, n, py))
-        results["cuda.core launch (config + args built per call)"] = host_us(
-            lambda: launch(cstream, LaunchConfig(grid=(4, 1, 1), block=(256, 1, 1)), kernel,
-                           ctypes.c_void_p(x.data_ptr()), ctypes.c_int32(1024), ctypes.c_void_p(y.data_ptr())))
+        import numpy as np
+
+        px, py, n = x.data_ptr(), y.data_ptr(), np.int32(1024)
+        results["cuda.core launch (stream, config prebuilt)"] = host_us(lambda: launch(cstream, cfg, kernel, px, n, py))
+        results["cuda.core launch (config built per call)"] = host_us(
+            lambda: launch(cstream, LaunchConfig(grid=(4, 1, 1), block=(256, 1, 1)), kernel, x.data_ptr(), np.int32(1024), y.data_ptr()))
     except Exception as exc:
         print("cuda.core path failed:", type(exc).__name__, exc)
 

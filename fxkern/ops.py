@@ -372,6 +372,11 @@ def _cuda_impl(entry: KernelOp) -> Callable[..., Any]:
     dtype_from = plan.output_dtype_from
     int32_max = validate.INT32_MAX
 
+    grid_const = [g.value if isinstance(g, symbolic.Const) else None for g in plan.grid]
+    grid_x = grid_fns[0]
+    grid_yz_const = grid_const[1] is not None and grid_const[2] is not None
+    gy, gz = grid_const[1], grid_const[2]
+
     def cuda(*args: Any) -> Any:
         tensors = list(args) if all_tensors else [args[i] for i in positions]
         ok, dtype = fast_check(tensors)
@@ -389,20 +394,27 @@ def _cuda_impl(entry: KernelOp) -> Callable[..., Any]:
                 else torch.empty_like(tensors[i], dtype=dtype if src is None else tensors[src].dtype)
                 for i, src in zip(same_as, dtype_from)
             ]
-        elif meta_fn is None:
-            shapes = [f((in_shapes, ())) for f in shape_fns]
-            validate.check_shapes(op, plan, tensors, shapes[0])
-            out_dtypes = validate.output_dtypes(plan, tensors, dtype)
-            outs = [torch.empty(s, dtype=d, device=device) for s, d in zip(shapes, out_dtypes)]
+            env = (in_shapes, [in_shapes[i] for i in same_as])
         else:
-            outs = list(_as_tuple(meta_fn(*args)))
-        env = (in_shapes, [o.shape for o in outs])
-        grid = (grid_fns[0](env), grid_fns[1](env), grid_fns[2](env))
+            if meta_fn is None:
+                shapes = [f((in_shapes, ())) for f in shape_fns]
+                validate.check_shapes(op, plan, tensors, shapes[0])
+                out_dtypes = validate.output_dtypes(plan, tensors, dtype)
+                outs = [torch.empty(s, dtype=d, device=device) for s, d in zip(shapes, out_dtypes)]
+            else:
+                outs = list(_as_tuple(meta_fn(*args)))
+            env = (in_shapes, [o.shape for o in outs])
+        if grid_yz_const:
+            grid = (grid_x(env), gy, gz)
+            if grid[0] > int32_max:
+                validate.check_grid(op, grid)
+        else:
+            grid = (grid_x(env), grid_fns[1](env), grid_fns[2](env))
+            if grid[0] > int32_max or grid[1] > 65535 or grid[2] > 65535:
+                validate.check_grid(op, grid)
         extras = [f(env) for f in extra_fns]
         if extras and max(extras) > int32_max:
             validate.check_int32(op, extra_labels, extras)
-        if grid[0] > int32_max or grid[1] > 65535 or grid[2] > 65535:
-            validate.check_grid(op, grid)
         if grid[0] and grid[1] and grid[2]:
             if all_tensors:
                 values = [t.data_ptr() for t in tensors]
@@ -413,7 +425,8 @@ def _cuda_impl(entry: KernelOp) -> Callable[..., Any]:
                 for i, name, py_type in scalar_slots:
                     values[i] = validate.coerce_scalar(op, name, py_type, args[i])
             values += extras
-            values += [o.data_ptr() for o in outs]
+            for o in outs:
+                values.append(o.data_ptr())
             index = device.index
             fn = loaded.get((index, dtype)) or load(index, dtype)
             smem = smem_const if smem_const is not None else smem_fn(env)
