@@ -125,6 +125,9 @@ def main(argv=None):
 
         ops = seven_cases.register_all()
         ours, ours_default, native = host_overhead(ops)
+        import launch_paths
+
+        paths = launch_paths.measure()
         copy_gbs = copy_bandwidth()
         rows = kernel_bandwidth(ops, copy_gbs)
         lines += [
@@ -136,6 +139,12 @@ def main(argv=None):
             f"| torch.sigmoid | {native:.2f} | 1.00x |",
             f"| fxkern sigmoid, `torch.ops.fxkern_examples.sigmoid(x)` | {ours:.2f} | {ours / native:.2f}x (goal: at most 1.5x) |",
             f"| fxkern sigmoid, `.default(x)` (what a rewritten graph calls) | {ours_default:.2f} | {ours_default / native:.2f}x |",
+            "",
+            "Where the time goes (`benchmarks/launch_paths.py`, same kernel and stream, host us per call):",
+            "",
+            "| path | us |",
+            "| --- | ---: |",
+            *[f"| {k} | {v:.2f} |" for k, v in paths.items()],
             "",
             f"### Kernel time at 16384x8192 (CUDA events around 10 back-to-back calls, 5 warm-ups, median of 20); device-to-device copy {copy_gbs:.0f} GB/s",
             "",
