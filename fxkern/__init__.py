@@ -18,6 +18,8 @@ from fxkern.errors import (
     SpecError,
 )
 from fxkern.ops import cuda_kernel_op, kernel_op, ptx_op, registered_ops
+from fxkern.rewrite import Report, VerificationError, apply, explain
+from fxkern.rules import Rule, RuleSet, default_rules, replace, rule
 from fxkern.spec import (
     Custom,
     DimSize,
@@ -37,6 +39,15 @@ __version__ = "0.1.0"
 
 __all__ = [
     "CompileError",
+    "Report",
+    "Rule",
+    "RuleSet",
+    "VerificationError",
+    "apply",
+    "default_rules",
+    "explain",
+    "replace",
+    "rule",
     "Custom",
     "DimSize",
     "Elementwise",

@@ -1,0 +1,388 @@
+"""Finding a pattern's occurrences in a graph.
+
+Matching is anchored: candidates are the graph nodes with the same op as
+the pattern's (first) output, found through one index of the graph by
+target, and each is matched by walking the pattern backwards from there,
+so the cost is linear in the graph, not in its subsets. The walk
+
+* tries both operand orders of commutative ops (``add``, ``mul``...);
+* lets one graph node feed several pattern parameters;
+* passes through "noise" ops that change neither values nor shapes
+  (shape-preserving views, clones, and same-dtype casts when allowed),
+  absorbing them into the match when they sit inside it;
+* compares literals exactly, except the captured scalar parameters.
+
+A failed candidate keeps the reason of the deepest point it reached, for
+``explain``'s near-misses.
+"""
+
+from __future__ import annotations
+
+import operator
+from dataclasses import dataclass, field
+from typing import Any, Dict, FrozenSet, Iterable, List, Optional, Sequence, Set, Tuple
+
+import torch
+import torch.fx as fx
+
+from fxkern.patterns import Pattern, is_assertion
+
+aten = torch.ops.aten
+
+COMMUTATIVE = {
+    aten.add.Tensor, aten.mul.Tensor, aten.add.Scalar, aten.mul.Scalar,
+    aten.maximum.default, aten.minimum.default,
+}
+VIEW_OPS = {aten.view.default, aten.reshape.default, aten._unsafe_view.default, aten.alias.default,
+            aten.detach.default, aten.expand.default}
+CLONE_OPS = {aten.clone.default, aten.contiguous.default, aten.lift_fresh_copy.default}
+CAST_OPS = {aten.to.dtype, aten._to_copy.default, aten.to.dtype_layout}
+
+DEFAULT_NOISE = frozenset({"views", "clones"})
+ALL_NOISE = frozenset({"views", "clones", "casts"})
+
+
+def _val(node: Any) -> Any:
+    return node.meta.get("val") if isinstance(node, fx.Node) else None
+
+
+def value_preserving(node: fx.Node) -> bool:
+    """True when ``node`` returns its first input's values in its shape and dtype."""
+    if node.op != "call_function" or not node.args or not isinstance(node.args[0], fx.Node):
+        return False
+    t = node.target
+    if t not in VIEW_OPS and t not in CLONE_OPS and t not in CAST_OPS:
+        return False
+    src, out = _val(node.args[0]), _val(node)
+    if not isinstance(src, torch.Tensor) or not isinstance(out, torch.Tensor):
+        return False
+    if t in CAST_OPS and (src.dtype != out.dtype or src.device != out.device):
+        return False
+    try:
+        return src.dtype == out.dtype and tuple(src.shape) == tuple(out.shape)
+    except Exception:  # symbolic sizes that cannot be compared without a guard
+        return False
+
+
+def is_noise(node: fx.Node, policy: FrozenSet[str]) -> bool:
+    t = node.target
+    kind = "views" if t in VIEW_OPS else "clones" if t in CLONE_OPS else "casts" if t in CAST_OPS else None
+    return kind is not None and kind in policy and value_preserving(node)
+
+
+def skip_noise(node: Any, policy: FrozenSet[str]) -> Tuple[Any, List[fx.Node]]:
+    skipped = []
+    while isinstance(node, fx.Node) and is_noise(node, policy):
+        skipped.append(node)
+        node = node.args[0]
+    return node, skipped
+
+
+def arguments(node: fx.Node, cache: Optional[Dict[fx.Node, tuple]] = None) -> tuple:
+    """A call's arguments in schema order, keyword and default ones included."""
+    if cache is not None and node in cache:
+        return cache[node]
+    schema = getattr(node.target, "_schema", None)
+    if schema is None:
+        out = tuple(node.args) + tuple(v for _, v in sorted(node.kwargs.items()))
+    else:
+        vals = []
+        for i, a in enumerate(schema.arguments):
+            if i < len(node.args):
+                vals.append(node.args[i])
+            elif a.name in node.kwargs:
+                vals.append(node.kwargs[a.name])
+            else:
+                vals.append(a.default_value if a.has_default_value() else None)
+        out = tuple(vals)
+    if cache is not None:
+        cache[node] = out
+    return out
+
+
+# ---- the compiled pattern -----------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Ref:
+    """An argument that is the output of pattern op ``index``."""
+
+    index: int
+
+
+@dataclass(frozen=True)
+class Bind:
+    """An argument that is tensor parameter ``name``."""
+
+    name: str
+
+
+@dataclass(frozen=True)
+class Capture:
+    """A literal that is scalar parameter ``name``."""
+
+    name: str
+    py_type: type
+
+
+@dataclass
+class PNode:
+    target: Any
+    args: tuple
+    name: str
+    commutative: bool
+
+
+@dataclass
+class CompiledPattern:
+    nodes: List[PNode]  # topological order
+    outputs: List[int]
+    tensor_params: List[str]
+    scalar_params: List[str]
+    policy: FrozenSet[str]
+
+    @property
+    def anchor(self) -> PNode:
+        return self.nodes[self.outputs[0]]
+
+
+def compile_pattern(pattern: Pattern, policy: FrozenSet[str]) -> CompiledPattern:
+    """Pattern nodes with noise removed, arguments in schema order, references by index."""
+    tensor_params = [p.name for p in pattern.params if p.kind == "tensor"]
+    placeholder_param = {ph: name for ph, name in zip(pattern.placeholders, tensor_params)}
+    index: Dict[fx.Node, int] = {}
+    nodes: List[PNode] = []
+    params = {p.name: p for p in pattern.params}
+
+    def resolve(node: fx.Node) -> Any:
+        node, _ = skip_noise(node, policy)
+        if node in placeholder_param:
+            return Bind(placeholder_param[node])
+        return Ref(index[node])
+
+    def convert(value: Any, site: Tuple, pnode_name: str) -> Any:
+        if isinstance(value, fx.Node):
+            return resolve(value)
+        if isinstance(value, (list, tuple)):
+            return type(value)(convert(v, site + (j,), pnode_name) for j, v in enumerate(value))
+        captured = _capture_for(pattern, pnode_name, site)
+        if captured is not None:
+            return Capture(captured, params[captured].py_type)
+        return value
+
+    for node in pattern.graph.nodes:
+        if node.op != "call_function" or is_noise(node, policy):
+            continue
+        raw = arguments(node)
+        schema = node.target._schema
+        args = []
+        for i, value in enumerate(raw):
+            site_kw = schema.arguments[i].name
+            site = ("a", i) if i < len(node.args) else ("k", site_kw)
+            args.append(convert(value, site, node.name))
+        comm = node.target in COMMUTATIVE and (node.target is not aten.add.Tensor or raw[2] in (1, None))
+        index[node] = len(nodes)
+        nodes.append(PNode(node.target, tuple(args), node.name, comm))
+    outputs = []
+    for o in pattern.outputs:
+        r = resolve(o)
+        if not isinstance(r, Ref):
+            raise ValueError("a pattern output is an input")
+        outputs.append(r.index)
+    return CompiledPattern(nodes, outputs, tensor_params, [p.name for p in pattern.params if p.kind == "scalar"], policy)
+
+
+def _capture_for(pattern: Pattern, node_name: str, site: Tuple) -> Optional[str]:
+    return pattern.captures.get((node_name,) + tuple(site))
+
+
+# ---- matching ------------------------------------------------------------------
+
+
+@dataclass
+class Match:
+    """One occurrence: the graph nodes it replaces, its outputs, and what its parameters bound to."""
+
+    anchor: fx.Node
+    nodes: List[fx.Node]  # replaced: matched ops and the noise absorbed between them
+    keep: Set[fx.Node]  # value-preserving edge ops that stay for their other users
+    outputs: List[fx.Node]
+    bindings: Dict[str, Any]
+
+    @property
+    def node_set(self) -> Set[fx.Node]:
+        return set(self.nodes)
+
+
+@dataclass
+class Failure:
+    anchor: fx.Node
+    depth: int
+    reason: str
+    nodes: List[fx.Node] = field(default_factory=list)
+
+
+class _State:
+    __slots__ = ("p2g", "used", "bind", "absorbed", "depth", "fail")
+
+    def __init__(self):
+        self.p2g: Dict[int, fx.Node] = {}
+        self.used: Set[fx.Node] = set()
+        self.bind: Dict[str, Any] = {}
+        self.absorbed: List[fx.Node] = []
+        self.depth = 0
+        self.fail: Tuple[int, str] = (-1, "")
+
+    def snapshot(self):
+        return dict(self.p2g), set(self.used), dict(self.bind), len(self.absorbed)
+
+    def restore(self, snap):
+        self.p2g, self.used, self.bind = snap[0], snap[1], snap[2]
+        del self.absorbed[snap[3]:]
+
+    def failed(self, reason: str) -> bool:
+        if len(self.p2g) >= self.fail[0]:
+            self.fail = (len(self.p2g), reason)
+        return False
+
+
+class Matcher:
+    """Matches one compiled pattern against one graph (the index by target is built once per graph)."""
+
+    def __init__(self, graph: fx.Graph, by_target: Optional[Dict[Any, List[fx.Node]]] = None):
+        self.graph = graph
+        self.args_cache: Dict[fx.Node, tuple] = {}
+        if by_target is None:
+            by_target = index_by_target(graph)
+        self.by_target = by_target
+
+    def candidates(self, pattern: CompiledPattern) -> List[fx.Node]:
+        return self.by_target.get(pattern.anchor.target, [])
+
+    def match_at(self, pattern: CompiledPattern, anchor: fx.Node) -> Tuple[Optional[Match], Optional[Failure]]:
+        st = _State()
+        if not self._node(pattern, pattern.outputs[0], anchor, st):
+            return None, Failure(anchor, st.fail[0], st.fail[1], list(st.p2g.values()))
+        for out in pattern.outputs[1:]:
+            if out in st.p2g:
+                continue
+            if not self._find_other_output(pattern, out, st):
+                return None, Failure(anchor, st.fail[0], f"no node for pattern output {pattern.nodes[out].name!r}", list(st.p2g.values()))
+        if len(st.p2g) != len(pattern.nodes):
+            missing = [pattern.nodes[i].name for i in range(len(pattern.nodes)) if i not in st.p2g]
+            return None, Failure(anchor, len(st.p2g), f"pattern ops {missing} are not reached from its outputs", list(st.p2g.values()))
+        keep = set()
+        for i, pnode in enumerate(pattern.nodes):
+            g = st.p2g[i]
+            if i not in pattern.outputs and all(not isinstance(a, Ref) for a in _flat(pnode.args)) and value_preserving(g):
+                keep.add(g)
+        nodes = [st.p2g[i] for i in range(len(pattern.nodes)) if st.p2g[i] not in keep] + st.absorbed
+        return Match(anchor, nodes, keep, [st.p2g[i] for i in pattern.outputs], dict(st.bind)), None
+
+    # -- the walk --
+
+    def _node(self, pat: CompiledPattern, pi: int, g: Any, st: _State) -> bool:
+        if pi in st.p2g:
+            return st.p2g[pi] is g or st.failed(f"pattern node {pat.nodes[pi].name!r} would be two graph nodes")
+        pnode = pat.nodes[pi]
+        if not isinstance(g, fx.Node) or g.op != "call_function":
+            return st.failed(f"{pnode.name!r} ({_op(pnode.target)}) meets {_describe(g)}")
+        if g in st.used:
+            return st.failed(f"graph node {g.name!r} would match two pattern nodes")
+        if g.target != pnode.target:
+            return st.failed(f"{g.name!r} is {_op(g.target)} where the pattern has {_op(pnode.target)}")
+        gargs = arguments(g, self.args_cache)
+        orders = [gargs]
+        if pnode.commutative and len(gargs) >= 2:
+            orders.append((gargs[1], gargs[0]) + tuple(gargs[2:]))
+        for gargs_order in orders:
+            snap = st.snapshot()
+            st.p2g[pi] = g
+            st.used.add(g)
+            if all(self._arg(pat, pa, ga, st, g) for pa, ga in zip(pnode.args, gargs_order)):
+                return True
+            st.restore(snap)
+        return False
+
+    def _arg(self, pat: CompiledPattern, pa: Any, ga: Any, st: _State, where: fx.Node) -> bool:
+        if isinstance(pa, Ref):
+            if not isinstance(ga, fx.Node):
+                return st.failed(f"{where.name!r} has the literal {ga!r} where the pattern has op {pat.nodes[pa.index].name!r}")
+            target, skipped = skip_noise(ga, pat.policy)
+            n_before = len(st.absorbed)
+            st.absorbed.extend(skipped)
+            if self._node(pat, pa.index, target, st):
+                return True
+            del st.absorbed[n_before:]
+            return False
+        if isinstance(pa, Bind):
+            if not isinstance(ga, fx.Node):
+                return st.failed(f"{where.name!r} has the literal {ga!r} where the pattern has tensor {pa.name!r}")
+            target, _ = skip_noise(ga, pat.policy)
+            bound = st.bind.get(pa.name)
+            if bound is None:
+                st.bind[pa.name] = target
+                return True
+            return bound is target or st.failed(f"parameter {pa.name!r} would be both {bound.name!r} and {target.name!r}")
+        if isinstance(pa, Capture):
+            ok = isinstance(ga, (int, float)) and not isinstance(ga, bool) and (pa.py_type is float or isinstance(ga, int))
+            if not ok:
+                return st.failed(f"{where.name!r} has {_describe(ga)} where the pattern captures {pa.py_type.__name__} {pa.name!r}")
+            value = pa.py_type(ga)
+            if pa.name in st.bind and st.bind[pa.name] != value:
+                return st.failed(f"scalar {pa.name!r} would be both {st.bind[pa.name]} and {value}")
+            st.bind[pa.name] = value
+            return True
+        if isinstance(pa, (list, tuple)):
+            if not isinstance(ga, (list, tuple)) or len(ga) != len(pa):
+                return st.failed(f"{where.name!r} has {ga!r} where the pattern has {list(pa)!r}")
+            return all(self._arg(pat, a, b, st, where) for a, b in zip(pa, ga))
+        if isinstance(ga, fx.Node):
+            return st.failed(f"{where.name!r} takes {ga.name!r} where the pattern has the literal {pa!r}")
+        if type(pa) is not type(ga) and not (isinstance(pa, (int, float)) and isinstance(ga, (int, float)) and not isinstance(ga, bool) and not isinstance(pa, bool)):
+            return st.failed(f"literal differs at {where.name!r}: pattern {pa!r}, graph {ga!r}")
+        if pa != ga:
+            return st.failed(f"literal differs at {where.name!r}: pattern {pa!r}, graph {ga!r}")
+        return True
+
+    def _find_other_output(self, pat: CompiledPattern, out: int, st: _State) -> bool:
+        """A second output of a multi-output pattern: search the users of what is matched or bound."""
+        target = pat.nodes[out].target
+        seen = set()
+        roots = list(st.p2g.values()) + [v for v in st.bind.values() if isinstance(v, fx.Node)]
+        for root in roots:
+            for user in root.users:
+                if user in seen or user.target != target or user in st.used:
+                    continue
+                seen.add(user)
+                snap = st.snapshot()
+                if self._node(pat, out, user, st):
+                    return True
+                st.restore(snap)
+        return False
+
+
+def index_by_target(graph: fx.Graph) -> Dict[Any, List[fx.Node]]:
+    by_target: Dict[Any, List[fx.Node]] = {}
+    for n in graph.nodes:
+        if n.op == "call_function":
+            by_target.setdefault(n.target, []).append(n)
+    return by_target
+
+
+def _flat(args: Iterable[Any]):
+    for a in args:
+        if isinstance(a, (list, tuple)):
+            yield from _flat(a)
+        else:
+            yield a
+
+
+def _op(target: Any) -> str:
+    return str(target).replace("aten::", "aten.")
+
+
+def _describe(v: Any) -> str:
+    if isinstance(v, fx.Node):
+        return f"{v.name!r} ({v.op})"
+    return f"the literal {v!r}"

@@ -1,0 +1,189 @@
+"""Tracing pattern functions into graphs, in the IR of the graph they will be matched against.
+
+A pattern is plain PyTorch. It is traced with ``torch.export`` (the
+"export" IR) and, decomposed, into core ATen ("core_aten"); more IRs plug
+in through :data:`TRACERS`. Parameters annotated ``float``/``int`` are
+scalars captured from the matched graph: the pattern is traced with a
+sentinel value and every literal equal to it marks a capture site.
+Traced patterns are cached per (rule, IR, dtype).
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+import torch
+import torch.fx as fx
+
+from fxkern.errors import SpecError
+
+log = logging.getLogger("fxkern")
+
+SCALAR_TYPES = (float, int, bool)
+# Unusual values, so a literal equal to one of them in a traced pattern is the parameter.
+SENTINELS = {float: 0.0123456789012, int: 98765431}
+
+# Nodes that only assert facts about a value; they never keep a match from being replaced.
+ASSERTION_TARGETS = {
+    "aten._assert_tensor_metadata.default",
+    "aten._assert_scalar.default",
+    "aten.sym_constrain_range_for_size.default",
+    "aten._assert_async.msg",
+}
+
+
+def is_assertion(node: fx.Node) -> bool:
+    return node.op == "call_function" and str(node.target) in ASSERTION_TARGETS
+
+
+@dataclass(frozen=True)
+class Param:
+    """One pattern parameter: a tensor, or a scalar captured from the graph."""
+
+    name: str
+    kind: str  # "tensor" or "scalar"
+    py_type: Optional[type] = None
+
+
+@dataclass
+class Pattern:
+    """A traced pattern: its graph, parameters, output nodes and scalar capture sites."""
+
+    graph: fx.Graph
+    params: Tuple[Param, ...]
+    placeholders: Tuple[fx.Node, ...]  # one per tensor param, in param order
+    outputs: Tuple[fx.Node, ...]
+    captures: Dict[Tuple[str, int, Any], str] = field(default_factory=dict)  # (node name, arg index path) -> param
+
+    @property
+    def op_nodes(self) -> List[fx.Node]:
+        return [n for n in self.graph.nodes if n.op == "call_function"]
+
+
+def pattern_params(fn: Callable[..., Any]) -> Tuple[Param, ...]:
+    """Read the pattern's parameters: annotated float/int/bool ones are scalars."""
+    sig = inspect.signature(fn)
+    params = []
+    try:
+        hints = inspect.get_annotations(fn, eval_str=True)
+    except Exception:  # unresolvable string annotations: fall back to the raw ones
+        hints = {}
+    for p in sig.parameters.values():
+        if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
+            raise SpecError(f"pattern {fn.__name__}: *args/**kwargs are not allowed; name every parameter")
+        ann = hints.get(p.name, p.annotation)
+        if ann in SCALAR_TYPES or ann in ("float", "int", "bool"):
+            py_type = ann if isinstance(ann, type) else {"float": float, "int": int, "bool": bool}[ann]
+            params.append(Param(p.name, "scalar", py_type))
+        else:
+            params.append(Param(p.name, "tensor"))
+    if not any(p.kind == "tensor" for p in params):
+        raise SpecError(f"pattern {fn.__name__}: needs at least one tensor parameter")
+    return tuple(params)
+
+
+class _Call(torch.nn.Module):
+    def __init__(self, fn: Callable[..., Any], scalars: Dict[int, Any], n: int):
+        super().__init__()
+        self.fn, self.scalars, self.n = fn, scalars, n
+
+    def forward(self, *tensors):
+        it = iter(tensors)
+        args = [self.scalars[i] if i in self.scalars else next(it) for i in range(self.n)]
+        return self.fn(*args)
+
+
+def default_example_inputs(params: Sequence[Param], dtype: torch.dtype) -> List[Any]:
+    """Tensors of one generic shape, scalars as sentinels: a pattern of elementwise and last-axis ops
+    traces to the same graph whatever the rank, so these match inputs of any rank."""
+    out = []
+    for p in params:
+        if p.kind == "tensor":
+            out.append(torch.randn(4, 8).to(dtype))
+        else:
+            out.append(SENTINELS.get(p.py_type, True))
+    return out
+
+
+def _export_graph(fn, params, example_inputs, decompose: bool) -> fx.Graph:
+    scalars = {i: v for i, (p, v) in enumerate(zip(params, example_inputs)) if p.kind == "scalar"}
+    tensors = tuple(v for p, v in zip(params, example_inputs) if p.kind == "tensor")
+    ep = torch.export.export(_Call(fn, scalars, len(params)), tensors)
+    if decompose:
+        ep = ep.run_decompositions()
+    return ep.graph_module.graph
+
+
+TRACERS: Dict[str, Callable[..., fx.Graph]] = {
+    "export": lambda fn, params, ex: _export_graph(fn, params, ex, decompose=False),
+    "core_aten": lambda fn, params, ex: _export_graph(fn, params, ex, decompose=True),
+}
+
+
+def trace(fn: Callable[..., Any], ir: str, *, dtype: torch.dtype = torch.float32,
+          example_inputs: Optional[Sequence[Any]] = None) -> Pattern:
+    """Trace ``fn`` in ``ir`` and describe it as a :class:`Pattern`."""
+    if ir not in TRACERS:
+        raise SpecError(f"unknown IR {ir!r}; known: {sorted(TRACERS)}")
+    params = pattern_params(fn)
+    if example_inputs is None:
+        example_inputs = default_example_inputs(params, dtype)
+    example_inputs = list(example_inputs)
+    if len(example_inputs) != len(params):
+        raise SpecError(f"pattern {fn.__name__}: example_inputs has {len(example_inputs)} values for {len(params)} parameters")
+    sentinel_to_param = {}
+    for p, v in zip(params, example_inputs):
+        if p.kind == "scalar":
+            if p.py_type is bool:
+                raise SpecError(f"pattern {fn.__name__}: bool scalar {p.name!r} cannot be captured yet; make it a constant")
+            v = SENTINELS[p.py_type] if v is None else v
+            sentinel_to_param[(p.py_type, v)] = p.name
+    try:
+        graph = TRACERS[ir](fn, params, example_inputs)
+    except Exception as exc:
+        raise SpecError(f"pattern {fn.__name__} could not be traced in the {ir!r} IR: {exc}") from exc
+
+    for node in list(graph.nodes):
+        if is_assertion(node):
+            graph.erase_node(node)
+    placeholders = tuple(n for n in graph.nodes if n.op == "placeholder")
+    out_node = next(n for n in graph.nodes if n.op == "output")
+    outs = out_node.args[0]
+    outs = tuple(outs) if isinstance(outs, (tuple, list)) else (outs,)
+    if not all(isinstance(o, fx.Node) and o.op == "call_function" for o in outs):
+        raise SpecError(f"pattern {fn.__name__}: every output must be computed by an op (not an input or a constant)")
+
+    captures: Dict[Tuple[str, int, Any], str] = {}
+    found = set()
+    for node in graph.nodes:
+        if node.op != "call_function":
+            continue
+        for path, value in _literal_sites(node):
+            key = (type(value), value)
+            if key in sentinel_to_param:
+                captures[(node.name,) + path] = sentinel_to_param[key]
+                found.add(sentinel_to_param[key])
+    missing = set(sentinel_to_param.values()) - found
+    if missing:
+        raise SpecError(
+            f"pattern {fn.__name__}: scalar parameter(s) {sorted(missing)} do not appear as a literal in the "
+            f"traced graph (use them directly in an op, e.g. `x + eps`, not through Python arithmetic)"
+        )
+    return Pattern(graph, params, placeholders, outs, captures)
+
+
+def _literal_sites(node: fx.Node):
+    """(path, value) for each scalar literal in a node's args/kwargs; path is ('a', i[, j]) or ('k', name)."""
+    for i, a in enumerate(node.args):
+        if isinstance(a, (list, tuple)):
+            for j, b in enumerate(a):
+                if isinstance(b, (int, float)) and not isinstance(b, bool):
+                    yield ("a", i, j), b
+        elif isinstance(a, (int, float)) and not isinstance(a, bool):
+            yield ("a", i), a
+    for k, a in node.kwargs.items():
+        if isinstance(a, (int, float)) and not isinstance(a, bool):
+            yield ("k", k), a

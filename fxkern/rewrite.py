@@ -1,0 +1,484 @@
+"""The pass: find every rule's matches, keep the safe ones, resolve overlaps, rewrite.
+
+``apply`` returns a rewritten copy (ExportedProgram or GraphModule);
+``explain`` runs the same analysis and returns a :class:`Report` instead.
+A match is replaced only when
+
+* no intermediate value is used outside it (value-preserving ops at its
+  input edge excepted: they stay for their other users);
+* contracting it to one node creates no cycle (checked by a forward walk
+  bounded by graph order; :func:`creates_cycle_networkx` is the reference);
+* the rule's filter accepts it;
+* the op, run on the matched inputs' fake values, accepts them and returns
+  exactly the shapes and dtypes the match computed.
+
+Overlaps go to the rule with the lower priority (default: the order rules
+were added), then the larger match, then the earlier anchor in the graph.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import logging
+import operator
+import re
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Sequence, Set, Tuple, Union
+
+import torch
+import torch.fx as fx
+
+from fxkern.errors import FxkernError
+from fxkern.matcher import Failure, Match, Matcher, index_by_target
+from fxkern.patterns import is_assertion
+from fxkern.rules import Rule, RuleSet, default_rules
+
+log = logging.getLogger("fxkern")
+
+EXPORT_IRS = ("export", "core_aten")
+
+
+class VerificationError(FxkernError, AssertionError):
+    """``apply(..., verify=True)`` found an output that changed."""
+
+
+# ---- the report ------------------------------------------------------------------
+
+
+@dataclass
+class MatchInfo:
+    rule: str
+    nodes: List[str]
+    location: str
+
+
+@dataclass
+class NearMiss:
+    rule: str
+    nodes: List[str]
+    reason: str
+
+
+@dataclass
+class RuleReport:
+    matches: List[MatchInfo] = field(default_factory=list)
+    near_misses: List[NearMiss] = field(default_factory=list)
+    candidates: int = 0
+
+
+@dataclass
+class Report:
+    """What ``apply`` would replace, and what it would not, and why."""
+
+    matches: List[MatchInfo] = field(default_factory=list)
+    near_misses: List[NearMiss] = field(default_factory=list)
+    rules: Dict[str, RuleReport] = field(default_factory=dict)
+
+    def __getitem__(self, rule_name: str) -> RuleReport:
+        return self.rules[rule_name]
+
+    def __str__(self) -> str:
+        lines = []
+        for name, rr in self.rules.items():
+            lines.append(f"rule {name}: {len(rr.matches)} replaced of {rr.candidates} candidate sites")
+            for m in rr.matches:
+                lines.append(f"  match      {', '.join(m.nodes)}  [{m.location}]")
+            for nm in rr.near_misses:
+                lines.append(f"  near-miss  {', '.join(nm.nodes) or '-'}: {nm.reason}")
+        return "\n".join(lines) if lines else "no rules"
+
+
+# ---- analysis -------------------------------------------------------------------
+
+
+@dataclass
+class _Candidate:
+    rule: Rule
+    match: Match
+    fake_outputs: Tuple[Any, ...]
+
+
+def _location(node: fx.Node) -> str:
+    trace = node.meta.get("stack_trace") or ""
+    found = re.findall(r'File "([^"]+)", line (\d+)', trace)
+    return f"{found[-1][0]}:{found[-1][1]}" if found else "?"
+
+
+def _positions(graph: fx.Graph) -> Dict[fx.Node, float]:
+    return {n: float(i) for i, n in enumerate(graph.nodes)}
+
+
+def _escaping(match: Match) -> Optional[str]:
+    inside = match.node_set
+    outputs = set(match.outputs)
+    for n in match.nodes:
+        if n in outputs:
+            continue
+        for u in n.users:
+            if u not in inside and not is_assertion(u):
+                return f"intermediate {n.name!r} is also used by {u.name!r} outside the match"
+    return None
+
+
+def creates_cycle(match_nodes: Set[fx.Node], pos: Dict[fx.Node, float]) -> Optional[fx.Node]:
+    """A node outside the match that lies on a path from the match back into it, or None.
+
+    Walks forward from the match's outside users, never past the last
+    matched node in graph order, so the cost is bounded by the span of
+    the match.
+    """
+    last = max(pos[n] for n in match_nodes)
+    frontier = deque(u for n in match_nodes for u in n.users if u not in match_nodes and pos[u] < last)
+    seen: Set[fx.Node] = set()
+    while frontier:
+        n = frontier.popleft()
+        if n in seen:
+            continue
+        seen.add(n)
+        for u in n.users:
+            if u in match_nodes:
+                return n
+            if pos[u] < last and u not in seen:
+                frontier.append(u)
+    return None
+
+
+def creates_cycle_networkx(graph: fx.Graph, match_nodes: Set[fx.Node]) -> bool:
+    """Reference check with networkx: contract the match to one node and look for a cycle."""
+    import networkx as nx
+
+    g = nx.DiGraph()
+    rep = "__match__"
+    name = lambda n: rep if n in match_nodes else n  # noqa: E731
+    for n in graph.nodes:
+        g.add_node(name(n))
+        for u in n.users:
+            a, b = name(n), name(u)
+            if a != b:
+                g.add_edge(a, b)
+    return not nx.is_directed_acyclic_graph(g)
+
+
+def _fake_run(rule: Rule, match: Match) -> Tuple[Optional[Tuple[Any, ...]], Optional[str]]:
+    """Run the op's fake impl on the matched inputs; None and a reason when it refuses or disagrees."""
+    args = []
+    for pname in rule.arg_params:
+        v = match.bindings[pname]
+        if isinstance(v, fx.Node):
+            val = v.meta.get("val")
+            if not isinstance(val, torch.Tensor):
+                return None, f"input {pname!r} ({v.name}) has no tensor metadata"
+            args.append(val)
+        else:
+            args.append(v)
+    try:
+        fake_mode = next((a.fake_mode for a in args if hasattr(a, "fake_mode")), None)
+        if fake_mode is not None:
+            with fake_mode:
+                out = rule.overload(*args)
+        else:
+            with torch._subclasses.FakeTensorMode(allow_non_fake_inputs=True):
+                out = rule.overload(*args)
+    except Exception as exc:  # the op's own checks: dtype, shape, device
+        return None, f"{rule.overload} refuses these inputs: {exc}"
+    outs = tuple(out) if isinstance(out, (tuple, list)) else (out,)
+    if len(outs) != len(match.outputs):
+        return None, f"{rule.overload} returns {len(outs)} outputs, the pattern {len(match.outputs)}"
+    for i, (o, g) in enumerate(zip(outs, match.outputs)):
+        want = g.meta.get("val")
+        if not isinstance(want, torch.Tensor):
+            continue
+        same_shape = len(o.shape) == len(want.shape) and all(
+            torch.fx.experimental.symbolic_shapes.statically_known_true(a == b) for a, b in zip(o.shape, want.shape)
+        )
+        if o.dtype != want.dtype or not same_shape:
+            return None, (
+                f"{rule.overload} output {i} would be {o.dtype} {tuple(o.shape)} where the graph has "
+                f"{want.dtype} {tuple(want.shape)} ({g.name})"
+            )
+    return outs, None
+
+
+def _ordered_rules(rules: Union[RuleSet, Sequence[Rule], None]) -> List[Rule]:
+    rs = list(rules if rules is not None else default_rules())
+    return sorted(rs, key=lambda r: (r.priority if r.priority is not None else 0, r.order))
+
+
+def analyse(gm: fx.GraphModule, rules: Union[RuleSet, Sequence[Rule], None], irs: Sequence[str]):
+    """Every rule's safe candidates, the accepted (non-overlapping) ones, and the report."""
+    graph = gm.graph
+    by_target = index_by_target(graph)
+    matcher = Matcher(graph, by_target)
+    pos = _positions(graph)
+    report = Report()
+    safe: List[_Candidate] = []
+    ordered = _ordered_rules(rules)
+    for rule in ordered:
+        rr = report.rules.setdefault(rule.name, RuleReport())
+        seen_variants = set()
+        variants = []
+        dtypes = {None}
+        for ir in irs:
+            for dtype in _anchor_dtypes(rule, ir, by_target):
+                cp = rule.compiled(ir, dtype)
+                key = tuple((n.target, repr(n.args)) for n in cp.nodes)
+                if key not in seen_variants:
+                    seen_variants.add(key)
+                    variants.append((dtype, cp))
+        anchors = {}
+        for dtype, cp in variants:
+            for a in matcher.candidates(cp):
+                anchors.setdefault(a, []).append((dtype, cp))
+        rr.candidates = len(anchors)
+        for anchor in sorted(anchors, key=pos.__getitem__):
+            best: Optional[Failure] = None
+            found = None
+            for dtype, cp in anchors[anchor]:
+                val = anchor.meta.get("val")
+                if dtype is not None and isinstance(val, torch.Tensor) and val.dtype != dtype:
+                    continue
+                m, fail = matcher.match_at(cp, anchor)
+                if m is not None:
+                    found = m
+                    break
+                if best is None or fail.depth > best.depth:
+                    best = fail
+            if found is None:
+                if best is not None and best.depth >= 2:
+                    rr.near_misses.append(NearMiss(rule.name, [n.name for n in best.nodes], best.reason))
+                continue
+            reason = _escaping(found)
+            if reason is None:
+                via = creates_cycle(found.node_set, pos)
+                if via is not None:
+                    reason = f"replacing it would form a cycle through {via.name!r} (the match is not convex)"
+            if reason is None and rule.filter is not None and not rule.filter(found):
+                reason = "the rule's filter declined it"
+            fake = None
+            if reason is None:
+                fake, reason = _fake_run(rule, found)
+            if reason is not None:
+                rr.near_misses.append(NearMiss(rule.name, [n.name for n in found.nodes], reason))
+                continue
+            safe.append(_Candidate(rule, found, fake))
+
+    rank = {r: i for i, r in enumerate(ordered)}
+    safe.sort(key=lambda c: (rank[c.rule], -len(c.match.nodes), pos[c.match.anchor]))
+    taken: Dict[fx.Node, Rule] = {}
+    accepted: List[_Candidate] = []
+    for c in safe:
+        clash = next((taken[n] for n in c.match.nodes if n in taken), None)
+        if clash is None:
+            clash = next((taken[v] for v in c.match.bindings.values() if isinstance(v, fx.Node) and v in taken
+                          and v not in _outputs_of(accepted, taken[v])), None)
+        if clash is not None:
+            report.rules[c.rule.name].near_misses.append(
+                NearMiss(c.rule.name, [n.name for n in c.match.nodes], f"overlap lost to rule {clash.name!r}"))
+            continue
+        for n in c.match.nodes:
+            taken[n] = c.rule
+        accepted.append(c)
+    accepted.sort(key=lambda c: pos[c.match.anchor])
+    for c in accepted:
+        info = MatchInfo(c.rule.name, [n.name for n in c.match.nodes], _location(c.match.anchor))
+        report.rules[c.rule.name].matches.append(info)
+    for rr in report.rules.values():
+        report.matches.extend(rr.matches)
+        report.near_misses.extend(rr.near_misses)
+    return accepted, report, pos
+
+
+def _outputs_of(accepted: List[_Candidate], rule: Rule) -> Set[fx.Node]:
+    return {o for c in accepted if c.rule is rule for o in c.match.outputs}
+
+
+def _anchor_dtypes(rule: Rule, ir: str, by_target) -> List[Optional[torch.dtype]]:
+    """dtypes to trace the pattern for: those of the graph's candidate anchors (float32 when unknown)."""
+    if rule.example_inputs is not None:
+        return [None]
+    target = rule.compiled(ir, torch.float32).anchor.target
+    found = []
+    for n in by_target.get(target, []):
+        val = n.meta.get("val")
+        d = val.dtype if isinstance(val, torch.Tensor) else torch.float32
+        if d.is_floating_point and d not in found:
+            found.append(d)
+    return found or [torch.float32]
+
+
+# ---- rewriting ------------------------------------------------------------------
+
+
+def _rewrite(gm: fx.GraphModule, accepted: List[_Candidate], pos: Dict[fx.Node, float]) -> Dict[str, str]:
+    """Replace each accepted match by one op call; returns {old output node name: new node name}."""
+    graph = gm.graph
+    renamed: Dict[str, str] = {}
+    replaced: Dict[fx.Node, fx.Node] = {}
+    for c in accepted:
+        m, rule = c.match, c.rule
+        nodes = m.node_set
+        via = creates_cycle(nodes, pos)  # the graph changed since the analysis
+        if via is not None:
+            log.info("fxkern: skipping %s at %s: a cycle through %s after earlier rewrites", rule.name, m.anchor.name, via.name)
+            continue
+        args = []
+        for pname in rule.arg_params:
+            v = m.bindings[pname]
+            args.append(replaced.get(v, v) if isinstance(v, fx.Node) else v)
+        outside_users = [u for o in m.outputs for u in o.users if u not in nodes]
+        point = min([m.anchor] + outside_users, key=pos.__getitem__)
+        inputs = [a for a in args if isinstance(a, fx.Node)]
+        if any(pos[a] >= pos[point] for a in inputs):
+            log.info("fxkern: skipping %s at %s: would need reordering the graph", rule.name, m.anchor.name)
+            continue
+        prev = point.prev
+        with graph.inserting_before(point):
+            call = graph.call_function(rule.overload, tuple(args))
+        _copy_meta(call, m.anchor)
+        call.meta["val"] = c.fake_outputs[0] if len(c.fake_outputs) == 1 else tuple(c.fake_outputs)
+        pos[call] = (pos[prev] + pos[point]) / 2 if prev.op != "root" else pos[point] - 0.5
+        new_outputs = [call]
+        if len(m.outputs) > 1:
+            new_outputs = []
+            after = call
+            for i, fv in enumerate(c.fake_outputs):
+                with graph.inserting_after(after):
+                    item = graph.call_function(operator.getitem, (call, i))
+                _copy_meta(item, m.outputs[i])
+                item.meta["val"] = fv
+                pos[item] = (pos[after] + pos[point]) / 2
+                new_outputs.append(item)
+                after = item
+        for old, new in zip(m.outputs, new_outputs):
+            old.replace_all_uses_with(new, delete_user_cb=lambda u: u not in nodes)
+            replaced[old] = new
+            renamed[old.name] = new.name
+        for n in sorted(nodes, key=pos.__getitem__, reverse=True):
+            for u in list(n.users):
+                if is_assertion(u):
+                    graph.erase_node(u)
+            graph.erase_node(n)
+            pos.pop(n, None)
+    graph.lint()
+    gm.recompile()
+    return renamed
+
+
+def _copy_meta(new: fx.Node, old: fx.Node) -> None:
+    for key in ("stack_trace", "nn_module_stack", "source_fn_stack", "from_node", "seq_nr", "torch_fn"):
+        if key in old.meta:
+            new.meta[key] = old.meta[key]
+
+
+# ---- entry points ---------------------------------------------------------------
+
+
+def _copy_graph_module(gm: fx.GraphModule) -> fx.GraphModule:
+    graph = fx.Graph()
+    out = graph.graph_copy(gm.graph, {})
+    graph.output(out)
+    return fx.GraphModule(gm, graph)
+
+
+def apply(program: Any, rules: Union[RuleSet, Sequence[Rule], None] = None, *, verify: bool = False,
+          ir: Optional[Union[str, Sequence[str]]] = None) -> Any:
+    """Replace every safe match of ``rules`` (default: the default rule set) in an
+    ExportedProgram or GraphModule; returns a rewritten copy of the same kind.
+
+    ``verify=True`` runs old and new on inputs made from the program's fake
+    values and raises :class:`VerificationError` on the first output that differs.
+    """
+    irs = _irs(ir)
+    if isinstance(program, torch.export.ExportedProgram):
+        gm = _copy_graph_module(program.graph_module)
+        accepted, report, pos = analyse(gm, rules, irs)
+        renamed = _rewrite(gm, accepted, pos)
+        sig = _rename_outputs(program.graph_signature, renamed)
+        new = program._update(gm, sig)
+        if verify:
+            verify_program(program, new)
+        return new
+    if isinstance(program, fx.GraphModule):
+        gm = _copy_graph_module(program)
+        accepted, report, pos = analyse(gm, rules, irs)
+        _rewrite(gm, accepted, pos)
+        if verify:
+            verify_graph_module(program, gm)
+        return gm
+    raise TypeError(f"apply takes an ExportedProgram or an fx.GraphModule, not {type(program).__name__}")
+
+
+def explain(program: Any, rules: Union[RuleSet, Sequence[Rule], None] = None, *,
+            ir: Optional[Union[str, Sequence[str]]] = None) -> Report:
+    """What ``apply`` would replace, and every near-miss with its reason."""
+    gm = program.graph_module if isinstance(program, torch.export.ExportedProgram) else program
+    if not isinstance(gm, fx.GraphModule):
+        raise TypeError(f"explain takes an ExportedProgram or an fx.GraphModule, not {type(program).__name__}")
+    _, report, _ = analyse(gm, rules, _irs(ir))
+    return report
+
+
+def _irs(ir: Optional[Union[str, Sequence[str]]]) -> Tuple[str, ...]:
+    if ir is None:
+        return EXPORT_IRS
+    return (ir,) if isinstance(ir, str) else tuple(ir)
+
+
+def _rename_outputs(sig: Any, renamed: Dict[str, str]) -> Any:
+    if not renamed:
+        return sig
+    specs = []
+    for spec in sig.output_specs:
+        arg = spec.arg
+        if hasattr(arg, "name") and arg.name in renamed:
+            arg = dataclasses.replace(arg, name=renamed[arg.name])
+        specs.append(dataclasses.replace(spec, arg=arg))
+    return dataclasses.replace(sig, output_specs=specs)
+
+
+# ---- verification ---------------------------------------------------------------
+
+
+def _concrete(val: Any, device: Optional[torch.device] = None) -> Any:
+    if not isinstance(val, torch.Tensor):
+        return val
+    shape = [int(torch.fx.experimental.symbolic_shapes.hint_int(s)) if isinstance(s, torch.SymInt) else int(s) for s in val.shape]
+    dev = device or val.device
+    if val.dtype.is_floating_point:
+        return torch.randn(shape, device=dev).to(val.dtype)
+    if val.dtype == torch.bool:
+        return torch.rand(shape, device=dev) > 0.5
+    return torch.randint(0, 8, shape, device=dev, dtype=val.dtype)
+
+
+def _compare(old_out: Any, new_out: Any) -> None:
+    olds, _ = torch.utils._pytree.tree_flatten(old_out)
+    news, _ = torch.utils._pytree.tree_flatten(new_out)
+    if len(olds) != len(news):
+        raise VerificationError(f"the rewritten program returns {len(news)} outputs, the original {len(olds)}")
+    for i, (a, b) in enumerate(zip(olds, news)):
+        if isinstance(a, torch.Tensor):
+            tol = {torch.float16: 2e-3, torch.bfloat16: 1.6e-2}.get(a.dtype, 1e-5)
+            try:
+                torch.testing.assert_close(b, a, rtol=tol, atol=tol)
+            except AssertionError as exc:
+                raise VerificationError(f"output {i} changed after the rewrite: {exc}") from None
+
+
+def verify_program(old: torch.export.ExportedProgram, new: torch.export.ExportedProgram) -> None:
+    if old.example_inputs is not None:
+        args, kwargs = old.example_inputs
+    else:
+        user = [n for n, s in zip(old.graph.nodes, old.graph_signature.input_specs) if str(s.kind).endswith("USER_INPUT")]
+        args, kwargs = tuple(_concrete(n.meta.get("val")) for n in user), {}
+    args = tuple(_concrete(a) if isinstance(a, torch.Tensor) else a for a in args)
+    _compare(old.module()(*args, **kwargs), new.module()(*args, **kwargs))
+
+
+def verify_graph_module(old: fx.GraphModule, new: fx.GraphModule) -> None:
+    args = [_concrete(n.meta.get("val")) for n in old.graph.nodes if n.op == "placeholder"]
+    if any(a is None for a in args):
+        raise VerificationError("verify=True needs meta['val'] on every placeholder (an exported or fake-traced graph)")
+    _compare(old(*args), new(*args))

@@ -1,0 +1,172 @@
+"""Rules: "this PyTorch pattern is that kernel op", collected in named, ordered rule sets.
+
+``replace(pattern, target)`` registers the op for a KernelSpec target (the
+pattern becomes its reference), works out how the pattern's parameters map
+to the op's arguments, traces the pattern once to surface mistakes early,
+and adds the rule to a RuleSet. Traced patterns are cached per (IR, dtype).
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
+
+import torch
+
+from fxkern import matcher, patterns
+from fxkern.errors import SpecError
+from fxkern.spec import KernelSpec
+
+log = logging.getLogger("fxkern")
+_order = itertools.count()
+
+
+@dataclass(eq=False)
+class Rule:
+    """One rewrite: occurrences of ``pattern`` become one call of ``op``."""
+
+    name: str
+    pattern: Callable[..., Any]
+    op: Any  # OpOverloadPacket
+    filter: Optional[Callable[[Any], bool]] = None
+    example_inputs: Optional[Sequence[Any]] = None
+    priority: Optional[int] = None
+    noise: frozenset = matcher.DEFAULT_NOISE
+    arg_params: Tuple[str, ...] = ()  # pattern parameter feeding each op argument, in op order
+    order: int = field(default_factory=lambda: next(_order))
+    _compiled: Dict[Tuple[str, Any], matcher.CompiledPattern] = field(default_factory=dict, repr=False)
+
+    @property
+    def overload(self) -> Any:
+        return self.op.default if hasattr(self.op, "default") else self.op
+
+    def compiled(self, ir: str, dtype: Optional[torch.dtype]) -> matcher.CompiledPattern:
+        """The pattern traced in ``ir`` for inputs of ``dtype`` (cached)."""
+        key = (ir, None if self.example_inputs is not None else dtype)
+        if key not in self._compiled:
+            traced = patterns.trace(self.pattern, ir, dtype=dtype or torch.float32, example_inputs=self.example_inputs)
+            self._compiled[key] = matcher.compile_pattern(traced, self.noise)
+        return self._compiled[key]
+
+
+class RuleSet:
+    """An ordered, named collection of rules."""
+
+    def __init__(self, name: Optional[str] = None, rules: Sequence[Rule] = ()):
+        self.name = name or "rules"
+        self._rules: Dict[str, Rule] = {}
+        self.version = 0  # bumped on every change, so caches keyed on a rule set notice
+        for r in rules:
+            self.add(r)
+
+    def add(self, rule: Rule) -> Rule:
+        if rule.name in self._rules and self._rules[rule.name] is not rule:
+            raise SpecError(f"rule set {self.name!r} already has a rule named {rule.name!r}; remove it first or pick another name")
+        self._rules[rule.name] = rule
+        self.version += 1
+        return rule
+
+    def remove(self, name: str) -> Rule:
+        self.version += 1
+        return self._rules.pop(name)
+
+    def __getitem__(self, name: str) -> Rule:
+        return self._rules[name]
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._rules
+
+    def __iter__(self) -> Iterator[Rule]:
+        return iter(list(self._rules.values()))
+
+    def __len__(self) -> int:
+        return len(self._rules)
+
+    def __repr__(self) -> str:
+        return f"RuleSet({self.name!r}, {list(self._rules)})"
+
+
+_DEFAULT = RuleSet("default")
+
+
+def default_rules() -> RuleSet:
+    """The global rule set that ``replace`` adds to and ``apply`` uses by default."""
+    return _DEFAULT
+
+
+def replace(
+    pattern: Callable[..., Any],
+    target: Any,
+    *,
+    name: Optional[str] = None,
+    rules: Optional[RuleSet] = None,
+    filter: Optional[Callable[[Any], bool]] = None,
+    example_inputs: Optional[Sequence[Any]] = None,
+    priority: Optional[int] = None,
+    noise: Optional[Sequence[str]] = None,
+) -> Rule:
+    """Make a rule that replaces every safe occurrence of ``pattern`` by one call of ``target``.
+
+    ``target`` is a KernelSpec (an op ``fxkern::<name>`` is registered with the
+    pattern as its reference; a ``name`` with ``::`` picks the namespace) or an
+    existing op. ``noise`` lists what may sit inside a match without breaking it:
+    ``"views"`` and ``"clones"`` (default) and ``"casts"`` (same-dtype ``to``).
+    """
+    if not callable(pattern):
+        raise SpecError(f"a pattern must be a function, got {pattern!r}")
+    rule_name = (name or pattern.__name__).split("::")[-1]
+    if isinstance(target, KernelSpec):
+        from fxkern.ops import cuda_kernel_op
+
+        op_name = name if name and "::" in name else f"fxkern::{rule_name}"
+        op = cuda_kernel_op(op_name, target, reference=pattern)
+    else:
+        op = target
+    overload = op.default if hasattr(op, "default") else op
+    if not isinstance(overload, torch._ops.OpOverload):
+        raise SpecError(f"replace target must be a KernelSpec or a torch op, got {target!r}")
+    params = patterns.pattern_params(pattern)
+    arg_params = _map_params(pattern, params, overload)
+    policy = frozenset(noise) if noise is not None else matcher.DEFAULT_NOISE
+    unknown = policy - matcher.ALL_NOISE
+    if unknown:
+        raise SpecError(f"noise={sorted(unknown)} is not one of {sorted(matcher.ALL_NOISE)}")
+    rule = Rule(rule_name, pattern, op, filter, example_inputs, priority, policy, arg_params)
+    rule.compiled("export", torch.float32)  # trace once now: a broken pattern fails here, not inside apply
+    (rules if rules is not None else _DEFAULT).add(rule)
+    return rule
+
+
+def rule(target: Any, **options: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Decorator form of :func:`replace`; returns the pattern function unchanged."""
+
+    def register(pattern: Callable[..., Any]) -> Callable[..., Any]:
+        replace(pattern, target, **options)
+        return pattern
+
+    return register
+
+
+def _map_params(pattern: Callable[..., Any], params: Sequence[patterns.Param], overload: Any) -> Tuple[str, ...]:
+    args = overload._schema.arguments
+    names = [a.name for a in args]
+    pnames = [p.name for p in params]
+    if len(args) != len(params):
+        raise SpecError(
+            f"pattern {pattern.__name__}{tuple(pnames)} has {len(params)} parameters but {overload} takes "
+            f"{len(args)} arguments {tuple(names)}"
+        )
+    mapping = tuple(names) if set(names) == set(pnames) else tuple(pnames)
+    by_name = {p.name: p for p in params}
+    for arg, pname in zip(args, mapping):
+        p = by_name[pname]
+        is_tensor = str(arg.type) == "Tensor"
+        if is_tensor != (p.kind == "tensor"):
+            kind = "a Tensor" if is_tensor else f"a {arg.type}"
+            raise SpecError(
+                f"pattern {pattern.__name__}: parameter {pname!r} maps to {overload}'s argument {arg.name!r}, "
+                f"which is {kind}; annotate scalars as float/int/bool and keep the orders aligned"
+            )
+    return mapping
