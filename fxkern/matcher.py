@@ -223,9 +223,11 @@ class Failure:
 
 
 class _State:
-    __slots__ = ("p2g", "used", "bind", "absorbed", "depth", "fail")
+    __slots__ = ("p2g", "used", "bind", "absorbed", "depth", "fail", "prefs", "choices")
 
-    def __init__(self):
+    def __init__(self, prefs: Sequence[int] = ()):
+        self.prefs = prefs  # preferred operand order at each commutative op, in visiting order
+        self.choices = 0
         self.p2g: Dict[int, fx.Node] = {}
         self.used: Set[fx.Node] = set()
         self.bind: Dict[str, Any] = {}
@@ -259,8 +261,37 @@ class Matcher:
     def candidates(self, pattern: CompiledPattern) -> List[fx.Node]:
         return self.by_target.get(pattern.anchor.target, [])
 
+    def matches_at(self, pattern: CompiledPattern, anchor: fx.Node, limit: int = 4):
+        """Every distinct match at ``anchor`` (or one Failure), trying other operand orders of the
+        first ``limit`` commutative ops: ``x + b`` binds (x, b) one way or the other, and only the
+        op's own check can tell which one it takes."""
+        m, fail, decisions = self._match(pattern, anchor, ())
+        if m is None:
+            yield None, fail
+            return
+        seen = {_binding_key(m)}
+        yield m, None
+        for bits in range(1, 2 ** min(decisions, limit)):
+            prefs = [(bits >> k) & 1 for k in range(min(decisions, limit))]
+            other, _, _ = self._match(pattern, anchor, prefs)
+            if other is not None and _binding_key(other) not in seen:
+                seen.add(_binding_key(other))
+                yield other, None
+
     def match_at(self, pattern: CompiledPattern, anchor: fx.Node) -> Tuple[Optional[Match], Optional[Failure]]:
-        st = _State()
+        m, fail, _ = self._match(pattern, anchor, ())
+        return m, fail
+
+    def _match(self, pattern: CompiledPattern, anchor: fx.Node, prefs: Sequence[int]):
+        m, fail, st = self._match_state(pattern, anchor, prefs)
+        return m, fail, st.choices
+
+    def _match_state(self, pattern: CompiledPattern, anchor: fx.Node, prefs: Sequence[int]):
+        st = _State(prefs)
+        m, fail = self._run(pattern, anchor, st)
+        return m, fail, st
+
+    def _run(self, pattern: CompiledPattern, anchor: fx.Node, st: "_State") -> Tuple[Optional[Match], Optional[Failure]]:
         if not self._node(pattern, pattern.outputs[0], anchor, st):
             return None, Failure(anchor, st.fail[0], st.fail[1], list(st.p2g.values()))
         for out in pattern.outputs[1:]:
@@ -294,7 +325,10 @@ class Matcher:
         gargs = arguments(g, self.args_cache)
         orders = [gargs]
         if pnode.commutative and len(gargs) >= 2:
-            orders.append((gargs[1], gargs[0]) + tuple(gargs[2:]))
+            swapped = (gargs[1], gargs[0]) + tuple(gargs[2:])
+            k = st.choices
+            st.choices += 1
+            orders = [swapped, gargs] if k < len(st.prefs) and st.prefs[k] else [gargs, swapped]
         for gargs_order in orders:
             snap = st.snapshot()
             st.p2g[pi] = g
@@ -360,6 +394,10 @@ class Matcher:
                     return True
                 st.restore(snap)
         return False
+
+
+def _binding_key(m: Match) -> tuple:
+    return tuple(sorted((k, id(v) if isinstance(v, fx.Node) else v) for k, v in m.bindings.items()))
 
 
 def index_by_target(graph: fx.Graph) -> Dict[Any, List[fx.Node]]:

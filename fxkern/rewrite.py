@@ -201,6 +201,20 @@ def _fake_run(rule: Rule, match: Match) -> Tuple[Optional[Tuple[Any, ...]], Opti
     return outs, None
 
 
+def _check(rule: Rule, match: Match, pos: Dict[fx.Node, float]) -> Tuple[Optional[Tuple[Any, ...]], Optional[str]]:
+    """The safety checks of one structural match: (fake outputs, None) when it may be replaced."""
+    reason = _escaping(match)
+    if reason is None:
+        via = creates_cycle(match.node_set, pos)
+        if via is not None:
+            reason = f"replacing it would form a cycle through {via.name!r} (the match is not convex)"
+    if reason is None and rule.filter is not None and not rule.filter(match):
+        reason = "the rule's filter declined it"
+    if reason is not None:
+        return None, reason
+    return _fake_run(rule, match)
+
+
 def _ordered_rules(rules: Union[RuleSet, Sequence[Rule], None]) -> List[Rule]:
     rs = list(rules if rules is not None else default_rules())
     return sorted(rs, key=lambda r: (r.priority if r.priority is not None else 0, r.order))
@@ -234,35 +248,30 @@ def analyse(gm: fx.GraphModule, rules: Union[RuleSet, Sequence[Rule], None], irs
         rr.candidates = len(anchors)
         for anchor in sorted(anchors, key=pos.__getitem__):
             best: Optional[Failure] = None
-            found = None
+            refusal: Optional[Tuple[Match, str]] = None
+            accepted_here = None
+            val = anchor.meta.get("val")
             for dtype, cp in anchors[anchor]:
-                val = anchor.meta.get("val")
                 if dtype is not None and isinstance(val, torch.Tensor) and val.dtype != dtype:
                     continue
-                m, fail = matcher.match_at(cp, anchor)
-                if m is not None:
-                    found = m
+                for m, fail in matcher.matches_at(cp, anchor):
+                    if m is None:
+                        if best is None or fail.depth > best.depth:
+                            best = fail
+                        continue
+                    fake, reason = _check(rule, m, pos)
+                    if reason is None:
+                        accepted_here = _Candidate(rule, m, fake)
+                        break
+                    refusal = refusal or (m, reason)
+                if accepted_here is not None:
                     break
-                if best is None or fail.depth > best.depth:
-                    best = fail
-            if found is None:
-                if best is not None and best.depth >= 2:
-                    rr.near_misses.append(NearMiss(rule.name, [n.name for n in best.nodes], best.reason))
-                continue
-            reason = _escaping(found)
-            if reason is None:
-                via = creates_cycle(found.node_set, pos)
-                if via is not None:
-                    reason = f"replacing it would form a cycle through {via.name!r} (the match is not convex)"
-            if reason is None and rule.filter is not None and not rule.filter(found):
-                reason = "the rule's filter declined it"
-            fake = None
-            if reason is None:
-                fake, reason = _fake_run(rule, found)
-            if reason is not None:
-                rr.near_misses.append(NearMiss(rule.name, [n.name for n in found.nodes], reason))
-                continue
-            safe.append(_Candidate(rule, found, fake))
+            if accepted_here is not None:
+                safe.append(accepted_here)
+            elif refusal is not None:
+                rr.near_misses.append(NearMiss(rule.name, [n.name for n in refusal[0].nodes], refusal[1]))
+            elif best is not None and best.depth >= 2:
+                rr.near_misses.append(NearMiss(rule.name, [n.name for n in best.nodes], best.reason))
 
     rank = {r: i for i, r in enumerate(ordered)}
     safe.sort(key=lambda c: (rank[c.rule], -len(c.match.nodes), pos[c.match.anchor]))

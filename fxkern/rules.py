@@ -117,6 +117,12 @@ def replace(
     if not callable(pattern):
         raise SpecError(f"a pattern must be a function, got {pattern!r}")
     rule_name = (name or pattern.__name__).split("::")[-1]
+    if not rule_name.isidentifier():
+        raise SpecError(f"rule name {rule_name!r} is not an identifier; pass name= (a lambda has no usable name)")
+    policy = frozenset(noise) if noise is not None else matcher.DEFAULT_NOISE
+    unknown = policy - matcher.ALL_NOISE
+    if unknown:
+        raise SpecError(f"noise={sorted(unknown)} is not one of {sorted(matcher.ALL_NOISE)}")
     if isinstance(target, KernelSpec):
         from fxkern.ops import cuda_kernel_op
 
@@ -129,10 +135,6 @@ def replace(
         raise SpecError(f"replace target must be a KernelSpec or a torch op, got {target!r}")
     params = patterns.pattern_params(pattern)
     arg_params = _map_params(pattern, params, overload)
-    policy = frozenset(noise) if noise is not None else matcher.DEFAULT_NOISE
-    unknown = policy - matcher.ALL_NOISE
-    if unknown:
-        raise SpecError(f"noise={sorted(unknown)} is not one of {sorted(matcher.ALL_NOISE)}")
     rule = Rule(rule_name, pattern, op, filter, example_inputs, priority, policy, arg_params)
     rule.compiled("export", torch.float32)  # trace once now: a broken pattern fails here, not inside apply
     (rules if rules is not None else _DEFAULT).add(rule)

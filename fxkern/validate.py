@@ -129,7 +129,7 @@ def check_shapes(op: str, plan: KernelPlan, tensors: Sequence[torch.Tensor], out
         shape = list(t.shape)
         if decl.broadcast:
             ok = len(shape) <= len(out) and all(
-                _eq(s, 1) or _eq(s, o) for s, o in zip(reversed(shape), reversed(out))
+                (_is_concrete(s) and s == 1) or _eq(s, o) for s, o in zip(reversed(shape), reversed(out))
             )
             if not ok:
                 raise KernelInputError(
@@ -148,8 +148,6 @@ def _eq(a: Any, b: Any) -> bool:
     """Size equality that works for SymInts: a runtime assert, not a specialisation."""
     if _is_concrete(a) and _is_concrete(b):
         return a == b
-    if _is_concrete(a) and a == 1:
-        return True
     torch._check(a == b, lambda: f"size {a} must equal {b}")
     return True
 

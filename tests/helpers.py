@@ -1,0 +1,59 @@
+"""Test helpers: a KernelSpec shaped like a pattern, for rules tested on the CPU (the reference runs)."""
+
+import inspect
+import itertools
+
+import torch
+
+from fxkern import Elementwise, InputDecl, KernelSpec, Numel, OutputDecl, SameAs, ScalarInput
+from fxkern.patterns import pattern_params
+
+_ids = itertools.count()
+CTYPES = {float: "float", int: "int", bool: "bool"}
+
+
+def spec_like(pattern, n_out=1, dtypes=None, same_as=None):
+    """A spec whose inputs mirror ``pattern``'s parameters (tensors may broadcast to the first)."""
+    params = pattern_params(pattern)
+    first = same_as or next(p.name for p in params if p.kind == "tensor")
+    name = f"k{next(_ids)}"
+    elem = "T" if dtypes else "float"
+    args = []
+    inputs = []
+    for p in params:
+        if p.kind == "tensor":
+            args.append(f"const {elem}* {p.name}")
+            inputs.append(InputDecl(p.name, broadcast=p.name != first))
+        else:
+            args.append(f"{CTYPES[p.py_type]} {p.name}")
+            inputs.append(ScalarInput(p.name, p.py_type))
+    args.append("int n")
+    args += [f"{elem}* out{j}" for j in range(n_out)]
+    head = "template <typename T>\n__global__" if dtypes else 'extern "C" __global__'
+    src = f"{head} void {name}({', '.join(args)}) {{}}\n"
+    return KernelSpec(
+        src, name, inputs=inputs,
+        outputs=[OutputDecl(f"out{j}", SameAs(first)) for j in range(n_out)],
+        extras=[Numel(first)], geometry=Elementwise(), dtypes=dtypes,
+    )
+
+
+def count_target(program, op):
+    gm = program.graph_module if hasattr(program, "graph_module") else program
+    target = op.default if hasattr(op, "default") else op
+    return sum(1 for n in gm.graph.nodes if n.target == target)
+
+
+def export(module, *args, **kw):
+    return torch.export.export(module, args, **kw)
+
+
+class Fn(torch.nn.Module):
+    """A module whose forward is a plain function (what the tests export)."""
+
+    def __init__(self, fn):
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, *args):
+        return self.fn(*args)

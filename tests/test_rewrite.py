@@ -1,0 +1,338 @@
+"""apply / explain on exported programs: what is matched, what is refused and why, and that the
+rewritten program computes what the original did."""
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import fxkern
+from fxkern import RuleSet
+from fxkern.rewrite import creates_cycle, creates_cycle_networkx, _positions
+from helpers import Fn, count_target, export, spec_like
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def bias_gelu_res(x, b, r):
+    return F.gelu(x + b, approximate="tanh") + r
+
+
+def rms(x, w, eps: float):
+    v = x.pow(2).mean(-1, keepdim=True)
+    return w * (x * torch.rsqrt(v + eps))
+
+
+@pytest.fixture(scope="module")
+def bgr():
+    rs = RuleSet("bgr")
+    rule = fxkern.replace(bias_gelu_res, spec_like(bias_gelu_res), rules=rs)
+    return rs, rule
+
+
+@pytest.fixture(scope="module")
+def rmsr():
+    rs = RuleSet("rms")
+    rule = fxkern.replace(rms, spec_like(rms), rules=rs)
+    return rs, rule
+
+
+def run_both(ep, new, *args):
+    a, b = ep.module()(*args), new.module()(*args)
+    for u, v in zip(a if isinstance(a, tuple) else (a,), b if isinstance(b, tuple) else (b,)):
+        torch.testing.assert_close(v, u)
+
+
+def test_commutative_operands_match_either_order(bgr):
+    rs, rule = bgr
+    x, b, r = torch.randn(4, 8), torch.randn(8), torch.randn(4, 8)
+    for fn in (
+        lambda x, b, r: F.gelu(x + b, approximate="tanh") + r,
+        lambda x, b, r: r + F.gelu(b + x, approximate="tanh"),
+    ):
+        ep = export(Fn(fn), x, b, r)
+        new = fxkern.apply(ep, rs, verify=True)
+        assert count_target(new, rule.op) == 1
+        run_both(ep, new, x, b, r)
+
+
+def test_one_node_feeds_two_parameters(bgr):
+    rs, rule = bgr
+    ep = export(Fn(lambda x, b: F.gelu(x + b, approximate="tanh") + x), torch.randn(4, 8), torch.randn(8))
+    new = fxkern.apply(ep, rs, verify=True)
+    call = next(n for n in new.graph.nodes if n.target == rule.op.default)
+    assert call.args[0] is call.args[2]
+
+
+def test_literal_that_differs_is_a_near_miss_not_a_match(bgr):
+    rs, rule = bgr
+    ep = export(Fn(lambda x, b, r: F.gelu(x + b) + r), torch.randn(4, 8), torch.randn(8), torch.randn(4, 8))
+    report = fxkern.explain(ep, rs)
+    assert not report.matches
+    (nm,) = report["bias_gelu_res"].near_misses
+    assert "literal differs" in nm.reason and "tanh" in nm.reason
+    assert count_target(fxkern.apply(ep, rs), rule.op) == 0
+
+
+def test_captured_scalar_matches_any_value_and_is_passed_on(rmsr):
+    rs, rule = rmsr
+    w = torch.randn(8)
+    for eps in (1e-6, 1e-5, 0.25):
+        ep = export(Fn(lambda x, w, eps=eps: rms(x, w, eps)), torch.randn(3, 4, 8), w)
+        new = fxkern.apply(ep, rs, verify=True)
+        call = next(n for n in new.graph.nodes if n.target == rule.op.default)
+        assert call.args[2] == eps
+
+
+def test_escaping_intermediate_is_refused(bgr):
+    rs, rule = bgr
+
+    def fn(x, b, r):
+        h = F.gelu(x + b, approximate="tanh")
+        return h + r, h * 2  # h is used outside the pattern
+
+    ep = export(Fn(fn), torch.randn(4, 8), torch.randn(8), torch.randn(4, 8))
+    report = fxkern.explain(ep, rs)
+    assert not report.matches
+    assert any("also used by" in nm.reason for nm in report.near_misses)
+    assert count_target(fxkern.apply(ep, rs), rule.op) == 0
+
+
+def test_noise_ops_inside_a_match(bgr):
+    rs, rule = bgr
+
+    def fn(x, b, r):
+        h = (x + b).clone()
+        return F.gelu(h.view(h.shape), approximate="tanh") + r
+
+    ep = export(Fn(fn), torch.randn(4, 8), torch.randn(8), torch.randn(4, 8))
+    new = fxkern.apply(ep, rs, verify=True)
+    assert count_target(new, rule.op) == 1
+    assert not any(n.target == torch.ops.aten.clone.default for n in new.graph.nodes)
+
+
+def test_casts_are_not_noise_by_default_but_can_be():
+    def gelu_res(x, r):
+        return F.gelu(x) + r
+
+    strict, loose = RuleSet(), RuleSet()
+    fxkern.replace(gelu_res, spec_like(gelu_res), rules=strict)
+    fxkern.replace(gelu_res, torch.ops.fxkern.gelu_res, rules=loose, noise=["views", "clones", "casts"])
+    ep = export(Fn(lambda x, r: F.gelu(x).to(torch.float32) + r), torch.randn(4, 8), torch.randn(4, 8))
+    assert count_target(fxkern.apply(ep, strict), torch.ops.fxkern.gelu_res) == 0
+    assert count_target(fxkern.apply(ep, loose, verify=True), torch.ops.fxkern.gelu_res) == 1
+
+
+def test_llama_rmsnorm_with_upcast_used_by_the_residual():
+    """Llama's RMSNorm on float32: the `to(float32)` at the match's edge is also returned (the residual)."""
+
+    def llama_rms(hidden, weight, eps: float):
+        dtype = hidden.dtype
+        hidden = hidden.to(torch.float32)
+        var = hidden.pow(2).mean(-1, keepdim=True)
+        hidden = hidden * torch.rsqrt(var + eps)
+        return weight * hidden.to(dtype)
+
+    rs = RuleSet()
+    rule = fxkern.replace(llama_rms, spec_like(llama_rms), rules=rs)
+
+    class Block(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.weight = torch.nn.Parameter(torch.randn(8))
+
+        def forward(self, x, r):
+            h = x + r
+            hf = h.to(torch.float32)
+            var = hf.pow(2).mean(-1, keepdim=True)
+            normed = self.weight * (hf * torch.rsqrt(var + 1e-6)).to(x.dtype)
+            return normed, hf  # the upcast value is also the residual stream
+
+    ep = export(Block(), torch.randn(2, 3, 8), torch.randn(2, 3, 8))
+    new = fxkern.apply(ep, rs, verify=True)
+    assert count_target(new, rule.op) == 1
+
+
+def test_dynamic_shapes_stay_symbolic(bgr):
+    rs, rule = bgr
+    batch = torch.export.Dim("batch", min=2, max=1024)
+    ep = export(Fn(bias_gelu_res), torch.randn(4, 8), torch.randn(8), torch.randn(4, 8),
+                dynamic_shapes=((({0: batch}), None, {0: batch}),))
+    new = fxkern.apply(ep, rs, verify=True)
+    call = next(n for n in new.graph.nodes if n.target == rule.op.default)
+    assert isinstance(call.meta["val"].shape[0], torch.SymInt)
+    x, b, r = torch.randn(37, 8), torch.randn(8), torch.randn(37, 8)
+    run_both(ep, new, x, b, r)
+
+
+def test_multi_output_pattern():
+    def add_rms(x, r, w, eps: float):
+        h = x + r
+        v = h.pow(2).mean(-1, keepdim=True)
+        return w * (h * torch.rsqrt(v + eps)), h
+
+    rs = RuleSet()
+    rule = fxkern.replace(add_rms, spec_like(add_rms, n_out=2), rules=rs)
+
+    def fn(x, r, w):
+        h = x + r
+        normed = w * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-5))
+        return torch.tanh(normed), h * 3
+
+    ep = export(Fn(fn), torch.randn(4, 8), torch.randn(4, 8), torch.randn(8))
+    new = fxkern.apply(ep, rs, verify=True)
+    assert count_target(new, rule.op) == 1
+    run_both(ep, new, torch.randn(4, 8), torch.randn(4, 8), torch.randn(8))
+
+
+def test_overlap_goes_to_priority_then_size():
+    def gelu_only(x):
+        return F.gelu(x, approximate="tanh")
+
+    rs = RuleSet()
+    small = fxkern.replace(gelu_only, spec_like(gelu_only), rules=rs)
+    big = fxkern.replace(bias_gelu_res, spec_like(bias_gelu_res), name="bgr_big", rules=rs)
+    ep = export(Fn(bias_gelu_res), torch.randn(4, 8), torch.randn(8), torch.randn(4, 8))
+    report = fxkern.explain(ep, rs)
+    # default priority: the order rules were added, so the first rule wins the overlap
+    assert [m.rule for m in report.matches] == ["gelu_only"]
+    assert any(nm.reason == "overlap lost to rule 'gelu_only'" for nm in report["bgr_big"].near_misses)
+    big.priority = -1
+    assert [m.rule for m in fxkern.explain(ep, rs).matches] == ["bgr_big"]
+    new = fxkern.apply(ep, rs, verify=True)
+    assert count_target(new, big.op) == 1 and count_target(new, small.op) == 0
+
+
+def test_filter_declines(bgr):
+    rs = RuleSet()
+    fxkern.replace(bias_gelu_res, torch.ops.fxkern.bias_gelu_res, name="filtered", rules=rs,
+                   filter=lambda m: m.bindings["x"].meta["val"].shape[-1] > 8)
+    ep = export(Fn(bias_gelu_res), torch.randn(4, 8), torch.randn(8), torch.randn(4, 8))
+    report = fxkern.explain(ep, rs)
+    assert not report.matches and report.near_misses[0].reason == "the rule's filter declined it"
+
+
+def test_op_that_refuses_the_inputs_is_not_used(bgr):
+    rs, rule = bgr  # a float32-only kernel
+    args = (torch.randn(4, 8, dtype=torch.float64), torch.randn(8, dtype=torch.float64), torch.randn(4, 8, dtype=torch.float64))
+    ep = export(Fn(bias_gelu_res), *args)
+    report = fxkern.explain(ep, rs)
+    assert not report.matches and "refuses these inputs" in report.near_misses[0].reason
+
+
+def test_non_convex_match_is_refused():
+    def two_muls(x, y):
+        return (x * 2) * y
+
+    rs = RuleSet()
+    fxkern.replace(two_muls, spec_like(two_muls), rules=rs)
+
+    def fn(x):
+        a = x * 2
+        c = torch.relu(a)  # a path out of the match...
+        return a * c  # ...and back into it
+
+    ep = export(Fn(fn), torch.randn(4, 8))
+    report = fxkern.explain(ep, rs)
+    assert not report.matches
+    assert any("cycle" in nm.reason or "also used by" in nm.reason for nm in report.near_misses)
+
+
+class Diamond(torch.nn.Module):
+    def forward(self, x):
+        a = x * 2
+        c = torch.relu(a)
+        return a * c
+
+
+def test_cycle_check_agrees_with_networkx():
+    gm = torch.fx.symbolic_trace(Diamond())
+    nodes = {n.name: n for n in gm.graph.nodes}
+    pos = _positions(gm.graph)
+    bad = {nodes["mul"], nodes["mul_1"]}
+    good = {nodes["relu"], nodes["mul_1"]}
+    assert creates_cycle(bad, pos) is not None and creates_cycle_networkx(gm.graph, bad)
+    assert creates_cycle(good, pos) is None and not creates_cycle_networkx(gm.graph, good)
+
+
+def test_core_aten_graphs_match_too(rmsr):
+    rs, rule = rmsr
+    ep = export(Fn(lambda x, w: rms(x, w, 1e-6)), torch.randn(4, 8), torch.randn(8)).run_decompositions()
+    assert count_target(fxkern.apply(ep, rs, verify=True), rule.op) == 1
+
+
+def test_graph_module_input(bgr):
+    rs, rule = bgr
+    ep = export(Fn(bias_gelu_res), torch.randn(4, 8), torch.randn(8), torch.randn(4, 8))
+    gm = ep.module()
+    new = fxkern.apply(gm, rs)
+    assert isinstance(new, torch.fx.GraphModule) and count_target(new, rule.op) == 1
+
+
+def test_verify_catches_a_wrong_rewrite():
+    def wrong_reference(x, b, r):
+        return F.gelu(x + b, approximate="tanh") - r  # not what the pattern computes
+
+    spec = spec_like(bias_gelu_res)
+    op = fxkern.cuda_kernel_op("fxkern_test::wrong_bgr", spec, reference=wrong_reference)
+    rs = RuleSet()
+    fxkern.replace(bias_gelu_res, op, name="wrong", rules=rs)
+    ep = export(Fn(bias_gelu_res), torch.randn(4, 8), torch.randn(8), torch.randn(4, 8))
+    with pytest.raises(fxkern.VerificationError, match="output 0 changed"):
+        fxkern.apply(ep, rs, verify=True)
+
+
+class MLPTail(torch.nn.Module):
+    def forward(self, x, b, r):
+        return F.gelu(x + b, approximate="tanh") + r  # the line the report points at
+
+
+def test_report_table_names_rules_and_locations(bgr):
+    rs, _ = bgr
+    ep = export(MLPTail(), torch.randn(4, 8), torch.randn(8), torch.randn(4, 8))
+    report = fxkern.explain(ep, rs)
+    text = str(report)
+    assert "rule bias_gelu_res: 1 replaced of 2 candidate sites" in text
+    line = MLPTail.forward.__code__.co_firstlineno + 1
+    assert report.matches[0].location.endswith(f"test_rewrite.py:{line}")
+    assert report.matches[0].nodes == ["add", "gelu", "add_1"]
+
+
+def test_metadata_is_kept(bgr):
+    rs, rule = bgr
+    ep = export(MLPTail(), torch.randn(4, 8), torch.randn(8), torch.randn(4, 8))
+    new = fxkern.apply(ep, rs)
+    call = next(n for n in new.graph.nodes if n.target == rule.op.default)
+    assert "test_rewrite.py" in call.meta["stack_trace"]
+    assert call.meta["val"].shape == (4, 8)
+    assert "nn_module_stack" in call.meta
+
+
+def test_save_and_load_in_a_fresh_process(tmp_path):
+    script = textwrap.dedent(f"""
+        import sys, torch, torch.nn.functional as F
+        sys.path[:0] = [{str(ROOT / 'tests')!r}, {str(ROOT / 'examples')!r}]
+        import fxkern
+        from helpers import spec_like, Fn
+        def saved_bgr(x, b, r):
+            return F.gelu(x + b, approximate="tanh") + r
+        rule = fxkern.replace(saved_bgr, spec_like(saved_bgr), name="saved::bgr")
+        if sys.argv[1] == "save":
+            ep = torch.export.export(Fn(saved_bgr), (torch.randn(4, 8), torch.randn(8), torch.randn(4, 8)))
+            torch.export.save(fxkern.apply(ep), {str(tmp_path / 'p.pt2')!r})
+        else:
+            ep = torch.export.load({str(tmp_path / 'p.pt2')!r})
+            assert any(n.target == torch.ops.saved.bgr.default for n in ep.graph.nodes)
+            x, b, r = torch.randn(4, 8), torch.randn(8), torch.randn(4, 8)
+            torch.testing.assert_close(ep.module()(x, b, r), saved_bgr(x, b, r))
+            print("loaded ok")
+    """)
+    path = tmp_path / "roundtrip.py"
+    path.write_text(script)
+    subprocess.run([sys.executable, str(path), "save"], check=True, capture_output=True)
+    out = subprocess.run([sys.executable, str(path), "load"], check=True, capture_output=True, text=True)
+    assert "loaded ok" in out.stdout

@@ -1,0 +1,118 @@
+"""replace / rule / RuleSet: creating rules, mapping parameters, and what is refused at creation."""
+
+import pytest
+import torch
+
+import fxkern
+from fxkern import RuleSet, SpecError
+from helpers import spec_like
+
+
+def test_replace_registers_the_op_with_the_pattern_as_reference():
+    def my_gelu_add(x, b, r):
+        return torch.nn.functional.gelu(x + b) + r
+
+    rs = RuleSet("t")
+    rule = fxkern.replace(my_gelu_add, spec_like(my_gelu_add), rules=rs)
+    assert rule.name == "my_gelu_add" and "my_gelu_add" in rs
+    assert rule.op is torch.ops.fxkern.my_gelu_add
+    x, b, r = torch.randn(4, 8), torch.randn(8), torch.randn(4, 8)
+    torch.testing.assert_close(rule.op(x, b, r), my_gelu_add(x, b, r))  # the CPU impl is the pattern
+
+
+def test_namespace_from_name():
+    def p1(x):
+        return torch.tanh(x) * 3
+
+    rule = fxkern.replace(p1, spec_like(p1), name="mylib::tanh3", rules=RuleSet())
+    assert rule.op is torch.ops.mylib.tanh3 and rule.name == "tanh3"
+
+
+def test_decorator_form_and_default_rule_set():
+    @fxkern.rule(spec_like(lambda x: x))
+    def deco_pattern(x):
+        return torch.sin(x) + 1
+
+    assert "deco_pattern" in fxkern.default_rules()
+    assert deco_pattern(torch.zeros(1)).item() == 1.0  # the function is returned unchanged
+    fxkern.default_rules().remove("deco_pattern")
+    assert "deco_pattern" not in fxkern.default_rules()
+
+
+def test_parameters_map_by_name_else_by_position():
+    def named(b, x):  # names agree with the op's, order does not
+        return x * b
+
+    spec = spec_like(lambda x, b: x * b)
+    rule = fxkern.replace(named, spec, name="named_map", rules=RuleSet())
+    assert rule.arg_params == ("x", "b")
+
+    def positional(u, v):
+        return u * v
+
+    rule2 = fxkern.replace(positional, rule.op, rules=RuleSet())
+    assert rule2.arg_params == ("u", "v")
+
+
+def test_scalar_parameter_must_map_to_a_scalar_argument():
+    def p(x, eps: float):
+        return x + eps
+
+    with pytest.raises(SpecError, match="maps to .* argument"):
+        fxkern.replace(p, _add_op(), rules=RuleSet())
+
+
+def _add_op():
+    import seven_cases
+
+    return seven_cases.register_all()["add"]
+
+
+def test_arity_mismatch():
+    with pytest.raises(SpecError, match="has 1 parameters but"):
+        fxkern.replace(lambda x: x + 1, _add_op(), name="arity", rules=RuleSet())
+
+
+def test_scalar_that_does_not_reach_the_graph_is_refused():
+    def p(x, eps: float):
+        return x * (1.0 / eps)  # Python arithmetic: eps never appears as a literal
+
+    with pytest.raises(SpecError, match="do not appear as a literal"):
+        fxkern.replace(p, spec_like(p), rules=RuleSet())
+
+
+def test_duplicate_rule_name_in_a_set():
+    rs = RuleSet()
+
+    def dup(x):
+        return torch.cos(x) * 2
+
+    fxkern.replace(dup, spec_like(dup), name="dup_rule", rules=rs)
+    with pytest.raises(SpecError, match="already has a rule named"):
+        fxkern.replace(dup, spec_like(dup), name="dup_rule2::dup_rule", rules=rs)
+
+
+def test_rule_set_is_ordered_and_versioned():
+    rs = RuleSet("ordered")
+    names = []
+    for i in range(3):
+        p = _exp_plus(i)
+        fxkern.replace(p, spec_like(lambda x: x), rules=rs, example_inputs=[torch.randn(2)])
+        names.append(f"order{i}")
+    assert [r.name for r in rs] == names and len(rs) == 3
+    v = rs.version
+    rs.remove("order1")
+    assert rs.version > v and [r.name for r in rs] == ["order0", "order2"]
+
+
+def _exp_plus(i):
+    def p(x):
+        return torch.exp(x) + i
+
+    p.__name__ = f"order{i}"
+    return p
+
+
+def test_unknown_noise_kind():
+    with pytest.raises(SpecError, match="noise"):
+        fxkern.replace(lambda x: x * 2, spec_like(lambda x: x), name="noisy", noise=["views", "teleports"], rules=RuleSet())
