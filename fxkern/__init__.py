@@ -18,6 +18,7 @@ from fxkern.errors import (
     SpecError,
 )
 from fxkern.ops import cuda_kernel_op, kernel_op, ptx_op, registered_ops
+from fxkern.region import region
 from fxkern.rewrite import Report, VerificationError, apply, explain
 from fxkern.rules import Rule, RuleSet, default_rules, replace, rule
 from fxkern.spec import (
@@ -69,5 +70,6 @@ __all__ = [
     "cuda_kernel_op",
     "kernel_op",
     "ptx_op",
+    "region",
     "registered_ops",
 ]

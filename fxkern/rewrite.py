@@ -273,6 +273,8 @@ def analyse(gm: fx.GraphModule, rules: Union[RuleSet, Sequence[Rule], None], irs
             elif best is not None and best.depth >= 2:
                 rr.near_misses.append(NearMiss(rule.name, [n.name for n in best.nodes], best.reason))
 
+    _regions(graph, pos, report, safe)
+    ordered = _region_rules(safe) + ordered
     rank = {r: i for i, r in enumerate(ordered)}
     safe.sort(key=lambda c: (rank[c.rule], -len(c.match.nodes), pos[c.match.anchor]))
     taken: Dict[fx.Node, Rule] = {}
@@ -297,6 +299,40 @@ def analyse(gm: fx.GraphModule, rules: Union[RuleSet, Sequence[Rule], None], irs
         report.matches.extend(rr.matches)
         report.near_misses.extend(rr.near_misses)
     return accepted, report, pos
+
+
+def _regions(graph: fx.Graph, pos: Dict[fx.Node, float], report: Report, safe: List[_Candidate]) -> None:
+    """Region instances become candidates ahead of every rule (a region is an instruction)."""
+    from fxkern.region import find, interface  # the module, not the context manager of the same name
+
+    for site, nodes in find(graph):
+        inputs, outputs = interface(nodes)
+        rr = report.rules.setdefault(site.label, RuleReport())
+        rr.candidates += 1
+        overload = site.op.default if hasattr(site.op, "default") else site.op
+        n_args = len(overload._schema.arguments)
+        if n_args != len(inputs) or not outputs:
+            rr.near_misses.append(NearMiss(site.label, [n.name for n in nodes], (
+                f"the region has inputs {[i.name for i in inputs]} and outputs {[o.name for o in outputs]}, "
+                f"but {overload} takes {n_args} arguments")))
+            continue
+        names = tuple(f"in{i}" for i in range(len(inputs)))
+        rule = Rule(site.label, None, site.op, arg_params=names, priority=-(10**9))
+        anchor = max(nodes, key=pos.__getitem__)
+        match = Match(anchor, [n for n in nodes if not is_assertion(n)], set(), outputs, dict(zip(names, inputs)))
+        fake, reason = _check(rule, match, pos)
+        if reason is not None:
+            rr.near_misses.append(NearMiss(site.label, [n.name for n in match.nodes], reason))
+            continue
+        safe.append(_Candidate(rule, match, fake))
+
+
+def _region_rules(safe: List[_Candidate]) -> List[Rule]:
+    out = []
+    for c in safe:
+        if c.rule.pattern is None and c.rule not in out:
+            out.append(c.rule)
+    return out
 
 
 def _outputs_of(accepted: List[_Candidate], rule: Rule) -> Set[fx.Node]:
