@@ -80,9 +80,15 @@ def skip_noise(node: Any, policy: FrozenSet[str]) -> Tuple[Any, List[fx.Node]]:
 
 def arguments(node: fx.Node, cache: Optional[Dict[fx.Node, tuple]] = None) -> tuple:
     """A call's arguments in schema order, keyword and default ones included."""
-    if cache is not None and node in cache:
-        return cache[node]
+    if cache is not None:
+        hit = cache.get(node)
+        if hit is not None:
+            return hit
     schema = getattr(node.target, "_schema", None)
+    if schema is not None and not node.kwargs and len(node.args) == len(schema.arguments):
+        if cache is not None:
+            cache[node] = node.args
+        return node.args
     if schema is None:
         out = tuple(node.args) + tuple(v for _, v in sorted(node.kwargs.items()))
     else:
@@ -242,7 +248,8 @@ class _State:
         self.p2g, self.used, self.bind = snap[0], snap[1], snap[2]
         del self.absorbed[snap[3]:]
 
-    def failed(self, reason: str) -> bool:
+    def failed(self, reason: Any) -> bool:
+        """Record why the walk stopped (a lambda: most candidates fail, few reasons are read)."""
         if len(self.p2g) >= self.fail[0]:
             self.fail = (len(self.p2g), reason)
         return False
@@ -259,6 +266,23 @@ class Matcher:
         self.by_target = by_target
 
     def candidates(self, pattern: CompiledPattern) -> List[fx.Node]:
+        """Graph nodes with the anchor's op whose arguments include, as ops, every op the anchor
+        takes from inside the pattern: a cheap test that rejects most nodes before a walk."""
+        nodes = self.by_target.get(pattern.anchor.target, [])
+        needed = [pattern.nodes[a.index].target for a in pattern.anchor.args if isinstance(a, Ref)]
+        if not needed:
+            return nodes
+        policy = pattern.policy
+        out = []
+        for n in nodes:
+            have = [skip_noise(a, policy)[0] for a in n.args if isinstance(a, fx.Node)]
+            targets = [h.target for h in have if h.op == "call_function"]
+            if all(targets.count(t) >= needed.count(t) for t in needed):
+                out.append(n)
+        return out
+
+    def sites(self, pattern: CompiledPattern) -> List[fx.Node]:
+        """Every node with the anchor's op (what the report counts as candidate sites)."""
         return self.by_target.get(pattern.anchor.target, [])
 
     def matches_at(self, pattern: CompiledPattern, anchor: fx.Node, limit: int = 4):
@@ -293,7 +317,7 @@ class Matcher:
 
     def _run(self, pattern: CompiledPattern, anchor: fx.Node, st: "_State") -> Tuple[Optional[Match], Optional[Failure]]:
         if not self._node(pattern, pattern.outputs[0], anchor, st):
-            return None, Failure(anchor, st.fail[0], st.fail[1], list(st.p2g.values()))
+            return None, Failure(anchor, st.fail[0], _reason(st.fail[1]), list(st.p2g.values()))
         for out in pattern.outputs[1:]:
             if out in st.p2g:
                 continue
@@ -314,14 +338,14 @@ class Matcher:
 
     def _node(self, pat: CompiledPattern, pi: int, g: Any, st: _State) -> bool:
         if pi in st.p2g:
-            return st.p2g[pi] is g or st.failed(f"pattern node {pat.nodes[pi].name!r} would be two graph nodes")
+            return st.p2g[pi] is g or st.failed(lambda: f"pattern node {pat.nodes[pi].name!r} would be two graph nodes")
         pnode = pat.nodes[pi]
         if not isinstance(g, fx.Node) or g.op != "call_function":
-            return st.failed(f"{pnode.name!r} ({_op(pnode.target)}) meets {_describe(g)}")
+            return st.failed(lambda: f"{pnode.name!r} ({_op(pnode.target)}) meets {_describe(g)}")
         if g in st.used:
-            return st.failed(f"graph node {g.name!r} would match two pattern nodes")
+            return st.failed(lambda: f"graph node {g.name!r} would match two pattern nodes")
         if g.target != pnode.target:
-            return st.failed(f"{g.name!r} is {_op(g.target)} where the pattern has {_op(pnode.target)}")
+            return st.failed(lambda: f"{g.name!r} is {_op(g.target)} where the pattern has {_op(pnode.target)}")
         gargs = arguments(g, self.args_cache)
         orders = [gargs]
         if pnode.commutative and len(gargs) >= 2:
@@ -329,6 +353,10 @@ class Matcher:
             k = st.choices
             st.choices += 1
             orders = [swapped, gargs] if k < len(st.prefs) and st.prefs[k] else [gargs, swapped]
+        if len(orders) == 1:  # a failure here is undone by the caller's snapshot (or the match is dropped)
+            st.p2g[pi] = g
+            st.used.add(g)
+            return all(self._arg(pat, pa, ga, st, g) for pa, ga in zip(pnode.args, gargs))
         for gargs_order in orders:
             snap = st.snapshot()
             st.p2g[pi] = g
@@ -341,7 +369,7 @@ class Matcher:
     def _arg(self, pat: CompiledPattern, pa: Any, ga: Any, st: _State, where: fx.Node) -> bool:
         if isinstance(pa, Ref):
             if not isinstance(ga, fx.Node):
-                return st.failed(f"{where.name!r} has the literal {ga!r} where the pattern has op {pat.nodes[pa.index].name!r}")
+                return st.failed(lambda: f"{where.name!r} has the literal {ga!r} where the pattern has op {pat.nodes[pa.index].name!r}")
             target, skipped = skip_noise(ga, pat.policy)
             n_before = len(st.absorbed)
             st.absorbed.extend(skipped)
@@ -351,32 +379,32 @@ class Matcher:
             return False
         if isinstance(pa, Bind):
             if not isinstance(ga, fx.Node):
-                return st.failed(f"{where.name!r} has the literal {ga!r} where the pattern has tensor {pa.name!r}")
+                return st.failed(lambda: f"{where.name!r} has the literal {ga!r} where the pattern has tensor {pa.name!r}")
             target, _ = skip_noise(ga, pat.policy)
             bound = st.bind.get(pa.name)
             if bound is None:
                 st.bind[pa.name] = target
                 return True
-            return bound is target or st.failed(f"parameter {pa.name!r} would be both {bound.name!r} and {target.name!r}")
+            return bound is target or st.failed(lambda: f"parameter {pa.name!r} would be both {bound.name!r} and {target.name!r}")
         if isinstance(pa, Capture):
             ok = isinstance(ga, (int, float)) and not isinstance(ga, bool) and (pa.py_type is float or isinstance(ga, int))
             if not ok:
-                return st.failed(f"{where.name!r} has {_describe(ga)} where the pattern captures {pa.py_type.__name__} {pa.name!r}")
+                return st.failed(lambda: f"{where.name!r} has {_describe(ga)} where the pattern captures {pa.py_type.__name__} {pa.name!r}")
             value = pa.py_type(ga)
             if pa.name in st.bind and st.bind[pa.name] != value:
-                return st.failed(f"scalar {pa.name!r} would be both {st.bind[pa.name]} and {value}")
+                return st.failed(lambda: f"scalar {pa.name!r} would be both {st.bind[pa.name]} and {value}")
             st.bind[pa.name] = value
             return True
         if isinstance(pa, (list, tuple)):
             if not isinstance(ga, (list, tuple)) or len(ga) != len(pa):
-                return st.failed(f"{where.name!r} has {ga!r} where the pattern has {list(pa)!r}")
+                return st.failed(lambda: f"{where.name!r} has {ga!r} where the pattern has {list(pa)!r}")
             return all(self._arg(pat, a, b, st, where) for a, b in zip(pa, ga))
         if isinstance(ga, fx.Node):
-            return st.failed(f"{where.name!r} takes {ga.name!r} where the pattern has the literal {pa!r}")
+            return st.failed(lambda: f"{where.name!r} takes {ga.name!r} where the pattern has the literal {pa!r}")
         if type(pa) is not type(ga) and not (isinstance(pa, (int, float)) and isinstance(ga, (int, float)) and not isinstance(ga, bool) and not isinstance(pa, bool)):
-            return st.failed(f"literal differs at {where.name!r}: pattern {pa!r}, graph {ga!r}")
+            return st.failed(lambda: f"literal differs at {where.name!r}: pattern {pa!r}, graph {ga!r}")
         if pa != ga:
-            return st.failed(f"literal differs at {where.name!r}: pattern {pa!r}, graph {ga!r}")
+            return st.failed(lambda: f"literal differs at {where.name!r}: pattern {pa!r}, graph {ga!r}")
         return True
 
     def _find_other_output(self, pat: CompiledPattern, out: int, st: _State) -> bool:
@@ -394,6 +422,10 @@ class Matcher:
                     return True
                 st.restore(snap)
         return False
+
+
+def _reason(r: Any) -> str:
+    return r() if callable(r) else r
 
 
 def _binding_key(m: Match) -> tuple:

@@ -161,8 +161,33 @@ def creates_cycle_networkx(graph: fx.Graph, match_nodes: Set[fx.Node]) -> bool:
     return not nx.is_directed_acyclic_graph(g)
 
 
-def _fake_run(rule: Rule, match: Match) -> Tuple[Optional[Tuple[Any, ...]], Optional[str]]:
-    """Run the op's fake impl on the matched inputs; None and a reason when it refuses or disagrees."""
+def _meta_key(v: Any) -> Any:
+    if isinstance(v, fx.Node):
+        val = v.meta.get("val")
+        if isinstance(val, torch.Tensor):
+            return ("T", tuple(str(d) for d in val.shape), val.dtype, str(val.device))
+        return ("N", type(val).__name__)
+    return ("S", type(v).__name__, v)
+
+
+def _fake_run(rule: Rule, match: Match, cache: Optional[Dict[Any, Any]] = None) -> Tuple[Optional[Tuple[Any, ...]], Optional[str]]:
+    """Run the op's fake impl on the matched inputs; None and a reason when it refuses or disagrees.
+
+    Outcomes are cached by the inputs' and outputs' metadata: a model's layers repeat them.
+    """
+    key = None
+    if cache is not None:
+        key = (id(rule), tuple(_meta_key(match.bindings[p]) for p in rule.arg_params),
+               tuple(_meta_key(o) for o in match.outputs))
+        if key in cache:
+            return cache[key]
+    result = _fake_run_uncached(rule, match)
+    if cache is not None:
+        cache[key] = result
+    return result
+
+
+def _fake_run_uncached(rule: Rule, match: Match) -> Tuple[Optional[Tuple[Any, ...]], Optional[str]]:
     args = []
     for pname in rule.arg_params:
         v = match.bindings[pname]
@@ -201,7 +226,7 @@ def _fake_run(rule: Rule, match: Match) -> Tuple[Optional[Tuple[Any, ...]], Opti
     return outs, None
 
 
-def _check(rule: Rule, match: Match, pos: Dict[fx.Node, float]) -> Tuple[Optional[Tuple[Any, ...]], Optional[str]]:
+def _check(rule: Rule, match: Match, pos: Dict[fx.Node, float], cache: Optional[Dict[Any, Any]] = None) -> Tuple[Optional[Tuple[Any, ...]], Optional[str]]:
     """The safety checks of one structural match: (fake outputs, None) when it may be replaced."""
     reason = _escaping(match)
     if reason is None:
@@ -212,7 +237,7 @@ def _check(rule: Rule, match: Match, pos: Dict[fx.Node, float]) -> Tuple[Optiona
         reason = "the rule's filter declined it"
     if reason is not None:
         return None, reason
-    return _fake_run(rule, match)
+    return _fake_run(rule, match, cache)
 
 
 def _ordered_rules(rules: Union[RuleSet, Sequence[Rule], None]) -> List[Rule]:
@@ -228,6 +253,7 @@ def analyse(gm: fx.GraphModule, rules: Union[RuleSet, Sequence[Rule], None], irs
     pos = _positions(graph)
     report = Report()
     safe: List[_Candidate] = []
+    fake_cache: Dict[Any, Any] = {}
     ordered = _ordered_rules(rules)
     for rule in ordered:
         rr = report.rules.setdefault(rule.name, RuleReport())
@@ -242,10 +268,12 @@ def analyse(gm: fx.GraphModule, rules: Union[RuleSet, Sequence[Rule], None], irs
                     seen_variants.add(key)
                     variants.append((dtype, cp))
         anchors = {}
+        sites = set()
         for dtype, cp in variants:
+            sites.update(matcher.sites(cp))
             for a in matcher.candidates(cp):
                 anchors.setdefault(a, []).append((dtype, cp))
-        rr.candidates = len(anchors)
+        rr.candidates = len(sites)
         for anchor in sorted(anchors, key=pos.__getitem__):
             best: Optional[Failure] = None
             refusal: Optional[Tuple[Match, str]] = None
@@ -259,7 +287,7 @@ def analyse(gm: fx.GraphModule, rules: Union[RuleSet, Sequence[Rule], None], irs
                         if best is None or fail.depth > best.depth:
                             best = fail
                         continue
-                    fake, reason = _check(rule, m, pos)
+                    fake, reason = _check(rule, m, pos, fake_cache)
                     if reason is None:
                         accepted_here = _Candidate(rule, m, fake)
                         break
@@ -273,23 +301,25 @@ def analyse(gm: fx.GraphModule, rules: Union[RuleSet, Sequence[Rule], None], irs
             elif best is not None and best.depth >= 2:
                 rr.near_misses.append(NearMiss(rule.name, [n.name for n in best.nodes], best.reason))
 
-    _regions(graph, pos, report, safe)
+    _regions(graph, pos, report, safe, fake_cache)
     ordered = _region_rules(safe) + ordered
     rank = {r: i for i, r in enumerate(ordered)}
     safe.sort(key=lambda c: (rank[c.rule], -len(c.match.nodes), pos[c.match.anchor]))
     taken: Dict[fx.Node, Rule] = {}
     accepted: List[_Candidate] = []
+    accepted_outputs: Set[fx.Node] = set()
     for c in safe:
         clash = next((taken[n] for n in c.match.nodes if n in taken), None)
-        if clash is None:
+        if clash is None:  # an input that another accepted match removes (its outputs survive, remapped)
             clash = next((taken[v] for v in c.match.bindings.values() if isinstance(v, fx.Node) and v in taken
-                          and v not in _outputs_of(accepted, taken[v])), None)
+                          and v not in accepted_outputs), None)
         if clash is not None:
             report.rules[c.rule.name].near_misses.append(
                 NearMiss(c.rule.name, [n.name for n in c.match.nodes], f"overlap lost to rule {clash.name!r}"))
             continue
         for n in c.match.nodes:
             taken[n] = c.rule
+        accepted_outputs.update(c.match.outputs)
         accepted.append(c)
     accepted.sort(key=lambda c: pos[c.match.anchor])
     for c in accepted:
@@ -301,7 +331,8 @@ def analyse(gm: fx.GraphModule, rules: Union[RuleSet, Sequence[Rule], None], irs
     return accepted, report, pos
 
 
-def _regions(graph: fx.Graph, pos: Dict[fx.Node, float], report: Report, safe: List[_Candidate]) -> None:
+def _regions(graph: fx.Graph, pos: Dict[fx.Node, float], report: Report, safe: List[_Candidate],
+             fake_cache: Dict[Any, Any]) -> None:
     """Region instances become candidates ahead of every rule (a region is an instruction)."""
     from fxkern.region import find, interface  # the module, not the context manager of the same name
 
@@ -320,7 +351,7 @@ def _regions(graph: fx.Graph, pos: Dict[fx.Node, float], report: Report, safe: L
         rule = Rule(site.label, None, site.op, arg_params=names, priority=-(10**9))
         anchor = max(nodes, key=pos.__getitem__)
         match = Match(anchor, [n for n in nodes if not is_assertion(n)], set(), outputs, dict(zip(names, inputs)))
-        fake, reason = _check(rule, match, pos)
+        fake, reason = _check(rule, match, pos, fake_cache)
         if reason is not None:
             rr.near_misses.append(NearMiss(site.label, [n.name for n in match.nodes], reason))
             continue
@@ -333,10 +364,6 @@ def _region_rules(safe: List[_Candidate]) -> List[Rule]:
         if c.rule.pattern is None and c.rule not in out:
             out.append(c.rule)
     return out
-
-
-def _outputs_of(accepted: List[_Candidate], rule: Rule) -> Set[fx.Node]:
-    return {o for c in accepted if c.rule is rule for o in c.match.outputs}
 
 
 def _anchor_dtypes(rule: Rule, ir: str, by_target) -> List[Optional[torch.dtype]]:
@@ -356,9 +383,8 @@ def _anchor_dtypes(rule: Rule, ir: str, by_target) -> List[Optional[torch.dtype]
 # ---- rewriting ------------------------------------------------------------------
 
 
-def _rewrite(gm: fx.GraphModule, accepted: List[_Candidate], pos: Dict[fx.Node, float]) -> Dict[str, str]:
+def _rewrite(graph: fx.Graph, accepted: List[_Candidate], pos: Dict[fx.Node, float]) -> Dict[str, str]:
     """Replace each accepted match by one op call; returns {old output node name: new node name}."""
-    graph = gm.graph
     renamed: Dict[str, str] = {}
     replaced: Dict[fx.Node, fx.Node] = {}
     for c in accepted:
@@ -382,13 +408,14 @@ def _rewrite(gm: fx.GraphModule, accepted: List[_Candidate], pos: Dict[fx.Node, 
         with graph.inserting_before(point):
             call = graph.call_function(rule.overload, tuple(args))
         _copy_meta(call, m.anchor)
-        call.meta["val"] = c.fake_outputs[0] if len(c.fake_outputs) == 1 else tuple(c.fake_outputs)
+        vals = [o.meta.get("val") for o in m.outputs]  # checked equal in shape and dtype to the op's
+        call.meta["val"] = vals[0] if len(vals) == 1 else tuple(vals)
         pos[call] = (pos[prev] + pos[point]) / 2 if prev.op != "root" else pos[point] - 0.5
         new_outputs = [call]
         if len(m.outputs) > 1:
             new_outputs = []
             after = call
-            for i, fv in enumerate(c.fake_outputs):
+            for i, fv in enumerate(vals):
                 with graph.inserting_after(after):
                     item = graph.call_function(operator.getitem, (call, i))
                 _copy_meta(item, m.outputs[i])
@@ -406,8 +433,6 @@ def _rewrite(gm: fx.GraphModule, accepted: List[_Candidate], pos: Dict[fx.Node, 
                     graph.erase_node(u)
             graph.erase_node(n)
             pos.pop(n, None)
-    graph.lint()
-    gm.recompile()
     return renamed
 
 
@@ -420,35 +445,58 @@ def _copy_meta(new: fx.Node, old: fx.Node) -> None:
 # ---- entry points ---------------------------------------------------------------
 
 
-def _copy_graph_module(gm: fx.GraphModule) -> fx.GraphModule:
+def _rewritten(gm: fx.GraphModule, rules: Any, irs: Sequence[str], inplace: bool = False) -> Tuple[Optional[fx.GraphModule], Dict[str, str]]:
+    """Analyse ``gm`` as it is; when something is replaced, rewrite a copy (or ``gm`` itself when
+    ``inplace``). Returns (new GraphModule or None when nothing matched, renamed outputs).
+    """
+    accepted, _, pos = analyse(gm, rules, irs)
+    if not accepted:
+        return None, {}
+    if inplace:
+        renamed = _rewrite(gm.graph, accepted, pos)
+        gm.recompile()
+        return gm, renamed
     graph = fx.Graph()
-    out = graph.graph_copy(gm.graph, {})
-    graph.output(out)
-    return fx.GraphModule(gm, graph)
+    val_map: Dict[fx.Node, fx.Node] = {}
+    graph.output(graph.graph_copy(gm.graph, val_map))
+    tr = lambda v: val_map[v] if isinstance(v, fx.Node) else v  # noqa: E731
+    moved = [
+        _Candidate(c.rule, Match(tr(c.match.anchor), [tr(n) for n in c.match.nodes], {tr(n) for n in c.match.keep},
+                                 [tr(n) for n in c.match.outputs], {k: tr(v) for k, v in c.match.bindings.items()}),
+                   c.fake_outputs)
+        for c in accepted
+    ]
+    renamed = _rewrite(graph, moved, _positions(graph))
+    return fx.GraphModule(gm, graph), renamed
 
 
 def apply(program: Any, rules: Union[RuleSet, Sequence[Rule], None] = None, *, verify: bool = False,
-          ir: Optional[Union[str, Sequence[str]]] = None) -> Any:
-    """Replace every safe match of ``rules`` (default: the default rule set) in an
-    ExportedProgram or GraphModule; returns a rewritten copy of the same kind.
+          ir: Optional[Union[str, Sequence[str]]] = None, inplace: bool = False) -> Any:
+    """Replace every safe match of ``rules`` (default: the default rule set) and every
+    ``fxkern.region`` in an ExportedProgram or GraphModule; returns a rewritten copy of the same kind.
 
     ``verify=True`` runs old and new on inputs made from the program's fake
     values and raises :class:`VerificationError` on the first output that differs.
+    ``inplace=True`` (GraphModules only: a compiler pass owns its graph) rewrites
+    ``program`` itself and skips the copy.
     """
     irs = _irs(ir)
+    if inplace and not isinstance(program, fx.GraphModule):
+        raise TypeError("inplace=True takes an fx.GraphModule; an ExportedProgram is always copied")
     if isinstance(program, torch.export.ExportedProgram):
-        gm = _copy_graph_module(program.graph_module)
-        accepted, report, pos = analyse(gm, rules, irs)
-        renamed = _rewrite(gm, accepted, pos)
-        sig = _rename_outputs(program.graph_signature, renamed)
-        new = program._update(gm, sig)
+        gm, renamed = _rewritten(program.graph_module, rules, irs)
+        if gm is None:
+            return program
+        new = program._update(gm, _rename_outputs(program.graph_signature, renamed))
         if verify:
             verify_program(program, new)
         return new
     if isinstance(program, fx.GraphModule):
-        gm = _copy_graph_module(program)
-        accepted, report, pos = analyse(gm, rules, irs)
-        _rewrite(gm, accepted, pos)
+        if verify and inplace:
+            raise TypeError("verify=True compares old and new: it cannot be combined with inplace=True")
+        gm, _ = _rewritten(program, rules, irs, inplace)
+        if gm is None:
+            return program
         if verify:
             verify_graph_module(program, gm)
         return gm
