@@ -79,16 +79,20 @@ def build_graph(n_nodes: int) -> fx.GraphModule:
         outs.append(g.call_function(aten.sigmoid.default, (x,)))
     g.output((x, r))
     gm = fx.GraphModule(torch.nn.Module(), g)
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    mode = FakeTensorMode()
     vals = {"x": torch.randn(4, 8), "w": torch.randn(8), "b": torch.randn(8)}
     env = {}
-    for node in g.nodes:  # meta['val'] as an exported graph carries it (real tensors stand in for fake ones)
-        if node.op == "placeholder":
-            env[node] = vals[node.name]
-        elif node.op == "call_function":
-            env[node] = node.target(*[env[a] if isinstance(a, fx.Node) else a for a in node.args], **node.kwargs)
-        else:
-            continue
-        node.meta["val"] = env[node]
+    with mode:  # meta['val'] as fake tensors, as an exported graph carries them
+        for node in g.nodes:
+            if node.op == "placeholder":
+                env[node] = mode.from_tensor(vals[node.name])
+            elif node.op == "call_function":
+                env[node] = node.target(*[env[a] if isinstance(a, fx.Node) else a for a in node.args], **node.kwargs)
+            else:
+                continue
+            node.meta["val"] = env[node]
     return gm
 
 
@@ -142,6 +146,15 @@ def run_fx_rewriter(gm, rs):
     return total, found
 
 
+def _inductor_pair(p, op):
+    """(search, replacement, example inputs) for one pattern; a function per pattern binds its op."""
+    if p is rmsnorm:
+        return (lambda x, w: rmsnorm(x, w, EPS)), (lambda x, w: op(x, w, EPS)), [torch.randn(4, 8), torch.randn(8)]
+    if p is bias_gelu_residual:
+        return p, (lambda x, b, r: op(x, b, r)), [torch.randn(4, 8), torch.randn(8), torch.randn(4, 8)]
+    return p, (lambda a, b: op(a, b)), [torch.randn(4, 8), torch.randn(4, 8)]
+
+
 def run_inductor(gm, rs):
     from torch._inductor.pattern_matcher import PatternMatcherPass, register_replacement
     from torch.fx.experimental.proxy_tensor import make_fx
@@ -152,15 +165,7 @@ def run_inductor(gm, rs):
         return make_fx(fn)(*args)
 
     for p, rule in zip(PATTERNS, rs):
-        op = rule.op.default
-        if p is rmsnorm:
-            search = lambda x, w: rmsnorm(x, w, EPS)  # noqa: E731
-            repl = lambda x, w: op(x, w, EPS)  # noqa: E731
-            ex = [torch.randn(4, 8), torch.randn(8)]
-        elif p is bias_gelu_residual:
-            search, repl, ex = p, (lambda x, b, r: op(x, b, r)), [torch.randn(4, 8), torch.randn(8), torch.randn(4, 8)]
-        else:
-            search, repl, ex = p, (lambda a, b: op(a, b)), [torch.randn(4, 8), torch.randn(4, 8)]
+        search, repl, ex = _inductor_pair(p, rule.op.default)
         register_replacement(search, repl, ex, trace_fn, [pm])
     t0 = time.perf_counter()
     count = pm.apply(gm.graph)
