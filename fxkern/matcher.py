@@ -239,7 +239,7 @@ class _State:
         self.bind: Dict[str, Any] = {}
         self.absorbed: List[fx.Node] = []
         self.depth = 0
-        self.fail: Tuple[int, str] = (-1, "")
+        self.fail: Tuple[int, Any, List[fx.Node]] = (-1, "", [])
 
     def snapshot(self):
         return dict(self.p2g), set(self.used), dict(self.bind), len(self.absorbed)
@@ -251,7 +251,7 @@ class _State:
     def failed(self, reason: Any) -> bool:
         """Record why the walk stopped (a lambda: most candidates fail, few reasons are read)."""
         if len(self.p2g) >= self.fail[0]:
-            self.fail = (len(self.p2g), reason)
+            self.fail = (len(self.p2g), reason, list(self.p2g.values()))
         return False
 
 
@@ -317,7 +317,7 @@ class Matcher:
 
     def _run(self, pattern: CompiledPattern, anchor: fx.Node, st: "_State") -> Tuple[Optional[Match], Optional[Failure]]:
         if not self._node(pattern, pattern.outputs[0], anchor, st):
-            return None, Failure(anchor, st.fail[0], _reason(st.fail[1]), list(st.p2g.values()))
+            return None, Failure(anchor, st.fail[0], _reason(st.fail[1]), st.fail[2])
         for out in pattern.outputs[1:]:
             if out in st.p2g:
                 continue

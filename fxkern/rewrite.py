@@ -298,7 +298,7 @@ def analyse(gm: fx.GraphModule, rules: Union[RuleSet, Sequence[Rule], None], irs
                 safe.append(accepted_here)
             elif refusal is not None:
                 rr.near_misses.append(NearMiss(rule.name, [n.name for n in refusal[0].nodes], refusal[1]))
-            elif best is not None and best.depth >= 2:
+            elif best is not None and best.depth >= max(2, len(variants[0][1].nodes) // 2):
                 rr.near_misses.append(NearMiss(rule.name, [n.name for n in best.nodes], best.reason))
 
     _regions(graph, pos, report, safe, fake_cache)

@@ -187,3 +187,10 @@ def test_op_on_second_gpu_runs_there(ops):
     assert torch.all(y == 6.0)
     assert torch.cuda.current_device() == 0
     torch.cuda.synchronize(1)
+
+
+def test_llama_rmsnorm_rule_runs_the_kernel_in_a_real_model():
+    pytest.importorskip("transformers", reason="transformers is not installed")
+    import llama_rmsnorm
+
+    assert llama_rmsnorm.main(["--device", "cuda"]) == 0
