@@ -7,6 +7,7 @@ import datetime
 import platform
 import re
 import statistics
+import time
 from pathlib import Path
 from typing import Callable
 
@@ -34,6 +35,19 @@ def cuda_time_ms(fn: Callable[[], object], *, warmup: int = 5, reps: int = 20, i
         end.synchronize()
         times.append(start.elapsed_time(end) / inner)
     return statistics.median(times)
+
+
+def host_us(fn: Callable[[], object], burst: int = 200, rounds: int = 200) -> float:
+    """Host microseconds per call: bursts short enough that the GPU queue never pushes back, best of many."""
+    best = float("inf")
+    for _ in range(rounds):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(burst):
+            fn()
+        best = min(best, (time.perf_counter() - t0) / burst * 1e6)
+    torch.cuda.synchronize()
+    return best
 
 
 def machine() -> str:

@@ -8,29 +8,20 @@ from __future__ import annotations
 import cProfile
 import pstats
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
+
+from common import host_us  # noqa: E402
 
 import fxkern  # noqa: E402
 import seven_cases  # noqa: E402
 from fxkern import launcher  # noqa: E402
 
 
-def per_call_us(fn, burst=200, rounds=200):
-    """Host time per call, in bursts short enough that the GPU queue never pushes back."""
-    best = float("inf")
-    for _ in range(rounds):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        for _ in range(burst):
-            fn()
-        best = min(best, (time.perf_counter() - t0) / burst * 1e6)
-    torch.cuda.synchronize()
-    return best
 
 
 def main():
@@ -56,7 +47,7 @@ def main():
         "x.data_ptr()": lambda: x.data_ptr(),
     }
     for name, fn in rows.items():
-        print(f"{name:32s} {per_call_us(fn):7.2f} us")
+        print(f"{name:32s} {host_us(fn):7.2f} us")
     prof = cProfile.Profile()
     prof.enable()
     for _ in range(20000):

@@ -55,25 +55,15 @@ def registration():
     return cold_s, cold_compiles, statistics.median(times) * 1e3, gpu_touched
 
 
-def host_time_us(fn, x, burst=200, rounds=200):
-    """Host time per call: bursts short enough that the GPU queue never pushes back, best of many."""
-    best = float("inf")
-    for _ in range(rounds):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        for _ in range(burst):
-            fn(x)
-        best = min(best, (time.perf_counter() - t0) / burst * 1e6)
-    torch.cuda.synchronize()
-    return best
 
 
 def host_overhead(ops):
     x = torch.randn(1024, device="cuda")
     fx = ops["sigmoid"]
     for fn in (fx, fx.default, torch.sigmoid):
-        host_time_us(fn, x, rounds=10)  # warm up
-    return host_time_us(fx, x), host_time_us(fx.default, x), host_time_us(torch.sigmoid, x)
+        common.host_us(lambda: fn(x), rounds=10)  # warm up
+    return (common.host_us(lambda: fx(x)), common.host_us(lambda: fx.default(x)),
+            common.host_us(lambda: torch.sigmoid(x)))
 
 
 def copy_bandwidth():

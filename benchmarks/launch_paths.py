@@ -11,28 +11,20 @@ from __future__ import annotations
 
 import ctypes
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
+
+from common import host_us  # noqa: E402
 
 import fxkern  # noqa: E402
 import seven_cases  # noqa: E402
 from fxkern import launcher  # noqa: E402
 
 
-def host_us(fn, burst=200, rounds=200):
-    best = float("inf")
-    for _ in range(rounds):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        for _ in range(burst):
-            fn()
-        best = min(best, (time.perf_counter() - t0) / burst * 1e6)
-    torch.cuda.synchronize()
-    return best
 
 
 def measure():
@@ -49,7 +41,7 @@ def measure():
     values = [x.data_ptr(), x.numel(), y.data_ptr()]
     results = {}
 
-    results["fxkern KernelLauncher (struct + ctypes cuLaunchKernel)"] = host_us(
+    results["fxkern KernelLauncher (struct.pack_into + cuda.bindings cuLaunchKernel)"] = host_us(
         lambda: impl.launch(handle, (4, 1, 1), (256, 1, 1), 0, stream, values, "b"))
 
     pack = impl.launch._local.pack

@@ -12,13 +12,7 @@ from helpers import count_target, spec_like
 transformers = pytest.importorskip("transformers", reason="transformers is not installed (pip install '.[test]')")
 
 
-def llama_rmsnorm(hidden_states, weight, eps: float):
-    # transformers.models.llama.modeling_llama.LlamaRMSNorm.forward, as a function
-    input_dtype = hidden_states.dtype
-    hidden_states = hidden_states.to(torch.float32)
-    variance = hidden_states.pow(2).mean(-1, keepdim=True)
-    hidden_states = hidden_states * torch.rsqrt(variance + eps)
-    return weight * hidden_states.to(input_dtype)
+from llama_rmsnorm import llama_rmsnorm  # noqa: E402  (the pattern is the example's)
 
 
 def swiglu(gate, up):
