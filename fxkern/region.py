@@ -4,7 +4,10 @@ The mark is the block's place in the source: entering the context records
 the file and the line span of the ``with`` statement (read with ``ast``).
 torch.export and dynamo keep each node's ``stack_trace``, so the nodes
 traced inside the block are found again in any exported or compiled graph
-without the user doing anything else. At run time the context does nothing.
+without the user doing anything else. Under dynamo the context is skipped
+(frame inspection cannot be traced): the site is the one recorded when the
+block last ran outside the compiler, in eager or under torch.export. At run
+time the context does nothing.
 
 ``apply`` replaces every region it finds, whatever rule set it is given: the
 region's inputs (values made outside and used inside, in order of first use)
@@ -57,6 +60,10 @@ class region:
         self.target, self.name, self.reference = target, name, reference
 
     def __enter__(self) -> "region":
+        import torch
+
+        if torch.compiler.is_compiling():  # dynamo: the site was recorded when the block last ran outside it
+            return self
         frame = sys._getframe(1)
         filename, line = frame.f_code.co_filename, frame.f_lineno
         key = (filename, line)

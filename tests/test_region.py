@@ -71,3 +71,24 @@ def test_region_whose_interface_does_not_fit_the_op_is_reported():
     (nm,) = [m for m in report.near_misses if m.rule.startswith("region@")]
     assert "takes 2 arguments" in nm.reason
     assert count_target(fxkern.apply(ep, RuleSet("empty")), GELU_BIAS) == 0
+
+
+def test_region_survives_dynamo_and_aot_autograd():
+    from torch._dynamo.backends.common import aot_autograd
+
+    seen = []
+
+    def capture(gm, example_inputs):
+        seen.append(gm)
+        return gm.forward
+
+    model = Block().eval()
+    x = torch.randn(4, 8)
+    model(x)  # the site is recorded when the block first runs outside the compiler (eager or export)
+    with torch.no_grad():
+        compiled = torch.compile(model, backend=aot_autograd(fw_compiler=capture), fullgraph=True)
+        compiled(x)
+    (gm,) = seen
+    new = fxkern.apply(gm, RuleSet("empty"))
+    assert count_target(new, GELU_BIAS) == 1
+    torch._dynamo.reset()

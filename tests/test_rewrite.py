@@ -336,3 +336,26 @@ def test_save_and_load_in_a_fresh_process(tmp_path):
     subprocess.run([sys.executable, str(path), "save"], check=True, capture_output=True)
     out = subprocess.run([sys.executable, str(path), "load"], check=True, capture_output=True, text=True)
     assert "loaded ok" in out.stdout
+
+
+def test_cycle_through_an_output_is_refused():
+    """No intermediate escapes (the first value is an output), yet contracting the match
+    would make it depend on itself through relu."""
+
+    def scaled_pair(x, y):
+        a = x * 2
+        return a, a * y
+
+    rs = RuleSet()
+    fxkern.replace(scaled_pair, spec_like(scaled_pair, n_out=2), rules=rs)
+
+    def fn(x):
+        a = x * 2
+        c = torch.relu(a)
+        return a * c, a
+
+    ep = export(Fn(fn), torch.randn(4, 8))
+    report = fxkern.explain(ep, rs)
+    assert not report.matches
+    (nm,) = report.near_misses
+    assert "form a cycle through 'relu'" in nm.reason
