@@ -62,7 +62,7 @@ class region:
     def __enter__(self) -> "region":
         import torch
 
-        if torch.compiler.is_compiling():  # dynamo: the site was recorded when the block last ran outside it
+        if torch.compiler.is_dynamo_compiling():  # the site was recorded when the block last ran outside dynamo
             return self
         frame = sys._getframe(1)
         filename, line = frame.f_code.co_filename, frame.f_lineno
