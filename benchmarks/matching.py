@@ -108,6 +108,19 @@ def count_ops(gm, rs):
     return sum(1 for n in gm.graph.nodes if n.target in targets)
 
 
+def fxkern_breakdown(gm, rs):
+    """(analysis s, rewrite s, recompile s) of one in-place apply, timed stage by stage."""
+    from fxkern import rewrite
+
+    t0 = time.perf_counter()
+    accepted, _, pos = rewrite.analyse(gm, rs, ("export",))
+    t1 = time.perf_counter()
+    rewrite._rewrite(gm.graph, accepted, pos)
+    t2 = time.perf_counter()
+    gm.recompile()
+    return t1 - t0, t2 - t1, time.perf_counter() - t2
+
+
 def run_fxkern(gm, rs, inplace=True):
     t0 = time.perf_counter()
     new = fxkern.apply(gm, rs, ir="export", inplace=inplace)
@@ -191,6 +204,7 @@ def main(argv=None):
         t_fx = statistics.median(t for t, _ in fx_times)
         found_fx = fx_times[0][1]
         t_copy = run_fxkern(build_graph(size), rs, inplace=False)[0]
+        stages = fxkern_breakdown(build_graph(size), rs)
         t_rw = found_rw = t_ind = found_ind = None
         if size <= args.slow_limit:
             t_rw, found_rw = run_fx_rewriter(build_graph(size), rs)
@@ -198,7 +212,7 @@ def main(argv=None):
             t_ind, found_ind = run_inductor(build_graph(size), rs)
         except Exception as exc:  # report, keep the other columns
             print(f"inductor pattern matcher failed at {size}: {type(exc).__name__}: {exc}")
-        rows.append((n_nodes, t_fx, found_fx, t_copy, t_rw, found_rw, t_ind, found_ind))
+        rows.append((n_nodes, t_fx, found_fx, t_copy, t_rw, found_rw, t_ind, found_ind, stages))
         print(rows[-1], flush=True)
     fmt = lambda t: "-" if t is None else f"{t:.3f}"  # noqa: E731
     lines = [
@@ -213,12 +227,15 @@ def main(argv=None):
         "| nodes | fxkern s | fxkern matches | us/node | fxkern with copy s | fx rewriter s | rewriter matches | speedup | inductor s | inductor matches | speedup |",
         "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
-    for n, t, f, tc, trw, frw, tind, find in rows:
+    stage_lines = ["", "fxkern by stage (one in-place apply): analysis (match, checks, overlaps) / rewrite / recompile (FX codegen), seconds:", ""]
+    for n, t, f, tc, trw, frw, tind, find, (ta, tr, tk) in rows:
+        stage_lines.append(f"- {n} nodes: {ta:.3f} / {tr:.3f} / {tk:.3f}")
+    for n, t, f, tc, trw, frw, tind, find, _ in rows:
         sp_rw = "-" if trw is None else f"{trw / t:.0f}x"
         sp_ind = "-" if tind is None else f"{tind / t:.1f}x"
         lines.append(f"| {n} | {t:.3f} | {f} | {t / n * 1e6:.1f} | {tc:.3f} | {fmt(trw)} | {frw if frw is not None else '-'} | {sp_rw} "
                      f"| {fmt(tind)} | {find if find is not None else '-'} | {sp_ind} |")
-    body = "\n".join(lines)
+    body = "\n".join(lines + stage_lines)
     print(body)
     if args.section_out:
         args.section_out.write_text(body + "\n")

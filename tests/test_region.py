@@ -86,7 +86,7 @@ def test_region_survives_dynamo_and_aot_autograd():
     x = torch.randn(4, 8)
     model(x)  # the site is recorded when the block first runs outside the compiler (eager or export)
     with torch.no_grad():
-        compiled = torch.compile(model, backend=aot_autograd(fw_compiler=capture), fullgraph=True)
+        compiled = torch.compile(model, backend=aot_autograd(fw_compiler=capture, decompositions={}), fullgraph=True)
         compiled(x)
     (gm,) = seen
     new = fxkern.apply(gm, RuleSet("empty"))

@@ -159,7 +159,7 @@ def test_llama_rmsnorm_with_upcast_used_by_the_residual():
 
 def test_dynamic_shapes_stay_symbolic(bgr):
     rs, rule = bgr
-    batch = torch.export.Dim("batch", min=2, max=1024)
+    batch = torch.export.Dim.DYNAMIC  # (named Dims hit a torch 2.11 bug in its own error formatting)
     ep = export(Fn(bias_gelu_res), torch.randn(4, 8), torch.randn(8), torch.randn(4, 8),
                 dynamic_shapes=((({0: batch}), None, {0: batch}),))
     new = fxkern.apply(ep, rs, verify=True)
