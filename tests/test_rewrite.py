@@ -359,3 +359,23 @@ def test_cycle_through_an_output_is_refused():
     assert not report.matches
     (nm,) = report.near_misses
     assert "form a cycle through 'relu'" in nm.reason
+
+
+def test_rules_apply_to_the_aten_graphs_a_compile_backend_receives(bgr):
+    """The forward graph aot_autograd hands a backend: same patterns, no re-authoring."""
+    from torch._dynamo.backends.common import aot_autograd
+
+    rs, rule = bgr
+    seen = []
+
+    def capture(gm, example_inputs):
+        seen.append(fxkern.apply(gm, rs))
+        return seen[-1].forward
+
+    x, b, r = torch.randn(4, 8), torch.randn(8), torch.randn(4, 8)
+    with torch.no_grad():
+        compiled = torch.compile(MLPTail(), backend=aot_autograd(fw_compiler=capture, decompositions={}), fullgraph=True)
+        out = compiled(x, b, r)
+    torch._dynamo.reset()
+    assert count_target(seen[0], rule.op) == 1
+    torch.testing.assert_close(out, bias_gelu_res(x, b, r))
