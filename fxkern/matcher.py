@@ -180,11 +180,11 @@ def compile_pattern(pattern: Pattern, policy: FrozenSet[str]) -> CompiledPattern
         if node.op != "call_function" or is_noise(node, policy):
             continue
         raw = arguments(node)
-        schema = node.target._schema
+        schema = getattr(node.target, "_schema", None)
         args = []
         for i, value in enumerate(raw):
-            site_kw = schema.arguments[i].name
-            site = ("a", i) if i < len(node.args) else ("k", site_kw)
+            in_args = i < len(node.args) or schema is None
+            site = ("a", i) if in_args else ("k", schema.arguments[i].name)
             args.append(convert(value, site, node.name))
         comm = node.target in COMMUTATIVE and (node.target is not aten.add.Tensor or raw[2] in (1, None))
         index[node] = len(nodes)
@@ -392,7 +392,8 @@ class Matcher:
                 return st.failed(lambda: f"{where.name!r} has {_describe(ga)} where the pattern captures {pa.py_type.__name__} {pa.name!r}")
             value = pa.py_type(ga)
             if pa.name in st.bind and st.bind[pa.name] != value:
-                return st.failed(lambda: f"scalar {pa.name!r} would be both {st.bind[pa.name]} and {value}")
+                old = st.bind[pa.name]
+                return st.failed(lambda: f"scalar {pa.name!r} would be both {old} and {value}")
             st.bind[pa.name] = value
             return True
         if isinstance(pa, (list, tuple)):
@@ -401,7 +402,7 @@ class Matcher:
             return all(self._arg(pat, a, b, st, where) for a, b in zip(pa, ga))
         if isinstance(ga, fx.Node):
             return st.failed(lambda: f"{where.name!r} takes {ga.name!r} where the pattern has the literal {pa!r}")
-        if type(pa) is not type(ga) and not (isinstance(pa, (int, float)) and isinstance(ga, (int, float)) and not isinstance(ga, bool) and not isinstance(pa, bool)):
+        if type(pa) is not type(ga):  # 8 and 8.0 differ: arange(8) is int64, arange(8.0) float32
             return st.failed(lambda: f"literal differs at {where.name!r}: pattern {pa!r}, graph {ga!r}")
         if pa != ga:
             return st.failed(lambda: f"literal differs at {where.name!r}: pattern {pa!r}, graph {ga!r}")

@@ -23,8 +23,14 @@ from fxkern.errors import SpecError
 log = logging.getLogger("fxkern")
 
 SCALAR_TYPES = (float, int, bool)
-# Unusual values, so a literal equal to one of them in a traced pattern is the parameter.
+# Unusual values, so a literal equal to one of them in a traced pattern is the parameter;
+# each scalar parameter gets its own (the k-th adds k steps).
 SENTINELS = {float: 0.0123456789012, int: 98765431}
+SENTINEL_STEP = {float: 1.0009765625e-7, int: 7}
+
+
+def sentinel(py_type: type, k: int) -> Any:
+    return SENTINELS[py_type] + k * SENTINEL_STEP[py_type]
 
 # Nodes that only assert facts about a value; they never keep a match from being replaced.
 ASSERTION_TARGETS = {
@@ -100,11 +106,13 @@ def default_example_inputs(params: Sequence[Param], dtype: torch.dtype) -> List[
     """Tensors of one generic shape, scalars as sentinels: a pattern of elementwise and last-axis ops
     traces to the same graph whatever the rank, so these match inputs of any rank."""
     out = []
+    k = 0
     for p in params:
         if p.kind == "tensor":
             out.append(torch.randn(4, 8).to(dtype))
         else:
-            out.append(SENTINELS.get(p.py_type, True))
+            out.append(sentinel(p.py_type, k) if p.py_type in SENTINELS else True)
+            k += 1
     return out
 
 
@@ -139,7 +147,9 @@ def trace(fn: Callable[..., Any], ir: str, *, dtype: torch.dtype = torch.float32
         if p.kind == "scalar":
             if p.py_type is bool:
                 raise SpecError(f"pattern {fn.__name__}: bool scalar {p.name!r} cannot be captured yet; make it a constant")
-            v = SENTINELS[p.py_type] if v is None else v
+            if (p.py_type, v) in sentinel_to_param:
+                raise SpecError(f"pattern {fn.__name__}: scalars {sentinel_to_param[(p.py_type, v)]!r} and {p.name!r} "
+                                f"are traced with the same value {v!r}; give them different example values")
             sentinel_to_param[(p.py_type, v)] = p.name
     try:
         graph = TRACERS[ir](fn, params, example_inputs)

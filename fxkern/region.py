@@ -99,32 +99,58 @@ def _block_end(filename: str, line: int) -> int:
 _FRAME = re.compile(r'File "([^"]+)", line (\d+)')
 
 
-def _in_site(node: fx.Node, site: RegionSite) -> bool:
+def _line_in_site(node: fx.Node, site: RegionSite) -> Optional[int]:
+    """The line of the innermost frame of ``node``'s stack trace inside the site, or None."""
     trace = node.meta.get("stack_trace")
     if not trace:
-        return False
-    return any(f == site.filename and site.first < int(n) <= site.last for f, n in _FRAME.findall(trace))
+        return None
+    lines = [int(n) for f, n in _FRAME.findall(trace) if f == site.filename and site.first < int(n) <= site.last]
+    return lines[-1] if lines else None
 
 
 def find(graph: fx.Graph) -> List[Tuple[RegionSite, List[fx.Node]]]:
     """Each region instance in ``graph``: its site and its nodes in graph order.
 
-    The nodes of one site split into instances by module path (a region in a
-    module used by every layer) and by connectivity.
+    A site's nodes split into instances by the module that runs the block
+    (one instance per layer) and by data flow that goes forward in the
+    block's source: a value flowing from a later line to an earlier one
+    crosses from one run of the block to the next (a loop, or a helper
+    called twice in a row).
     """
     found = []
     for site in sites():
-        nodes = [n for n in graph.nodes if n.op == "call_function" and _in_site(n, site)]
+        lines: Dict[fx.Node, int] = {}
+        for n in graph.nodes:
+            if n.op == "call_function":
+                line = _line_in_site(n, site)
+                if line is not None:
+                    lines[n] = line
+        if not lines:
+            continue
+        paths = {n: tuple((n.meta.get("nn_module_stack") or {}).keys()) for n in lines}
+        owner_depth = min(len(p) for p in paths.values())  # calls into submodules stay in the region
         groups: Dict[Any, List[fx.Node]] = {}
-        for n in nodes:
-            path = tuple((n.meta.get("nn_module_stack") or {}).keys())
-            groups.setdefault(path, []).append(n)
+        for n in lines:
+            groups.setdefault(paths[n][:owner_depth], []).append(n)
         for members in groups.values():
-            found.extend((site, comp) for comp in _components(members))
+            found.extend((site, comp) for comp in _components(members, lines))
     return found
 
 
-def _components(nodes: List[fx.Node]) -> List[List[fx.Node]]:
+def repeated_run(nodes: List[fx.Node], site: RegionSite) -> Optional[fx.Node]:
+    """A node showing that one instance holds two runs of the block (the same op on the same
+    line twice, as a loop around the block leaves it), or None. Such an instance is refused:
+    runs on one line cannot be told apart, and merging them would change the result."""
+    seen = set()
+    for n in nodes:
+        key = (_line_in_site(n, site), n.target)
+        if key in seen:
+            return n
+        seen.add(key)
+    return None
+
+
+def _components(nodes: List[fx.Node], lines: Dict[fx.Node, int]) -> List[List[fx.Node]]:
     parent = {n: n for n in nodes}
 
     def root(n):
@@ -135,7 +161,7 @@ def _components(nodes: List[fx.Node]) -> List[List[fx.Node]]:
 
     for n in nodes:
         for a in n.all_input_nodes:
-            if a in parent:
+            if a in parent and lines[a] <= lines[n]:
                 parent[root(a)] = root(n)
     comps: Dict[fx.Node, List[fx.Node]] = {}
     for n in nodes:

@@ -110,6 +110,30 @@ def _positions(graph: fx.Graph) -> Dict[fx.Node, float]:
     return {n: float(i) for i, n in enumerate(graph.nodes)}
 
 
+def mutates(node: fx.Node) -> bool:
+    """True for an op that writes one of its inputs in place (``add_``, ``copy_``...)."""
+    schema = getattr(node.target, "_schema", None)
+    return node.op == "call_function" and schema is not None and any(
+        a.alias_info is not None and a.alias_info.is_write for a in schema.arguments
+    )
+
+
+def _hazards(match: Match, pos: Dict[fx.Node, float]) -> Optional[str]:
+    """Reasons a contraction is unsafe beyond data flow: a parameter bound inside the match,
+    or an in-place op that the replacement would lose or be moved past."""
+    inside = match.node_set
+    for name, v in match.bindings.items():
+        if isinstance(v, fx.Node) and v in inside:
+            return f"parameter {name!r} binds to {v.name!r}, a value the match itself computes"
+    first = min(pos[n] for n in inside)
+    node = min(inside, key=pos.__getitem__)
+    while node.op != "output" and pos.get(node, float("inf")) <= pos[match.anchor]:
+        if mutates(node) and pos[node] >= first:
+            return f"the in-place op {node.name!r} ({node.target}) runs between the matched nodes"
+        node = node.next
+    return None
+
+
 def _escaping(match: Match) -> Optional[str]:
     inside = match.node_set
     outputs = set(match.outputs)
@@ -177,7 +201,7 @@ def _fake_run(rule: Rule, match: Match, cache: Optional[Dict[Any, Any]] = None) 
     """
     key = None
     if cache is not None:
-        key = (id(rule), tuple(_meta_key(match.bindings[p]) for p in rule.arg_params),
+        key = (rule, tuple(_meta_key(match.bindings[p]) for p in rule.arg_params),
                tuple(_meta_key(o) for o in match.outputs))
         if key in cache:
             return cache[key]
@@ -228,7 +252,7 @@ def _fake_run_uncached(rule: Rule, match: Match) -> Tuple[Optional[Tuple[Any, ..
 
 def _check(rule: Rule, match: Match, pos: Dict[fx.Node, float], cache: Optional[Dict[Any, Any]] = None) -> Tuple[Optional[Tuple[Any, ...]], Optional[str]]:
     """The safety checks of one structural match: (fake outputs, None) when it may be replaced."""
-    reason = _escaping(match)
+    reason = _escaping(match) or _hazards(match, pos)
     if reason is None:
         via = creates_cycle(match.node_set, pos)
         if via is not None:
@@ -334,12 +358,23 @@ def analyse(gm: fx.GraphModule, rules: Union[RuleSet, Sequence[Rule], None], irs
 def _regions(graph: fx.Graph, pos: Dict[fx.Node, float], report: Report, safe: List[_Candidate],
              fake_cache: Dict[Any, Any]) -> None:
     """Region instances become candidates ahead of every rule (a region is an instruction)."""
-    from fxkern.region import find, interface  # the module, not the context manager of the same name
+    from fxkern.region import find, interface, repeated_run  # the module, not the context manager
 
     for site, nodes in find(graph):
         inputs, outputs = interface(nodes)
         rr = report.rules.setdefault(site.label, RuleReport())
         rr.candidates += 1
+        again = repeated_run(nodes, site)
+        if again is not None:
+            rr.near_misses.append(NearMiss(site.label, [n.name for n in nodes], (
+                f"the block seems to have run more than once here ({again.name!r} repeats an op of the same line): "
+                f"put the loop outside the region, or the block in a module or function of its own")))
+            continue
+        writer = next((n for n in nodes if mutates(n)), None)
+        if writer is not None:
+            rr.near_misses.append(NearMiss(site.label, [n.name for n in nodes],
+                                           f"the region updates a tensor in place ({writer.name!r}); an op call would drop that"))
+            continue
         overload = site.op.default if hasattr(site.op, "default") else site.op
         n_args = len(overload._schema.arguments)
         if n_args != len(inputs) or not outputs:
@@ -534,10 +569,20 @@ def _rename_outputs(sig: Any, renamed: Dict[str, str]) -> Any:
 # ---- verification ---------------------------------------------------------------
 
 
+def _size_hint(s: Any) -> int:
+    """A concrete size for a possibly symbolic one: its hint, or the shape environment's."""
+    if not isinstance(s, torch.SymInt):
+        return int(s)
+    hint = getattr(s.node, "hint", None)
+    if hint is not None:
+        return int(hint)
+    return int(s.node.shape_env.size_hint(s.node.expr))
+
+
 def _concrete(val: Any, device: Optional[torch.device] = None) -> Any:
     if not isinstance(val, torch.Tensor):
         return val
-    shape = [int(torch.fx.experimental.symbolic_shapes.hint_int(s)) if isinstance(s, torch.SymInt) else int(s) for s in val.shape]
+    shape = [_size_hint(s) for s in val.shape]
     dev = device or val.device
     if val.dtype.is_floating_point:
         return torch.randn(shape, device=dev).to(val.dtype)

@@ -92,3 +92,58 @@ def test_region_survives_dynamo_and_aot_autograd():
     new = fxkern.apply(gm, RuleSet("empty"))
     assert count_target(new, GELU_BIAS) == 1
     torch._dynamo.reset()
+
+
+class Looped(torch.nn.Module):
+    def forward(self, x):
+        for _ in range(2):
+            with fxkern.region(GELU_BIAS):
+                x = F.gelu(x + 1.0, approximate="tanh")
+        return x
+
+
+def test_a_block_run_twice_in_a_chain_is_refused_not_merged():
+    model = Looped()
+    x = torch.randn(4, 8)
+    model(x)
+    ep = torch.export.export(model, (x,))
+    report = fxkern.explain(ep, RuleSet("empty"))
+    assert any("more than once" in nm.reason for nm in report.near_misses)
+    torch.testing.assert_close(fxkern.apply(ep, RuleSet("empty")).module()(x), model(x))
+
+
+class InPlace(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("acc", torch.zeros(8))
+
+    def forward(self, x, b):
+        with fxkern.region(GELU_BIAS):
+            y = F.gelu(x + b, approximate="tanh")
+            self.acc.add_(b)
+        return y
+
+
+def test_a_region_that_updates_in_place_is_refused():
+    ep = torch.export.export(InPlace(), (torch.randn(4, 8), torch.randn(8)))
+    report = fxkern.explain(ep, RuleSet("empty"))
+    assert any("in place" in nm.reason for nm in report.near_misses)
+
+
+class Outer(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.inner = torch.nn.Linear(8, 8)
+
+    def forward(self, x, b):
+        with fxkern.region(GELU_BIAS):
+            y = F.gelu(self.inner(x) + b, approximate="tanh")
+        return y
+
+
+def test_a_region_calling_a_submodule_stays_one_region():
+    ep = torch.export.export(Outer(), (torch.randn(4, 8), torch.randn(8)))
+    report = fxkern.explain(ep, RuleSet("empty"))
+    (rr,) = [r for name, r in report.rules.items() if name.startswith("region@")]
+    assert not rr.matches  # four inputs (weight, x, bias, b) do not fit a two-argument op
+    assert rr.candidates == 1 and "takes 2 arguments" in rr.near_misses[0].reason

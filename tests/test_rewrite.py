@@ -379,3 +379,87 @@ def test_rules_apply_to_the_aten_graphs_a_compile_backend_receives(bgr):
     torch._dynamo.reset()
     assert count_target(seen[0], rule.op) == 1
     torch.testing.assert_close(out, bias_gelu_res(x, b, r))
+
+
+# ---- regressions found in review: each a silent change of results or a crash before the fix ----
+
+
+def test_in_place_update_between_matched_nodes_is_refused():
+    def double_relu(c):
+        return torch.relu(c * 2)
+
+    rs = RuleSet()
+    rule = fxkern.replace(double_relu, spec_like(double_relu), rules=rs)
+
+    class Counter(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("cnt", -torch.ones(4, 8))
+
+        def forward(self, x):
+            h = self.cnt * 2
+            self.cnt.add_(1)  # the op call would read cnt after this update
+            return torch.relu(h) + x
+
+    ep = export(Counter(), torch.zeros(4, 8))
+    report = fxkern.explain(ep, rs)
+    assert not report.matches and "in-place op" in report.near_misses[0].reason
+    assert count_target(fxkern.apply(ep, rs), rule.op) == 0
+
+
+def test_parameter_bound_inside_the_match_is_refused():
+    def relu_times(x, y):
+        return torch.relu(x) * y
+
+    rs = RuleSet()
+    fxkern.replace(relu_times, spec_like(relu_times), rules=rs)
+
+    def fn(x):
+        r = torch.relu(x)
+        return r * r  # y would bind to relu, which the match computes
+
+    ep = export(Fn(fn), torch.randn(4, 8))
+    report = fxkern.explain(ep, rs)
+    assert not report.matches and "a value the match itself computes" in report.near_misses[0].reason
+    run_both(ep, fxkern.apply(ep, rs), torch.randn(4, 8))
+
+
+def test_int_and_float_literals_differ():
+    def plus_eight(x):
+        return x + torch.arange(8)  # an int64 arange
+
+    rs = RuleSet()
+    rule = fxkern.replace(plus_eight, spec_like(lambda x: x), name="plus_eight", rules=rs)
+    ep = export(Fn(lambda x: x + torch.arange(8.0)), torch.randn(4, 8))
+    assert count_target(fxkern.apply(ep, rs), rule.op) == 0
+
+
+def test_two_scalar_parameters_are_captured_separately():
+    def clamp2(x, lo: float, hi: float):
+        return torch.clamp(x, lo, hi) * 2
+
+    rs = RuleSet()
+    rule = fxkern.replace(clamp2, spec_like(clamp2), rules=rs)
+    ep = export(Fn(lambda x: torch.clamp(x, -0.5, 0.25) * 2), torch.randn(4, 8))
+    new = fxkern.apply(ep, rs, verify=True)
+    call = next(n for n in new.graph.nodes if n.target == rule.op.default)
+    assert call.args[1:] == (-0.5, 0.25)
+
+
+def test_patterns_with_multi_output_ops_and_getitem():
+    def ln2(x, w, b):
+        return F.layer_norm(x, (8,), w, b) * 2  # native_layer_norm + getitem in core ATen
+
+    rs = RuleSet()
+    rule = fxkern.replace(ln2, spec_like(ln2), rules=rs, example_inputs=[torch.randn(4, 8), torch.randn(8), torch.randn(8)])
+    ep = export(Fn(ln2), torch.randn(4, 8), torch.randn(8), torch.randn(8))
+    assert count_target(fxkern.apply(ep, rs, verify=True), rule.op) == 1
+    assert count_target(fxkern.apply(ep.run_decompositions(), rs, verify=True), rule.op) == 1
+
+
+def test_verify_on_a_symbolically_traced_graph(bgr):
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    rs, rule = bgr
+    gm = make_fx(bias_gelu_res, tracing_mode="symbolic")(torch.randn(4, 8), torch.randn(8), torch.randn(4, 8))
+    assert count_target(fxkern.apply(gm, rs, verify=True), rule.op) == 1
