@@ -18,6 +18,7 @@ from fxkern.errors import (
     SpecError,
 )
 from fxkern.ops import cuda_kernel_op, kernel_op, ptx_op, registered_ops
+from fxkern.backends.torch_compile import backend
 from fxkern.region import region
 from fxkern.rewrite import Report, VerificationError, apply, explain
 from fxkern.rules import Rule, RuleSet, default_rules, replace, rule
@@ -45,6 +46,7 @@ __all__ = [
     "RuleSet",
     "VerificationError",
     "apply",
+    "backend",
     "default_rules",
     "explain",
     "replace",

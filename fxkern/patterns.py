@@ -125,9 +125,22 @@ def _export_graph(fn, params, example_inputs, decompose: bool) -> fx.Graph:
     return ep.graph_module.graph
 
 
+def _inductor_graph(fn, params, example_inputs) -> fx.Graph:
+    """The IR inductor's post-grad passes see: functional ATen under inductor's decompositions."""
+    from torch._inductor.decomposition import select_decomp_table
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    scalars = {i: v for i, (p, v) in enumerate(zip(params, example_inputs)) if p.kind == "scalar"}
+    tensors = tuple(v for p, v in zip(params, example_inputs) if p.kind == "tensor")
+    call = _Call(fn, scalars, len(params))
+    gm = make_fx(lambda *t: call(*t), decomposition_table=select_decomp_table())(*tensors)
+    return gm.graph
+
+
 TRACERS: Dict[str, Callable[..., fx.Graph]] = {
     "export": lambda fn, params, ex: _export_graph(fn, params, ex, decompose=False),
     "core_aten": lambda fn, params, ex: _export_graph(fn, params, ex, decompose=True),
+    "inductor": _inductor_graph,
 }
 
 

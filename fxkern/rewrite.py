@@ -538,6 +538,17 @@ def apply(program: Any, rules: Union[RuleSet, Sequence[Rule], None] = None, *, v
     raise TypeError(f"apply takes an ExportedProgram or an fx.GraphModule, not {type(program).__name__}")
 
 
+def rewrite_graph(graph: fx.Graph, rules: Union[RuleSet, Sequence[Rule], None], irs: Sequence[str]) -> Report:
+    """Rewrite ``graph`` in place (a compiler pass: no copy, no recompile); returns the report."""
+    gm = graph.owning_module
+    if gm is None:
+        gm = fx.GraphModule(torch.nn.Module(), graph)
+    accepted, report, pos = analyse(gm, rules, irs)
+    if accepted:
+        _rewrite(graph, accepted, pos)
+    return report
+
+
 def explain(program: Any, rules: Union[RuleSet, Sequence[Rule], None] = None, *,
             ir: Optional[Union[str, Sequence[str]]] = None) -> Report:
     """What ``apply`` would replace, and every near-miss with its reason."""

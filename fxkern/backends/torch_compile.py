@@ -1,0 +1,161 @@
+"""``fxkern.backend(...)``: a torch.compile backend that applies fxkern's rules, then hands on.
+
+The rules run on the ATen graphs the inner backend compiles, in their IR:
+
+* ``inner="inductor"``: as inductor's ``post_grad_custom_pre_pass``, on its
+  post-grad graphs (forward, backward and inference alike), with patterns
+  traced under inductor's decompositions. The pass has a ``uuid`` built from
+  fxkern's sources and the rule set, so inductor's FX graph cache stays valid
+  across processes and misses when the rules change.
+* ``inner="aot_eager"`` / ``"eager"`` or a callable ``(gm, example_inputs)``:
+  through aot_autograd, on its forward, backward and inference graphs, in
+  torch.export's IR; a callable receives the rewritten graph.
+
+Training needs nothing special: a rewrite never changes a value (the op
+computes what the pattern computes), graphs are rewritten after autograd
+split them, and a match whose intermediate the backward reads is refused as
+escaping. Changing the rule set after compiling recompiles the affected
+graphs at their next call.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from pathlib import Path
+from typing import Any, Callable, List, Optional, Sequence, Union
+
+import torch
+import torch.fx as fx
+
+from fxkern.rewrite import Report, rewrite_graph
+from fxkern.rules import Rule, RuleSet, default_rules
+
+log = logging.getLogger("fxkern")
+
+_SOURCES = sorted(str(p) for p in Path(__file__).resolve().parents[1].rglob("*.py"))
+
+
+def _rule_key(rules: Sequence[Rule]) -> str:
+    """What decides the rewrite: rule order and names, pattern code, target ops, options."""
+    h = hashlib.sha256()
+    for r in rules:
+        code = getattr(r.pattern, "__code__", None)
+        h.update(repr((r.name, str(r.overload), r.priority, sorted(r.noise), r.arg_params,
+                       code.co_code if code else None, code.co_consts if code else None)).encode())
+    return h.hexdigest()
+
+
+class _Pass:
+    """Inductor's custom post-grad pass protocol: ``__call__(graph)`` and ``uuid()``."""
+
+    def __init__(self, owner: "FxkernBackend"):
+        self.owner = owner
+
+    def __call__(self, graph: fx.Graph) -> None:
+        self.owner._rewrite(graph, ("inductor",))
+
+    def uuid(self) -> str:
+        from torch._inductor.custom_graph_pass import get_hash_for_files
+
+        files = get_hash_for_files(tuple(_SOURCES))
+        return hashlib.sha256(files + self.owner.rules_key().encode()).hexdigest()
+
+
+class FxkernBackend:
+    """The callable torch.compile receives; see :func:`backend`."""
+
+    def __init__(self, rules: Union[RuleSet, Sequence[Rule], None], inner: Any,
+                 report: Optional[Callable[[Report], None]], options: dict):
+        self.rules = rules
+        self.inner = inner
+        self.report = report
+        self.options = options
+        self.reports: List[Report] = []
+
+    def current_rules(self) -> List[Rule]:
+        return list(self.rules if self.rules is not None else default_rules())
+
+    def rules_key(self) -> str:
+        return _rule_key(self.current_rules())
+
+    def _rewrite(self, graph: fx.Graph, irs: Sequence[str]) -> None:
+        report = rewrite_graph(graph, self.current_rules(), irs)
+        self.reports.append(report)
+        if report.matches:
+            log.info("fxkern: replaced %d subgraphs (%s)", len(report.matches),
+                     ", ".join(sorted({m.rule for m in report.matches})))
+        if self.report is not None:
+            self.report(report)
+
+    def __call__(self, gm: fx.GraphModule, example_inputs: List[Any]) -> Callable[..., Any]:
+        key = self.rules_key()
+        compiled = self._compile(gm, example_inputs)
+
+        def current() -> Callable[..., Any]:
+            nonlocal compiled, key
+            now = self.rules_key()
+            if now != key:  # the rule set changed since this graph was compiled
+                log.info("fxkern: rule set changed; recompiling a graph")
+                compiled, key = self._compile(gm, example_inputs), now
+            return compiled
+
+        def run(*args: Any) -> Any:  # dynamo calls a backend's result with unpacked arguments
+            return current()(*args)
+
+        return run
+
+    def _compile(self, gm: fx.GraphModule, example_inputs: List[Any]) -> Callable[..., Any]:
+        inner = self.inner
+        if inner == "inductor":
+            from torch._inductor import config
+            from torch._inductor.compile_fx import compile_fx
+
+            with config.patch(post_grad_custom_pre_pass=_Pass(self)):
+                return compile_fx(gm, example_inputs, config_patches=self.options.get("config_patches"))
+        from torch._dynamo.backends.common import aot_autograd
+
+        if inner in ("eager", "aot_eager"):
+            def finish(g: fx.GraphModule, ex: List[Any]) -> Callable[..., Any]:
+                return g.forward
+        elif callable(inner):
+            finish = inner
+        elif isinstance(inner, str):
+            raise ValueError(
+                f"fxkern.backend: inner={inner!r} is not supported; use 'inductor', 'aot_eager', 'eager' "
+                f"or a callable (gm, example_inputs) -> callable"
+            )
+        else:
+            raise TypeError(f"fxkern.backend: inner must be a backend name or a callable, not {type(inner).__name__}")
+
+        from torch._functorch.aot_autograd import make_boxed_func
+
+        def rewrite_then(g: fx.GraphModule, ex: List[Any]) -> Callable[..., Any]:
+            self._rewrite(g.graph, ("export",))
+            g.recompile()
+            fn = finish(g, ex)
+            return fn if getattr(fn, "_boxed_call", False) else make_boxed_func(fn)  # aot calls with a list
+
+        return aot_autograd(fw_compiler=rewrite_then, bw_compiler=rewrite_then, inference_compiler=rewrite_then,
+                            decompositions=self.options.get("decompositions", {}))(gm, example_inputs)
+
+
+def backend(rules: Union[RuleSet, Sequence[Rule], None] = None, inner: Any = "inductor", *,
+            report: Optional[Callable[[Report], None]] = None, **options: Any) -> FxkernBackend:
+    """A torch.compile backend that applies ``rules`` (default: the default rule set, read at
+    each compile) and then compiles with ``inner``. ``report(r)`` is called with the
+    :class:`~fxkern.Report` of every graph rewritten; ``backend.reports`` keeps them too."""
+    return FxkernBackend(rules, inner, report, options)
+
+
+def _registered(gm: fx.GraphModule, example_inputs: List[Any]) -> Callable[..., Any]:
+    """``torch.compile(model, backend="fxkern")``: the default rule set, inductor after it."""
+    return backend()(gm, example_inputs)
+
+
+try:
+    from torch._dynamo import register_backend
+
+    register_backend(_registered, name="fxkern")
+except Exception as exc:  # an older or stripped torch: the callable form still works
+    log.debug("fxkern: could not register the 'fxkern' backend name: %s", exc)

@@ -1,0 +1,147 @@
+"""fxkern.backend: rules inside torch.compile (CPU; the GPU suite repeats it on CUDA)."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import fxkern
+from fxkern import RuleSet
+from helpers import count_target, spec_like
+
+
+def bias_gelu_res(x, b, r):
+    return F.gelu(x + b, approximate="tanh") + r
+
+
+def scale_add(x, r):
+    return x * 3 + r  # its backward saves nothing: training graphs can be rewritten too
+
+
+RULES = RuleSet("backend")
+BGR = fxkern.replace(bias_gelu_res, spec_like(bias_gelu_res), name="test_backend::bgr", rules=RULES)
+
+
+class MLP(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(8, 8)
+        self.b = torch.nn.Parameter(torch.randn(8))
+
+    def forward(self, x):
+        return F.gelu(self.lin(x) + self.b, approximate="tanh") + x
+
+
+@pytest.fixture(autouse=True)
+def fresh_dynamo():
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+def test_callable_inner_receives_the_rewritten_graph():
+    seen = []
+
+    def inner(gm, example_inputs):
+        seen.append(gm)
+        return gm.forward
+
+    model, x = MLP(), torch.randn(4, 8)
+    be = fxkern.backend(RULES, inner=inner)
+    with torch.no_grad():
+        out = torch.compile(model, backend=be)(x)
+    torch.testing.assert_close(out, model(x))
+    assert count_target(seen[0], BGR.op) == 1
+    assert len(be.reports) == 1 and be.reports[0].matches[0].rule == "bgr"
+
+
+@pytest.mark.parametrize("inner", ["aot_eager", "inductor"])
+def test_inner_backends_compute_what_eager_does(inner):
+    model, x = MLP(), torch.randn(4, 8)
+    reports = []
+    be = fxkern.backend(RULES, inner=inner, report=reports.append)
+    with torch.no_grad():
+        out = torch.compile(model, backend=be)(x)
+    torch.testing.assert_close(out, model(x))
+    assert sum(len(r.matches) for r in reports) == 1
+
+
+def test_training_gradients_equal_eager():
+    rs = RuleSet("train")
+    rule = fxkern.replace(scale_add, spec_like(scale_add), name="test_backend::scale_add", rules=rs)
+    fxkern.replace(bias_gelu_res, BGR.op, name="bgr", rules=rs)
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(8, 8)
+            self.b = torch.nn.Parameter(torch.randn(8))
+
+        def forward(self, x):
+            h = self.lin(x)
+            return F.gelu(h + self.b, approximate="tanh") + x * 3 + h
+
+    model = Net()
+    seen = []
+
+    def inner(gm, example_inputs):
+        seen.append(gm)
+        return gm.forward
+
+    x1 = torch.randn(4, 8, requires_grad=True)
+    x2 = x1.detach().clone().requires_grad_(True)
+    compiled = torch.compile(model, backend=fxkern.backend(rs, inner=inner))
+    compiled(x1).square().sum().backward()
+    g_compiled = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    model(x2).square().sum().backward()
+    torch.testing.assert_close(x1.grad, x2.grad)
+    for a, p in zip(g_compiled, model.parameters()):
+        torch.testing.assert_close(a, p.grad)
+    forward = seen[0]
+    assert count_target(forward, rule.op) == 1  # nothing of x * 3 is saved for backward
+    assert count_target(forward, BGR.op) == 0  # gelu's input is: that match is refused as escaping
+
+
+def test_dynamic_shapes_compile_once():
+    from torch._dynamo.utils import counters
+
+    model = MLP()
+    be = fxkern.backend(RULES, inner="aot_eager")
+    compiled = torch.compile(model, backend=be, dynamic=True)
+    counters.clear()
+    with torch.no_grad():
+        for n in (3, 5, 9, 17):
+            x = torch.randn(n, 8)
+            torch.testing.assert_close(compiled(x), model(x))
+    assert counters["stats"]["unique_graphs"] == 1
+    assert sum(len(r.matches) for r in be.reports) == 1
+
+
+def test_changing_the_rule_set_recompiles():
+    rs = RuleSet("changing")
+    model, x = MLP(), torch.randn(4, 8)
+    be = fxkern.backend(rs, inner="aot_eager")
+    compiled = torch.compile(model, backend=be)
+    with torch.no_grad():
+        compiled(x)
+        assert sum(len(r.matches) for r in be.reports) == 0
+        fxkern.replace(bias_gelu_res, BGR.op, name="bgr", rules=rs)
+        out = compiled(x)
+    torch.testing.assert_close(out, model(x))
+    assert sum(len(r.matches) for r in be.reports) == 1
+
+
+def test_registered_name_uses_the_default_rule_set():
+    fxkern.default_rules().add(BGR)
+    try:
+        model, x = MLP(), torch.randn(4, 8)
+        with torch.no_grad():
+            torch.testing.assert_close(torch.compile(model, backend="fxkern")(x), model(x))
+    finally:
+        fxkern.default_rules().remove(BGR.name)
+
+
+def test_unknown_inner_is_a_clear_error():
+    with pytest.raises(Exception, match="inner='tensorrtt' is not supported"):
+        with torch.no_grad():
+            torch.compile(MLP(), backend=fxkern.backend(RULES, inner="tensorrtt"))(torch.randn(2, 8))
