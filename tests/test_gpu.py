@@ -194,3 +194,29 @@ def test_llama_rmsnorm_rule_runs_the_kernel_in_a_real_model():
     import llama_rmsnorm
 
     assert llama_rmsnorm.main(["--device", "cuda"]) == 0
+
+
+def _llama_and_rule():
+    pytest.importorskip("transformers", reason="transformers is not installed")
+    import llama_rmsnorm
+
+    rules = fxkern.RuleSet("gpu-llama")
+    rule = fxkern.replace(llama_rmsnorm.llama_rmsnorm, llama_rmsnorm.RMSNORM, name="gpu_test::llama_rmsnorm", rules=rules)
+    return llama_rmsnorm.tiny_llama("cuda"), rules, rule
+
+
+@pytest.mark.parametrize("cudagraphs", [False, True], ids=["default", "cudagraphs"])
+def test_backend_with_inductor_on_cuda_runs_the_kernel(cudagraphs):
+    """Inductor on CUDA, and with CUDA graphs (what mode="reduce-overhead" turns on)."""
+    model, rules, rule = _llama_and_rule()
+    torch._dynamo.reset()
+    be = fxkern.backend(rules, inner="inductor", config_patches={"triton.cudagraphs": cudagraphs})
+    compiled = torch.compile(model, backend=be)
+    with torch.no_grad():
+        for _ in range(3):  # cudagraph warm-up, record, replay
+            ids = torch.randint(0, 256, (2, 32), device="cuda")
+            got = compiled(ids, use_cache=False).logits
+            want = model(ids, use_cache=False).logits
+            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    assert sum(len(r.matches) for r in be.reports) == 5
+    torch._dynamo.reset()

@@ -33,6 +33,7 @@ if [[ $parts == *examples* ]]; then
 fi
 if [[ $parts == *bench* ]]; then
   python3 benchmarks/kernel_ops.py --section-out "$OUT/kernel_ops.md" 2>&1 | tee "$OUT/bench.log" || status=1
+  python3 benchmarks/compile_backend.py --section-out "$OUT/compile_backend.md" 2>&1 | tee -a "$OUT/bench.log" || status=1
 fi
 echo "gpu suite exit status: $status"
 exit $status
