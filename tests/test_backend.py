@@ -145,3 +145,37 @@ def test_unknown_inner_is_a_clear_error():
     with pytest.raises(Exception, match="inner='tensorrtt' is not supported"):
         with torch.no_grad():
             torch.compile(MLP(), backend=fxkern.backend(RULES, inner="tensorrtt"))(torch.randn(2, 8))
+
+
+CACHE_SCRIPT = r"""
+import sys, torch, torch.nn.functional as F
+sys.path[:0] = [{tests!r}]
+import fxkern
+from torch._dynamo.utils import counters
+from test_backend import MLP, RULES
+torch.manual_seed(0)
+model, x = MLP(), torch.randn(4, 8)
+be = fxkern.backend(RULES, inner="inductor")
+with torch.no_grad():
+    out = torch.compile(model, backend=be)(x)
+torch.testing.assert_close(out, model(x))
+matches = sum(len(r.matches) for r in be.reports)
+print("matches %d hits %d" % (matches, counters["inductor"]["fxgraph_cache_hit"]))
+"""
+
+
+def test_inductor_fx_graph_cache_is_valid_across_processes(tmp_path):
+    """The pass's uuid lets inductor cache graphs holding fxkern ops: a second process hits the cache."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = tmp_path / "cached.py"
+    script.write_text(CACHE_SCRIPT.format(tests=str(Path(__file__).resolve().parent)))
+    env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "inductor"), TORCHINDUCTOR_FX_GRAPH_CACHE="1",
+               FXKERN_CACHE_DIR=str(tmp_path / "kernel-cache"))
+    first = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, check=True).stdout
+    second = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, check=True).stdout
+    assert first.strip().endswith("matches 1 hits 0")
+    assert second.strip().endswith("hits 1")  # the rewritten graph came from the cache

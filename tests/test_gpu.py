@@ -220,3 +220,37 @@ def test_backend_with_inductor_on_cuda_runs_the_kernel(cudagraphs):
             torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
     assert sum(len(r.matches) for r in be.reports) == 5
     torch._dynamo.reset()
+
+
+def test_backend_training_on_cuda_gradients_equal_eager():
+    model, rules, rule = _llama_and_rule()
+    model.train()
+    torch._dynamo.reset()
+    be = fxkern.backend(rules, inner="inductor")
+    compiled = torch.compile(model, backend=be)
+    ids = torch.randint(0, 256, (2, 32), device="cuda")
+    compiled(ids, labels=ids, use_cache=False).loss.backward()
+    got = {n: p.grad.clone() for n, p in model.named_parameters()}
+    model.zero_grad()
+    model(ids, labels=ids, use_cache=False).loss.backward()
+    for n, p in model.named_parameters():
+        torch.testing.assert_close(got[n], p.grad, rtol=1e-3, atol=1e-5, msg=lambda m: f"{n}: {m}")
+    torch._dynamo.reset()
+
+
+def test_backend_dynamic_shapes_on_cuda_compile_once():
+    from torch._dynamo.utils import counters
+
+    model, rules, rule = _llama_and_rule()
+    torch._dynamo.reset()
+    counters.clear()
+    be = fxkern.backend(rules, inner="inductor")
+    compiled = torch.compile(model, backend=be, dynamic=True)
+    with torch.no_grad():
+        for seq in (16, 24, 40):
+            ids = torch.randint(0, 256, (2, seq), device="cuda")
+            torch.testing.assert_close(compiled(ids, use_cache=False).logits, model(ids, use_cache=False).logits,
+                                       rtol=1e-4, atol=1e-4)
+    assert counters["stats"]["unique_graphs"] == 1
+    assert sum(len(r.matches) for r in be.reports) == 5
+    torch._dynamo.reset()

@@ -46,8 +46,14 @@ def _rule_key(rules: Sequence[Rule]) -> str:
     return h.hexdigest()
 
 
-class _Pass:
-    """Inductor's custom post-grad pass protocol: ``__call__(graph)`` and ``uuid()``."""
+try:  # inductor caches compiled graphs only around passes of this type with a uuid
+    from torch._inductor.custom_graph_pass import CustomGraphPass as _PassBase
+except ImportError:  # older torch: a plain object still runs, without the FX graph cache
+    _PassBase = object
+
+
+class _Pass(_PassBase):
+    """Inductor's custom post-grad pass: ``__call__(graph)``, and a ``uuid()`` for its FX graph cache."""
 
     def __init__(self, owner: "FxkernBackend"):
         self.owner = owner
