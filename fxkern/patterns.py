@@ -125,21 +125,27 @@ def _export_graph(fn, params, example_inputs, decompose: bool) -> fx.Graph:
     return ep.graph_module.graph
 
 
-def _inductor_graph(fn, params, example_inputs) -> fx.Graph:
-    """The IR inductor's post-grad passes see: functional ATen under inductor's decompositions."""
-    from torch._inductor.decomposition import select_decomp_table
+def _make_fx_graph(fn, params, example_inputs, decompositions=None) -> fx.Graph:
+    """ATen as the dispatcher sees it (what aot_autograd hands a backend): no-op casts leave no node."""
     from torch.fx.experimental.proxy_tensor import make_fx
 
     scalars = {i: v for i, (p, v) in enumerate(zip(params, example_inputs)) if p.kind == "scalar"}
     tensors = tuple(v for p, v in zip(params, example_inputs) if p.kind == "tensor")
     call = _Call(fn, scalars, len(params))
-    gm = make_fx(lambda *t: call(*t), decomposition_table=select_decomp_table())(*tensors)
-    return gm.graph
+    return make_fx(lambda *t: call(*t), decomposition_table=decompositions)(*tensors).graph
+
+
+def _inductor_graph(fn, params, example_inputs) -> fx.Graph:
+    """The IR inductor's post-grad passes see: that ATen under inductor's decompositions."""
+    from torch._inductor.decomposition import select_decomp_table
+
+    return _make_fx_graph(fn, params, example_inputs, select_decomp_table())
 
 
 TRACERS: Dict[str, Callable[..., fx.Graph]] = {
     "export": lambda fn, params, ex: _export_graph(fn, params, ex, decompose=False),
     "core_aten": lambda fn, params, ex: _export_graph(fn, params, ex, decompose=True),
+    "aot": _make_fx_graph,
     "inductor": _inductor_graph,
 }
 

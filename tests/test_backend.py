@@ -58,7 +58,9 @@ def test_callable_inner_receives_the_rewritten_graph():
 def test_inner_backends_compute_what_eager_does(inner):
     model, x = MLP(), torch.randn(4, 8)
     reports = []
-    be = fxkern.backend(RULES, inner=inner, report=reports.append)
+    # fx_graph_cache off: on a cache hit inductor skips the passes, so there would be no report
+    be = fxkern.backend(RULES, inner=inner, report=reports.append,
+                        **({"config_patches": {"fx_graph_cache": False}} if inner == "inductor" else {}))
     with torch.no_grad():
         out = torch.compile(model, backend=be)(x)
     torch.testing.assert_close(out, model(x))
@@ -179,3 +181,24 @@ def test_inductor_fx_graph_cache_is_valid_across_processes(tmp_path):
     second = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, check=True).stdout
     assert first.strip().endswith("matches 1 hits 0")
     assert second.strip().endswith("hits 1")  # the rewritten graph came from the cache
+
+
+def test_real_model_dynamic_shapes_with_captured_scalars():
+    """Under dynamic=True dynamo turns float attributes (RMSNorm's eps) into graph inputs unless
+    specialize_float is on; with it on, every norm is replaced in one graph for every length."""
+    pytest.importorskip("transformers", reason="transformers is not installed")
+    import llama_rmsnorm
+    from torch._dynamo.utils import counters
+
+    rules = RuleSet("dyn-llama")
+    rule = fxkern.replace(llama_rmsnorm.llama_rmsnorm, llama_rmsnorm.RMSNORM, name="test_backend::llama_rms", rules=rules)
+    model = llama_rmsnorm.tiny_llama("cpu")
+    be = fxkern.backend(rules, inner="aot_eager")
+    compiled = torch.compile(model, backend=be, dynamic=True)
+    counters.clear()
+    with torch.no_grad(), torch._dynamo.config.patch(specialize_float=True):
+        for seq in (16, 24, 40):
+            ids = torch.randint(0, 256, (2, seq))
+            torch.testing.assert_close(compiled(ids, use_cache=False).logits, model(ids, use_cache=False).logits)
+    assert counters["stats"]["unique_graphs"] == 1
+    assert [len(r.matches) for r in be.reports] == [5]

@@ -8,8 +8,9 @@ The rules run on the ATen graphs the inner backend compiles, in their IR:
   fxkern's sources and the rule set, so inductor's FX graph cache stays valid
   across processes and misses when the rules change.
 * ``inner="aot_eager"`` / ``"eager"`` or a callable ``(gm, example_inputs)``:
-  through aot_autograd, on its forward, backward and inference graphs, in
-  torch.export's IR; a callable receives the rewritten graph.
+  through aot_autograd, on its forward, backward and inference graphs, with
+  patterns traced as aot_autograd traces (no-op casts leave no node) and as
+  torch.export does; a callable receives the rewritten graph.
 
 Training needs nothing special: a rewrite never changes a value (the op
 computes what the pattern computes), graphs are rewritten after autograd
@@ -137,7 +138,7 @@ class FxkernBackend:
         from torch._functorch.aot_autograd import make_boxed_func
 
         def rewrite_then(g: fx.GraphModule, ex: List[Any]) -> Callable[..., Any]:
-            self._rewrite(g.graph, ("export",))
+            self._rewrite(g.graph, ("aot", "export"))
             g.recompile()
             fn = finish(g, ex)
             return fn if getattr(fn, "_boxed_call", False) else make_boxed_func(fn)  # aot calls with a list
