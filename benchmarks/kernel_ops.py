@@ -89,7 +89,6 @@ def kernel_bandwidth(ops, copy_gbs):
             eager = common.cuda_time_ms(lambda: case.reference(*args))
             gbs = nbytes / (ours * 1e-3) / 1e9
             rows.append((case.name, str(dtype)[6:], ours, eager, gbs, nbytes / (eager * 1e-3) / 1e9, gbs / copy_gbs))
-            del args, out, outs
     return rows
 
 

@@ -11,7 +11,7 @@ an error naming the field.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Optional, Sequence, Tuple
+from typing import Any, Dict, Optional, Sequence, Tuple
 
 import torch
 
@@ -158,7 +158,6 @@ def plan_kernel(
     tensor_decls = tuple(inputs[i] for i in tensor_positions)
     if not tensor_decls:
         raise _fail("inputs", "declare at least one tensor InputDecl (shapes are derived from tensors)")
-    tensor_names = [d.name for d in tensor_decls]
 
     dtypes = None
     if spec.dtypes is not None:

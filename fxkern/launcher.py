@@ -12,7 +12,7 @@ from __future__ import annotations
 import ctypes
 import struct
 import threading
-from typing import Any, Callable, Dict, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Sequence, Tuple
 
 import torch
 

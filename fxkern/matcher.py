@@ -18,14 +18,13 @@ A failed candidate keeps the reason of the deepest point it reached, for
 
 from __future__ import annotations
 
-import operator
 from dataclasses import dataclass, field
 from typing import Any, Dict, FrozenSet, Iterable, List, Optional, Sequence, Set, Tuple
 
 import torch
 import torch.fx as fx
 
-from fxkern.patterns import Pattern, is_assertion
+from fxkern.patterns import Pattern
 
 aten = torch.ops.aten
 

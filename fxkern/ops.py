@@ -21,7 +21,7 @@ import logging
 import os
 import re
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 
@@ -326,7 +326,6 @@ def _cpu_impl(entry: KernelOp) -> Callable[..., Any]:
 def _cuda_impl(entry: KernelOp) -> Callable[..., Any]:
     """The derived eager launcher: check, allocate, compute geometry, launch."""
     plan, op = entry.plan, entry.qualname
-    spec = plan.spec
     positions = plan.tensor_positions
     inputs = plan.inputs
     meta_fn = entry.meta_fn

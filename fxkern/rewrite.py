@@ -18,7 +18,6 @@ were added), then the larger match, then the earlier anchor in the graph.
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import logging
 import operator
@@ -131,6 +130,17 @@ def _hazards(match: Match, pos: Dict[fx.Node, float]) -> Optional[str]:
         if mutates(node) and pos[node] >= first:
             return f"the in-place op {node.name!r} ({node.target}) runs between the matched nodes"
         node = node.next
+    return None
+
+
+def _placement(match: Match, pos: Dict[fx.Node, float]) -> Optional[str]:
+    """The op call goes before the first use of any output; every input must exist by then."""
+    inside = match.node_set
+    point = min([match.anchor] + [u for o in match.outputs for u in o.users if u not in inside], key=pos.__getitem__)
+    late = next((v for v in match.bindings.values() if isinstance(v, fx.Node) and pos[v] >= pos[point]), None)
+    if late is not None:
+        return (f"the op would run before {point.name!r} uses one of its outputs, but its input {late.name!r} is "
+                f"computed after that (the graph would need reordering)")
     return None
 
 
@@ -257,6 +267,7 @@ def _check(rule: Rule, match: Match, pos: Dict[fx.Node, float], cache: Optional[
         via = creates_cycle(match.node_set, pos)
         if via is not None:
             reason = f"replacing it would form a cycle through {via.name!r} (the match is not convex)"
+    reason = reason or _placement(match, pos)
     if reason is None and rule.filter is not None and not rule.filter(match):
         reason = "the rule's filter declined it"
     if reason is not None:
@@ -283,7 +294,6 @@ def analyse(gm: fx.GraphModule, rules: Union[RuleSet, Sequence[Rule], None], irs
         rr = report.rules.setdefault(rule.name, RuleReport())
         seen_variants = set()
         variants = []
-        dtypes = {None}
         for ir in irs:
             for dtype in _anchor_dtypes(rule, ir, by_target):
                 cp = rule.compiled(ir, dtype)

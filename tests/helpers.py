@@ -1,6 +1,5 @@
 """Test helpers: a KernelSpec shaped like a pattern, for rules tested on the CPU (the reference runs)."""
 
-import inspect
 import itertools
 
 import torch

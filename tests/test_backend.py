@@ -191,7 +191,7 @@ def test_real_model_dynamic_shapes_with_captured_scalars():
     from torch._dynamo.utils import counters
 
     rules = RuleSet("dyn-llama")
-    rule = fxkern.replace(llama_rmsnorm.llama_rmsnorm, llama_rmsnorm.RMSNORM, name="test_backend::llama_rms", rules=rules)
+    fxkern.replace(llama_rmsnorm.llama_rmsnorm, llama_rmsnorm.RMSNORM, name="test_backend::llama_rms", rules=rules)
     model = llama_rmsnorm.tiny_llama("cpu")
     be = fxkern.backend(rules, inner="aot_eager")
     compiled = torch.compile(model, backend=be, dynamic=True)

@@ -4,7 +4,6 @@ import multiprocessing as mp
 import os
 
 import pytest
-import torch
 
 import fxkern
 import seven_cases
@@ -41,7 +40,6 @@ def test_ptx_entries_reads_parameter_types():
 
 
 def test_templated_kernel_one_compile_all_dtypes(fresh_cache):
-    case = seven_cases.BY_NAME["sigmoid"]
     spec = KernelSpec(seven_cases.SIGMOID, "sigmoid_kernel", inputs=[InputDecl("x")], outputs=[OutputDecl("y", SameAs("x"))],
                       extras=[Numel("x")], geometry=Elementwise(), dtypes=seven_cases.FLOATS)
     plan = plan_kernel(spec)

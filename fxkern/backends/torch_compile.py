@@ -26,7 +26,6 @@ import logging
 from pathlib import Path
 from typing import Any, Callable, List, Optional, Sequence, Union
 
-import torch
 import torch.fx as fx
 
 from fxkern.rewrite import Report, rewrite_graph
