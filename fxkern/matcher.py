@@ -301,18 +301,11 @@ class Matcher:
                 seen.add(_binding_key(other))
                 yield other, None
 
-    def match_at(self, pattern: CompiledPattern, anchor: fx.Node) -> Tuple[Optional[Match], Optional[Failure]]:
-        m, fail, _ = self._match(pattern, anchor, ())
-        return m, fail
-
     def _match(self, pattern: CompiledPattern, anchor: fx.Node, prefs: Sequence[int]):
-        m, fail, st = self._match_state(pattern, anchor, prefs)
-        return m, fail, st.choices
-
-    def _match_state(self, pattern: CompiledPattern, anchor: fx.Node, prefs: Sequence[int]):
+        """(match or None, failure or None, number of commutative choices met) for one walk."""
         st = _State(prefs)
         m, fail = self._run(pattern, anchor, st)
-        return m, fail, st
+        return m, fail, st.choices
 
     def _run(self, pattern: CompiledPattern, anchor: fx.Node, st: "_State") -> Tuple[Optional[Match], Optional[Failure]]:
         if not self._node(pattern, pattern.outputs[0], anchor, st):
