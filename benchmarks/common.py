@@ -75,3 +75,12 @@ def write_section(name: str, body: str, path: Path = DOC) -> None:
         text = text.rstrip() + "\n\n" + block + "\n"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text)
+
+
+def emit(name: str, body: str, section_out: "Path | None") -> None:
+    """Print a benchmark's section, and write it to ``section_out`` or into docs/benchmarks.md."""
+    print(body)
+    if section_out:
+        section_out.write_text(body + "\n")
+    else:
+        write_section(name, body)

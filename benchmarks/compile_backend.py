@@ -80,11 +80,7 @@ def main(argv=None):
         share = f"{pass_time[0]:.3f} ({pass_time[0] / cs:.1%} of compile)" if name.startswith("fxkern") else "-"
         lines.append(f"| {name} | {cs:.2f} | {share} | {ms:.3f} | {err[name]:.1e} |")
     body = "\n".join(lines)
-    print(body)
-    if args.section_out:
-        args.section_out.write_text(body + "\n")
-    else:
-        common.write_section("compile_backend", body)
+    common.emit("compile_backend", body, args.section_out)
 
 
 if __name__ == "__main__":

@@ -146,11 +146,7 @@ def main(argv=None):
     else:
         lines += ["", "No GPU on this machine: host-overhead and kernel-time rows are measured on the device only."]
     body = "\n".join(lines)
-    print(body)
-    if args.section_out:
-        args.section_out.write_text(body + "\n")
-    else:
-        common.write_section("kernel_ops", body)
+    common.emit("kernel_ops", body, args.section_out)
 
 
 if __name__ == "__main__":

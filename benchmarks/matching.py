@@ -236,11 +236,7 @@ def main(argv=None):
         lines.append(f"| {n} | {t:.3f} | {f} | {t / n * 1e6:.1f} | {tc:.3f} | {fmt(trw)} | {frw if frw is not None else '-'} | {sp_rw} "
                      f"| {fmt(tind)} | {find if find is not None else '-'} | {sp_ind} |")
     body = "\n".join(lines + stage_lines)
-    print(body)
-    if args.section_out:
-        args.section_out.write_text(body + "\n")
-    else:
-        common.write_section("matching", body)
+    common.emit("matching", body, args.section_out)
 
 
 if __name__ == "__main__":

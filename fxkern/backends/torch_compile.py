@@ -94,16 +94,23 @@ class FxkernBackend:
         if self.report is not None:
             self.report(report)
 
+    def fingerprint(self) -> Any:
+        """Cheap to read on every call: which rule set, at which version (or which rules)."""
+        rs = self.rules if self.rules is not None else default_rules()
+        if isinstance(rs, RuleSet):
+            return id(rs), rs.version
+        return tuple(id(r) for r in rs)
+
     def __call__(self, gm: fx.GraphModule, example_inputs: List[Any]) -> Callable[..., Any]:
-        key = self.rules_key()
+        seen = self.fingerprint()
         compiled = self._compile(gm, example_inputs)
 
         def current() -> Callable[..., Any]:
-            nonlocal compiled, key
-            now = self.rules_key()
-            if now != key:  # the rule set changed since this graph was compiled
+            nonlocal compiled, seen
+            now = self.fingerprint()
+            if now != seen:  # the rule set changed since this graph was compiled
                 log.info("fxkern: rule set changed; recompiling a graph")
-                compiled, key = self._compile(gm, example_inputs), now
+                compiled, seen = self._compile(gm, example_inputs), now
             return compiled
 
         def run(*args: Any) -> Any:  # dynamo calls a backend's result with unpacked arguments
