@@ -6,6 +6,8 @@ Pipeline, one module per stage: :mod:`spec` (the DSL) → :mod:`derive`
 cache, signature check) → :mod:`ops` (torch.library registration) →
 :mod:`launcher` (per-device load, launch on torch's stream). Sizes,
 extras and grids are :mod:`symbolic` expressions evaluated by interpreters.
+Rules: :mod:`patterns` → :mod:`matcher` → :mod:`rewrite` (with :mod:`region`);
+then :mod:`backends` (torch.compile) and :mod:`tensorrt` (Torch-TensorRT).
 """
 
 from fxkern.errors import (
@@ -16,6 +18,7 @@ from fxkern.errors import (
     RegistrationError,
     SignatureMismatch,
     SpecError,
+    TensorRTUnavailable,
 )
 from fxkern.ops import cuda_kernel_op, kernel_op, ptx_op, registered_ops
 from fxkern.backends.torch_compile import backend
@@ -36,6 +39,9 @@ from fxkern.spec import (
     ScalarInput,
 )
 from fxkern.symbolic import cdiv
+from fxkern import tensorrt
+
+tensorrt.install()  # Torch-TensorRT gets fxkern's pass and converters, whichever is imported first
 
 __version__ = "0.1.0"
 
@@ -68,10 +74,12 @@ __all__ = [
     "ScalarInput",
     "SignatureMismatch",
     "SpecError",
+    "TensorRTUnavailable",
     "cdiv",
     "cuda_kernel_op",
     "kernel_op",
     "ptx_op",
     "region",
     "registered_ops",
+    "tensorrt",
 ]

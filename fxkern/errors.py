@@ -33,3 +33,7 @@ class KernelInputError(FxkernError, ValueError):
 
 class LaunchError(FxkernError, RuntimeError):
     """The CUDA driver refused to load or launch the kernel."""
+
+
+class TensorRTUnavailable(FxkernError, RuntimeError):
+    """Torch-TensorRT, or its plugin support, is not usable here; the message says which versions work."""

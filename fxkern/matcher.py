@@ -33,7 +33,8 @@ COMMUTATIVE = {
     aten.maximum.default, aten.minimum.default,
 }
 VIEW_OPS = {aten.view.default, aten.reshape.default, aten._unsafe_view.default, aten.alias.default,
-            aten.detach.default, aten.expand.default}
+            aten.detach.default, aten.expand.default,
+            aten._reshape_copy.default}  # Torch-TensorRT lowers view to _reshape_copy
 CLONE_OPS = {aten.clone.default, aten.contiguous.default, aten.lift_fresh_copy.default}
 CAST_OPS = {aten.to.dtype, aten._to_copy.default, aten.to.dtype_layout}
 

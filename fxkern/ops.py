@@ -53,6 +53,7 @@ class KernelOp:
     library: torch.library.Library
     identity: Any = field(repr=False, default=None)
     ptx: Optional[str] = None  # ptx_op's own PTX
+    ptx_kernel: Optional[str] = None  # ptx_op's .entry name
     cuda_impl: Optional[Callable[..., Any]] = field(repr=False, default=None)
 
     @property
@@ -62,6 +63,7 @@ class KernelOp:
 
 
 _REGISTRY: Dict[str, KernelOp] = {}
+_LISTENERS: List[Callable[[KernelOp], None]] = []
 
 
 def kernel_op(qualname: str) -> KernelOp:
@@ -74,6 +76,17 @@ def kernel_op(qualname: str) -> KernelOp:
 
 def registered_ops() -> List[KernelOp]:
     return list(_REGISTRY.values())
+
+
+def on_register(callback: Callable[[KernelOp], None]) -> None:
+    """Call ``callback(entry)`` for every op registered from now on (the TensorRT converters use it)."""
+    _LISTENERS.append(callback)
+
+
+def _publish(entry: KernelOp) -> None:
+    _REGISTRY[entry.qualname] = entry
+    for cb in _LISTENERS:
+        cb(entry)
 
 
 def registration_arch(spec: Optional[KernelSpec] = None) -> str:
@@ -164,7 +177,7 @@ def cuda_kernel_op(
     lib.impl(name, entry.cuda_impl, "CUDA")
     lib.impl(name, _cpu_impl(entry), "CPU")
     torch.library.register_fake(op_name, meta_fn if meta_fn is not None else _fake_impl(entry), lib=lib)
-    _REGISTRY[op_name] = entry
+    _publish(entry)
     log.info("fxkern: registered %s%s", op_name, plan.schema)
     return entry.op
 
@@ -208,7 +221,7 @@ def ptx_op(
     entry = KernelOp(
         qualname=op_name, schema=schema, spec=None, plan=None, compiled=None, source="",
         meta_fn=meta_fn, eager_fn=eager_fn, aot_fn=aot_fn, reference=reference,
-        supports_dynamic_shapes=True, library=lib, identity=identity, ptx=text,
+        supports_dynamic_shapes=True, library=lib, identity=identity, ptx=text, ptx_kernel=kernel_name,
     )
     if eager_fn is not None:
         lib.impl(name, eager_fn, "CUDA")
@@ -216,7 +229,7 @@ def ptx_op(
         lib.impl(name, _no_impl(op_name, "CUDA", "pass eager_fn= to run it outside TensorRT"), "CUDA")
     lib.impl(name, _cpu_impl(entry), "CPU")
     torch.library.register_fake(op_name, meta_fn, lib=lib)
-    _REGISTRY[op_name] = entry
+    _publish(entry)
     return entry.op
 
 

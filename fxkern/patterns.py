@@ -1,8 +1,10 @@
 """Tracing pattern functions into graphs, in the IR of the graph they will be matched against.
 
 A pattern is plain PyTorch. It is traced with ``torch.export`` (the
-"export" IR) and, decomposed, into core ATen ("core_aten"); more IRs plug
-in through :data:`TRACERS`. Parameters annotated ``float``/``int`` are
+"export" IR) and, decomposed, into core ATen ("core_aten"); aot_autograd's
+("aot"), inductor's ("inductor") and Torch-TensorRT's ("tensorrt",
+"tensorrt_aot") IRs are traced with their decomposition tables; more plug in
+through :data:`TRACERS`. Parameters annotated ``float``/``int`` are
 scalars captured from the matched graph: the pattern is traced with a
 sentinel value and every literal equal to it marks a capture site.
 Traced patterns are cached per (rule, IR, dtype).
@@ -116,12 +118,12 @@ def default_example_inputs(params: Sequence[Param], dtype: torch.dtype) -> List[
     return out
 
 
-def _export_graph(fn, params, example_inputs, decompose: bool) -> fx.Graph:
+def _export_graph(fn, params, example_inputs, decompose: bool, table: Optional[dict] = None) -> fx.Graph:
     scalars = {i: v for i, (p, v) in enumerate(zip(params, example_inputs)) if p.kind == "scalar"}
     tensors = tuple(v for p, v in zip(params, example_inputs) if p.kind == "tensor")
     ep = torch.export.export(_Call(fn, scalars, len(params)), tensors)
     if decompose:
-        ep = ep.run_decompositions()
+        ep = ep.run_decompositions() if table is None else ep.run_decompositions(table)
     return ep.graph_module.graph
 
 
@@ -142,11 +144,27 @@ def _inductor_graph(fn, params, example_inputs) -> fx.Graph:
     return _make_fx_graph(fn, params, example_inputs, select_decomp_table())
 
 
+def _tensorrt_graph(fn, params, example_inputs) -> fx.Graph:
+    """Torch-TensorRT's lowered IR, as ``torch_tensorrt.compile`` makes it: export, then its table."""
+    from fxkern.tensorrt.decompositions import table
+
+    return _export_graph(fn, params, example_inputs, decompose=True, table=table())
+
+
+def _tensorrt_aot_graph(fn, params, example_inputs) -> fx.Graph:
+    """The same table as Torch-TensorRT's torch.compile backend applies it (aot tracing)."""
+    from fxkern.tensorrt.decompositions import table
+
+    return _make_fx_graph(fn, params, example_inputs, table())
+
+
 TRACERS: Dict[str, Callable[..., fx.Graph]] = {
     "export": lambda fn, params, ex: _export_graph(fn, params, ex, decompose=False),
     "core_aten": lambda fn, params, ex: _export_graph(fn, params, ex, decompose=True),
     "aot": _make_fx_graph,
     "inductor": _inductor_graph,
+    "tensorrt": _tensorrt_graph,
+    "tensorrt_aot": _tensorrt_aot_graph,
 }
 
 

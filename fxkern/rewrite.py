@@ -221,6 +221,16 @@ def _fake_run(rule: Rule, match: Match, cache: Optional[Dict[Any, Any]] = None) 
     return result
 
 
+def _refake(args: List[Any]) -> List[Any]:
+    """Fakes of one mode for values of several, when their sizes are static (else unchanged)."""
+    tensors = [a for a in args if isinstance(a, torch.Tensor)]
+    if any(not isinstance(d, int) for t in tensors for d in t.shape):
+        return args
+    mode = torch._subclasses.FakeTensorMode()
+    return [mode.from_tensor(torch.empty_strided(a.shape, a.stride(), dtype=a.dtype, device="meta"))
+            if isinstance(a, torch.Tensor) else a for a in args]
+
+
 def _fake_run_uncached(rule: Rule, match: Match) -> Tuple[Optional[Tuple[Any, ...]], Optional[str]]:
     args = []
     for pname in rule.arg_params:
@@ -233,7 +243,11 @@ def _fake_run_uncached(rule: Rule, match: Match) -> Tuple[Optional[Tuple[Any, ..
         else:
             args.append(v)
     try:
-        fake_mode = next((a.fake_mode for a in args if hasattr(a, "fake_mode")), None)
+        modes = {id(a.fake_mode): a.fake_mode for a in args if hasattr(a, "fake_mode")}
+        if len(modes) > 1:  # e.g. make_fx gives parameters and inputs fakes of different modes
+            args = _refake(args)
+            modes = {id(a.fake_mode): a.fake_mode for a in args if hasattr(a, "fake_mode")}
+        fake_mode = next(iter(modes.values()), None)
         if fake_mode is not None:
             with fake_mode:
                 out = rule.overload(*args)

@@ -7,7 +7,7 @@ them meaning:
 * :data:`PYTHON` evaluates with Python operators, so the same code serves
   concrete ints (eager launch) and torch SymInts (fake/meta under dynamic
   shapes);
-* :mod:`fxkern.backends.tensorrt` supplies an :class:`Arithmetic` over
+* :mod:`fxkern.tensorrt.plugin` supplies an :class:`Arithmetic` over
   TensorRT's symbolic shape expressions (AOT plugin).
 
 Expressions are compiled once to closures (:func:`compile_expr`), so the
@@ -133,7 +133,14 @@ class Reduced:
     keepdim: bool
 
 
-ShapeExpr = Union[ShapeOf, Reduced]
+@dataclass(frozen=True)
+class Dims:
+    """A shape given dimension by dimension (read off a ``meta_fn`` run on symbolic sizes)."""
+
+    dims: Tuple[Expr, ...]
+
+
+ShapeExpr = Union[ShapeOf, Reduced, Dims]
 
 # ---- interpreters ------------------------------------------------------------
 
@@ -239,4 +246,7 @@ def compile_shape(shape: ShapeExpr, arith: Arithmetic = PYTHON) -> Callable[[Env
             return [d for i, d in enumerate(src) if i not in drop]
 
         return reduced
+    if isinstance(shape, Dims):
+        fns = [compile_expr(d, arith) for d in shape.dims]
+        return lambda env: [f(env) for f in fns]
     raise TypeError(f"not a shape expression: {shape!r}")

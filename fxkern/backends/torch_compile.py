@@ -7,6 +7,10 @@ The rules run on the ATen graphs the inner backend compiles, in their IR:
   traced under inductor's decompositions. The pass has a ``uuid`` built from
   fxkern's sources and the rule set, so inductor's FX graph cache stays valid
   across processes and misses when the rules change.
+* ``inner="tensorrt"``: Torch-TensorRT's backend, which lowers the graph
+  itself; fxkern's lowering pass (:mod:`fxkern.tensorrt`) applies these
+  rules inside it, and the ops become plugin layers. Torch-TensorRT's
+  settings go in ``options={...}`` (e.g. ``{"min_block_size": 1}``).
 * ``inner="aot_eager"`` / ``"eager"`` or a callable ``(gm, example_inputs)``:
   through aot_autograd, on its forward, backward and inference graphs, with
   patterns traced as aot_autograd traces (no-op casts leave no node) and as
@@ -126,6 +130,8 @@ class FxkernBackend:
 
             with config.patch(post_grad_custom_pre_pass=_Pass(self)):
                 return compile_fx(gm, example_inputs, config_patches=self.options.get("config_patches"))
+        if inner in ("tensorrt", "torch_tensorrt"):
+            return self._compile_tensorrt(gm, example_inputs)
         from torch._dynamo.backends.common import aot_autograd
 
         if inner in ("eager", "aot_eager"):
@@ -135,8 +141,8 @@ class FxkernBackend:
             finish = inner
         elif isinstance(inner, str):
             raise ValueError(
-                f"fxkern.backend: inner={inner!r} is not supported; use 'inductor', 'aot_eager', 'eager' "
-                f"or a callable (gm, example_inputs) -> callable"
+                f"fxkern.backend: inner={inner!r} is not supported; use 'inductor', 'aot_eager', 'eager', "
+                f"'tensorrt' or a callable (gm, example_inputs) -> callable"
             )
         else:
             raise TypeError(f"fxkern.backend: inner must be a backend name or a callable, not {type(inner).__name__}")
@@ -151,6 +157,21 @@ class FxkernBackend:
 
         return aot_autograd(fw_compiler=rewrite_then, bw_compiler=rewrite_then, inference_compiler=rewrite_then,
                             decompositions=self.options.get("decompositions", {}))(gm, example_inputs)
+
+
+    def _compile_tensorrt(self, gm: fx.GraphModule, example_inputs: List[Any]) -> Callable[..., Any]:
+        """Torch-TensorRT lowers the graph itself; fxkern's lowering pass runs inside with these rules."""
+        from fxkern import tensorrt
+
+        trt_backend = tensorrt.compile_backend()
+
+        def record(report: Report) -> None:
+            self.reports.append(report)
+            if self.report is not None:
+                self.report(report)
+
+        with tensorrt.using(self.current_rules(), record):
+            return trt_backend(gm, example_inputs, options=dict(self.options.get("options", {})))
 
 
 def backend(rules: Union[RuleSet, Sequence[Rule], None] = None, inner: Any = "inductor", *,

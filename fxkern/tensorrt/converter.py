@@ -1,0 +1,133 @@
+"""The Torch-TensorRT converter of an fxkern op: one plugin layer, or a logged refusal.
+
+The capability validator runs when Torch-TensorRT partitions the graph. It
+declines (so the node runs in PyTorch, and says why once) what the plugin
+cannot take: a scalar that is not a constant of the graph, a dtype the
+kernel is not built for, a rank TensorRT does not have, sizes past the
+32-bit launch arguments. The converter adds the plugin layer with
+``aot=True`` whenever the op has an AOT implementation, passing the
+attributes in register order with their exact Python types.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+import torch
+import torch.fx as fx
+
+from fxkern import symbolic as sym
+from fxkern.derive import INT32_MAX
+from fxkern.errors import FxkernError
+from fxkern.tensorrt.plugin import MAX_DIMS, TRT_DTYPES, PluginPlan, plugin_arguments
+
+log = logging.getLogger("fxkern")
+_said: set = set()
+
+
+def _say_once(key: Any, message: str, *args: Any) -> None:
+    if key not in _said:
+        _said.add(key)
+        log.warning(message, *args)
+
+
+def _concrete(value: Any) -> Optional[int]:
+    """An int, or the upper bound of a SymInt's range when it has one."""
+    if isinstance(value, int):
+        return value
+    if isinstance(value, torch.SymInt):
+        node = value.node
+        try:
+            bound = node.shape_env.bound_sympy(node.expr).upper
+        except Exception:
+            return None
+        return int(bound) if getattr(bound, "is_finite", False) or isinstance(bound, int) else None
+    return None
+
+
+def refusal(pp: PluginPlan, node: fx.Node, strict_aot: bool = False) -> str:
+    """Why ``node`` cannot become this plugin's layer ("" when it can)."""
+    if pp.why_not:
+        return pp.why_not
+    if not pp.aot and strict_aot:
+        raise FxkernError(f"{pp.plugin_id} has no AOT implementation ({pp.why_jit}), and strict AOT is on "
+                          f"(fxkern.tensorrt.enable(strict_aot=True)); fix the spec or turn strict AOT off")
+    try:
+        tensors, attrs = plugin_arguments(pp, node.args, dict(node.kwargs))
+    except (FxkernError, TypeError, ValueError) as exc:
+        return str(exc)
+    for name, value in attrs.items():
+        if isinstance(value, fx.Node):
+            return f"scalar {name!r} is computed in the graph; a plugin attribute must be a constant"
+    vals = []
+    for name, t in zip(pp.tensor_names, tensors):
+        val = t.meta.get("val") if isinstance(t, fx.Node) else None
+        if not isinstance(val, torch.Tensor):
+            return f"input {name!r} has no tensor metadata"
+        if val.dtype not in TRT_DTYPES:
+            return f"input {name!r} is {val.dtype}, which TensorRT has no type for"
+        if val.dim() > MAX_DIMS:
+            return f"input {name!r} has rank {val.dim()}; TensorRT tensors have at most {MAX_DIMS} dimensions"
+        vals.append(val)
+    plan = pp.entry.plan
+    if plan is not None:
+        allowed = plan.dtypes or (torch.float32,)
+        for decl, val in zip(plan.tensor_decls, vals):
+            want = (decl.dtype,) if decl.dtype is not None else allowed
+            if val.dtype not in want:
+                return f"input {decl.name!r} is {val.dtype}; the kernel takes {', '.join(map(str, want))}"
+        too_big = _past_int32(pp, vals)
+        if too_big:
+            return too_big
+    return ""
+
+
+def _past_int32(pp: PluginPlan, vals: Sequence[torch.Tensor]) -> str:
+    """Evaluate extras and grid at the largest sizes the graph allows; TensorRT passes them as int32."""
+    plan = pp.entry.plan
+    shapes = []
+    for v in vals:
+        dims = [_concrete(d) for d in v.shape]
+        if any(d is None for d in dims):
+            return ""  # unbounded dynamic size: TensorRT's optimisation profile bounds it; not checkable here
+        shapes.append(dims)
+    if pp.output_shapes is None:
+        return ""
+    outs = [sym.compile_shape(s)((shapes, ())) for s in pp.output_shapes]
+    env = (shapes, outs)
+    for label, expr in [(f"extra {i}", e) for i, e in enumerate(plan.extras)] + \
+                       [(f"grid {a}", g) for a, g in zip("xyz", plan.grid or ())]:
+        value = sym.compile_expr(expr)(env)
+        if value > INT32_MAX:
+            return f"{label} reaches {value} at the largest input sizes; TensorRT passes it as a 32-bit int"
+    return ""
+
+
+def make_validator(pp: PluginPlan, strict_aot: Callable[[], bool]) -> Callable[[fx.Node, Any], bool]:
+    def validate(node: fx.Node, settings: Any = None) -> bool:
+        why = refusal(pp, node, strict_aot())
+        if why:
+            _say_once((pp.plugin_id, why), "fxkern: %s stays in PyTorch, not TensorRT: %s", node.target, why)
+        return not why
+
+    return validate
+
+
+def make_converter(pp: PluginPlan) -> Callable[..., Any]:
+    """``converter(ctx, target, args, kwargs, name)``: add the plugin layer, return its output(s)."""
+
+    def convert(ctx: Any, target: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any], name: str) -> Any:
+        import tensorrt.plugin as trtp
+        from torch_tensorrt.dynamo.conversion.converter_utils import get_trt_tensor
+
+        tensors, attrs = plugin_arguments(pp, args, kwargs)
+        itensors: List[Any] = [get_trt_tensor(ctx, t, f"{name}_{n}") for t, n in zip(tensors, pp.tensor_names)]
+        plugin = getattr(getattr(trtp.op, pp.namespace), pp.name)
+        layer = ctx.net.add_plugin(plugin(*itensors, **attrs), aot=pp.aot)
+        layer.name = f"[{target}]-[{name}]"
+        outs = tuple(layer.get_output(i) for i in range(pp.n_outputs))
+        return outs[0] if len(outs) == 1 else outs
+
+    convert.__name__ = f"convert_{pp.namespace}_{pp.name}"
+    return convert
