@@ -2,14 +2,15 @@
 # The whole GPU suite in one device call: tests (CPU and GPU), the examples on CUDA,
 # and the benchmarks. Run from the repository root on the GPU machine:
 #   bash tools/gpu_suite.sh            (results under $OUT, or ./gpu-out without it)
-#   FXKERN_SUITE="tests" bash tools/gpu_suite.sh    (only some parts: tests examples bench)
+#   FXKERN_SUITE="tests" bash tools/gpu_suite.sh    (only some parts: tests examples demo bench multi)
+# "multi" needs two GPUs (the nvidia-h200-x2 kind): torchrun over the demo's rewritten model.
 # The project is used in place (PYTHONPATH), with the machine's own torch and CUDA packages.
 set -u -o pipefail
 OUT=${OUT:-$PWD/gpu-out}
 mkdir -p "$OUT"
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 PYTHONHASHSEED=0
 export FXKERN_CACHE_DIR=${FXKERN_CACHE_DIR:-/tmp/fxkern-gpu-cache}
-parts=${FXKERN_SUITE:-"tests examples bench"}
+parts=${FXKERN_SUITE:-"tests examples demo bench"}
 status=0
 
 nvidia-smi -L
@@ -30,8 +31,18 @@ if [[ $parts == *tests* ]]; then
 fi
 if [[ $parts == *examples* ]]; then
   python3 examples/seven_cases.py --device cuda 2>&1 | tee "$OUT/examples.log" || status=1
+  python3 examples/llama_rmsnorm.py --device cuda 2>&1 | tee -a "$OUT/examples.log" || status=1
+fi
+if [[ $parts == *demo* ]]; then
+  python3 -m fxkern demo 2>&1 | tee "$OUT/demo.log" || status=1
+  python3 -m fxkern demo --dtype float32 --no-compile 2>&1 | tee -a "$OUT/demo.log" || status=1
+fi
+if [[ $parts == *multi* ]]; then
+  FXKERN_CACHE_DIR=$(mktemp -d) python3 -m torch.distributed.run --standalone --nproc_per_node 2 \
+    examples/ddp_demo.py --size small 2>&1 | tee "$OUT/multi.log" || status=1
 fi
 if [[ $parts == *bench* ]]; then
+  python3 benchmarks/library.py --section-out "$OUT/library.md" 2>&1 | tee "$OUT/library.log" || status=1
   python3 benchmarks/kernel_ops.py --section-out "$OUT/kernel_ops.md" 2>&1 | tee "$OUT/bench.log" || status=1
   python3 benchmarks/compile_backend.py --section-out "$OUT/compile_backend.md" 2>&1 | tee -a "$OUT/bench.log" || status=1
 fi
