@@ -56,3 +56,28 @@ class Fn(torch.nn.Module):
 
     def forward(self, *args):
         return self.fn(*args)
+
+
+def library_ops():
+    """Every op of fxkern.library, by name (registers the library: NVRTC, no GPU needed)."""
+    import fxkern.library
+
+    ops = {}
+    for r in fxkern.library.rules():
+        ops.setdefault(str(r.op.default._schema.name), r.op)
+    return ops
+
+
+def library_inputs(op, dtype, device, rows=37, cols=1000):
+    """Inputs for a library op: (rows, cols) tensors, (cols,) for inputs the kernel broadcasts, small scalars."""
+    from fxkern import kernel_op
+
+    plan = kernel_op(str(op.default._schema.name)).plan
+    args = []
+    for d in plan.inputs:
+        if isinstance(d, InputDecl):
+            shape = (cols,) if d.broadcast and ("weight" in d.name or "bias" in d.name) else (rows, cols)
+            args.append(torch.randn(shape, dtype=d.dtype or dtype, device=device))
+        else:
+            args.append({float: 1e-5, int: 3, bool: True}[d.py_type])
+    return tuple(args)

@@ -21,6 +21,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 import fxkern
 import seven_cases
 import trt_standin as standin
+from helpers import library_inputs, library_ops
 from fxkern import InputDecl, KernelSpec, Numel, OutputDecl, SameAs, ScalarInput, symbolic as sym
 from fxkern.tensorrt import converter, plugin
 from fxkern.tensorrt.decompositions import reproduced_table
@@ -104,6 +105,34 @@ def test_plugin_of_every_example_against_the_standin(example_ops, case, dtype):
     compiled = plugin._compiled(entry.qualname, ARCH)
     assert got["name"] == compiled.entry(plan.name_expression(dtype if plan.dtypes else None))
     assert f".entry {got['name']}(" in got["ptx"] and ".target sm_90" in got["ptx"]
+
+
+LIBRARY = library_ops()
+
+
+@pytest.mark.parametrize("name", sorted(LIBRARY))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+@pytest.mark.parametrize("cols", [1000, 4099])
+def test_plugin_of_every_library_kernel_against_the_standin(name, dtype, cols):
+    op = LIBRARY[name]
+    entry = fxkern.kernel_op(name)
+    pp = plugin.plan_plugin(entry)
+    assert pp.aot, pp.why_jit
+    args = library_inputs(op, dtype, "cpu", rows=37, cols=cols)
+    tensors = [a for a in args if isinstance(a, torch.Tensor)]
+    scalars = [a for a in args if not isinstance(a, torch.Tensor)]
+    describe = plugin.descriptor(pp, API)
+    standin.check_register(describe)
+    descs = [standin.desc(t) for t in tensors]
+    outs = standin.run_descriptor(describe, descs, dict(zip(pp.attr_names, scalars)), fake=False)
+    want = _fake_outputs(op, args)
+    assert [[d.value for d in o.shape_expr] for o in outs] == [list(w.shape) for w in want]
+    assert [o.dtype for o in outs] == [standin.TORCH_TO_TRT[w.dtype] for w in want]
+    aot = plugin.aot_impl(pp, API, arch=ARCH)
+    standin.check_aot_impl(aot, pp.tensor_names, dict(zip(pp.attr_names, pp.attr_types)))
+    got = standin.run_aot_impl(aot, descs, scalars, outs)
+    grid, block, smem, extras = _python_launch(pp, tensors, scalars)
+    assert (got["grid"], got["block"], got["shared_mem"], got["extras"]) == (grid, block, smem, extras)
 
 
 def test_expected_launch_values_spelled_out(example_ops):
