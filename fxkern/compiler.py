@@ -169,20 +169,22 @@ def _nvrtc_compile(source: str, names: Sequence[str], options: List[str], arch: 
         opts = [o.encode() for o in options]
         (result,) = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)
         err, size = nvrtc.nvrtcGetProgramLogSize(prog)
-        buf = b" " * size
+        # NVRTC writes into these buffers: they must be fresh mutable memory (``b" " * 1`` is
+        # CPython's shared one-byte object, and writing into it corrupts every b" " in the process).
+        buf = bytearray(size)
         nvrtc.nvrtcGetProgramLog(prog, buf)
-        build_log = buf.rstrip(b"\x00").decode(errors="replace").strip()
+        build_log = bytes(buf).rstrip(b"\x00").decode(errors="replace").strip()
         if result != nvrtc.nvrtcResult.NVRTC_SUCCESS:
             raise CompileError(format_compile_error(filename, source, build_log))
         if build_log:
             log.info("NVRTC log for %s:\n%s", filename, build_log)
         err, size = nvrtc.nvrtcGetPTXSize(prog)
         _check(err, "nvrtcGetPTXSize")
-        ptx = b" " * size
+        ptx = bytearray(size)
         _check(nvrtc.nvrtcGetPTX(prog, ptx)[0], "nvrtcGetPTX")
         err, size = nvrtc.nvrtcGetCUBINSize(prog)
         _check(err, "nvrtcGetCUBINSize")
-        cubin = b" " * size
+        cubin = bytearray(size)
         _check(nvrtc.nvrtcGetCUBIN(prog, cubin)[0], "nvrtcGetCUBIN")
         lowered = {}
         for name in names:

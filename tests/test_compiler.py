@@ -145,3 +145,12 @@ def test_arch_names():
     assert compiler.normalize_arch("8.6") == "sm_86"
     with pytest.raises(CompileError):
         compiler.normalize_arch("hopper")
+
+
+def test_compile_leaves_interned_bytes_alone(fresh_cache):
+    """NVRTC writes into the buffers fxkern hands it; they must never be CPython's shared
+    one-byte object (an empty build log has size 1), or every b" " in the process changes."""
+    from fxkern import compiler
+
+    compiler.compile_source('extern "C" __global__ void k(float* x) {}', ("k",), arch="sm_90")
+    assert b" " == bytes([32]) and b" " * 3 == bytes([32, 32, 32])
