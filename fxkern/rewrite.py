@@ -306,29 +306,28 @@ def analyse(gm: fx.GraphModule, rules: Union[RuleSet, Sequence[Rule], None], irs
     ordered = _ordered_rules(rules)
     for rule in ordered:
         rr = report.rules.setdefault(rule.name, RuleReport())
-        seen_variants = set()
-        variants = []
+        # One variant per distinct traced graph, with every anchor dtype it was traced for:
+        # identical graphs for float32 and bfloat16 are one variant that serves both.
+        variants: Dict[Any, Tuple[set, Any]] = {}
         for ir in irs:
             for dtype in _anchor_dtypes(rule, ir, by_target):
                 cp = rule.compiled(ir, dtype)
                 key = tuple((n.target, repr(n.args)) for n in cp.nodes)
-                if key not in seen_variants:
-                    seen_variants.add(key)
-                    variants.append((dtype, cp))
+                variants.setdefault(key, (set(), cp))[0].add(dtype)
         anchors = {}
         sites = set()
-        for dtype, cp in variants:
+        for dtypes, cp in variants.values():
             sites.update(matcher.sites(cp))
             for a in matcher.candidates(cp):
-                anchors.setdefault(a, []).append((dtype, cp))
+                anchors.setdefault(a, []).append((dtypes, cp))
         rr.candidates = len(sites)
         for anchor in sorted(anchors, key=pos.__getitem__):
             best: Optional[Failure] = None
             refusal: Optional[Tuple[Match, str]] = None
             accepted_here = None
             val = anchor.meta.get("val")
-            for dtype, cp in anchors[anchor]:
-                if dtype is not None and isinstance(val, torch.Tensor) and val.dtype != dtype:
+            for dtypes, cp in anchors[anchor]:
+                if None not in dtypes and isinstance(val, torch.Tensor) and val.dtype not in dtypes:
                     continue
                 for m, fail in matcher.matches_at(cp, anchor):
                     if m is None:
@@ -346,7 +345,7 @@ def analyse(gm: fx.GraphModule, rules: Union[RuleSet, Sequence[Rule], None], irs
                 safe.append(accepted_here)
             elif refusal is not None:
                 rr.near_misses.append(NearMiss(rule.name, [n.name for n in refusal[0].nodes], refusal[1]))
-            elif best is not None and best.depth >= max(2, len(variants[0][1].nodes) // 2):
+            elif best is not None and best.depth >= max(2, len(next(iter(variants.values()))[1].nodes) // 2):
                 rr.near_misses.append(NearMiss(rule.name, [n.name for n in best.nodes], best.reason))
 
     _regions(graph, pos, report, safe, fake_cache)
@@ -518,6 +517,9 @@ def _rewritten(gm: fx.GraphModule, rules: Any, irs: Sequence[str], inplace: bool
     graph = fx.Graph()
     val_map: Dict[fx.Node, fx.Node] = {}
     graph.output(graph.graph_copy(gm.graph, val_map))
+    for old, copied in val_map.items():  # the copy renames a placeholder that shadows a builtin ("input")
+        if old.op == "placeholder" and copied.name != old.name:
+            copied.name = old.name
     tr = lambda v: val_map[v] if isinstance(v, fx.Node) else v  # noqa: E731
     moved = [
         _Candidate(c.rule, Match(tr(c.match.anchor), [tr(n) for n in c.match.nodes], {tr(n) for n in c.match.keep},

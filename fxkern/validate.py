@@ -24,7 +24,10 @@ def fast_checker(plan: KernelPlan):
     """
     decl_dtypes = [d.dtype for d in plan.tensor_decls]
     allowed = frozenset(plan.dtypes or (torch.float32,))
-    same_shape = plan.elementwise and not any(d.broadcast for d in plan.tensor_decls)
+    same_shape = plan.elementwise
+    bcast = [d.broadcast for d in plan.tensor_decls]
+    # the shape broadcast inputs are checked against: the first input that is not broadcast
+    ref_index = next((k for k, b in enumerate(bcast) if not b), None)
     min_rank = plan.min_out_rank
 
     def fast(tensors: Sequence[torch.Tensor]):
@@ -35,9 +38,16 @@ def fast_checker(plan: KernelPlan):
         shape = first.shape
         if len(shape) < min_rank:
             return False, None
+        ref = tensors[ref_index].shape if ref_index is not None else shape
         dtype = None
-        for t, want in zip(tensors, decl_dtypes):
-            if t.device != device or (same_shape and t.shape != shape):
+        for t, want, b in zip(tensors, decl_dtypes, bcast):
+            if t.device != device:
+                return False, None
+            if b:  # the common broadcast: exactly the trailing axes (leading 1s go the slow path)
+                k = len(t.shape)
+                if k > len(ref) or t.shape != ref[len(ref) - k:]:
+                    return False, None
+            elif same_shape and t.shape != ref:
                 return False, None
             if want is None:
                 if dtype is None:
@@ -116,26 +126,42 @@ def check_devices(op: str, plan: KernelPlan, tensors: Sequence[torch.Tensor]) ->
 
 
 def check_shapes(op: str, plan: KernelPlan, tensors: Sequence[torch.Tensor], out_shape0: Optional[Sequence[Any]]) -> None:
-    """Elementwise inputs must have output 0's shape, or broadcast to it when declared so."""
+    """Elementwise inputs must have output 0's shape; a broadcast input (any geometry) must be the
+    trailing axes of the shape it is read against, leading 1s allowed.
+
+    That is the broadcast a kernel can index from its sizes alone (``b[i % numel(b)]``); a
+    ``(N, 1)`` operand against ``(N, D)`` would need strides the calling convention does not pass,
+    so it is refused rather than read wrongly. Broadcast inputs are read against output 0 for
+    Elementwise kernels, else against the first input that is not broadcast.
+    """
     if out_shape0 is not None and len(out_shape0) < plan.min_out_rank:
         raise KernelInputError(
             f"{op}: the 'nd' launch tiles the last {plan.min_out_rank} axes of the output, "
             f"which has rank {len(out_shape0)}"
         )
-    if not plan.elementwise or out_shape0 is None:
-        return
-    out = list(out_shape0)
+    if plan.elementwise:
+        if out_shape0 is None:
+            return
+        out, against = list(out_shape0), "the output shape"
+    else:
+        ref = next((t for d, t in zip(plan.tensor_decls, tensors) if not d.broadcast), None)
+        if ref is None:
+            return
+        out, against = list(ref.shape), f"the shape of {next(d.name for d in plan.tensor_decls if not d.broadcast)!r}"
     for decl, t in zip(plan.tensor_decls, tensors):
         shape = list(t.shape)
         if decl.broadcast:
-            ok = len(shape) <= len(out) and all(
-                (_is_concrete(s) and s == 1) or _eq(s, o) for s, o in zip(reversed(shape), reversed(out))
-            )
+            while shape and _is_concrete(shape[0]) and shape[0] == 1 and len(shape) > 0:
+                shape.pop(0)
+            ok = len(shape) <= len(out) and all(_eq(s, o) for s, o in zip(reversed(shape), reversed(out)))
             if not ok:
                 raise KernelInputError(
-                    f"{op}: input {decl.name!r} has shape {tuple(shape)}, which does not broadcast "
-                    f"to the output shape {tuple(out)}"
+                    f"{op}: input {decl.name!r} has shape {tuple(t.shape)}, which does not broadcast "
+                    f"to {against} {tuple(out)} as the kernel reads it: a broadcast input must equal the "
+                    f"trailing axes (leading 1s allowed); expand it with .expand({tuple(out)}).contiguous()"
                 )
+        elif not plan.elementwise:
+            continue
         elif len(shape) != len(out) or not all(_eq(s, o) for s, o in zip(shape, out)):
             raise KernelInputError(
                 f"{op}: input {decl.name!r} has shape {tuple(shape)} but the output has shape "

@@ -150,6 +150,37 @@ def test_broadcast_input_must_broadcast(op_name):
         op(x, torch.randn(5))
 
 
+def test_broadcast_input_is_checked_for_every_geometry(op_name):
+    """A row kernel reading a (D,) weight: a (N, 1) weight would be indexed wrongly, so it is refused
+    before launch (the fake impl refuses it too, so no rewrite or compile can produce that call)."""
+    src = 'extern "C" __global__ void rows(const float* x, const float* w, int d, float* y) {}'
+    spec = KernelSpec(src, "rows", inputs=[InputDecl("x"), InputDecl("w", broadcast=True)],
+                      outputs=[OutputDecl("y", SameAs("x"))], extras=[fxkern.DimSize("x", -1)],
+                      geometry=fxkern.Reduction(reduce_dims=(-1,)))
+    op = fxkern.cuda_kernel_op(op_name, spec, reference=lambda x, w: x * w)
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        x = torch.empty(4, 6)
+        assert op(x, torch.empty(6)).shape == (4, 6)
+        assert op(x, torch.empty(1, 6)).shape == (4, 6)
+        with pytest.raises(KernelInputError, match="trailing axes"):
+            op(x, torch.empty(4, 1))
+
+
+@pytest.mark.gpu
+def test_broadcast_input_checked_on_the_cuda_fast_path(op_name):
+    src = 'extern "C" __global__ void bias_add(const float* x, const float* b, int n, int d, float* y) {}'
+    spec = KernelSpec(src, "bias_add", inputs=[InputDecl("x"), InputDecl("b", broadcast=True)],
+                      outputs=[OutputDecl("y", SameAs("x"))], extras=[Numel("x"), fxkern.DimSize("x", -1)],
+                      geometry=Elementwise())
+    op = fxkern.cuda_kernel_op(op_name, spec)
+    x = torch.randn(4, 6, device="cuda")
+    for bad in (torch.randn(5, device="cuda"), torch.randn(4, 1, device="cuda")):
+        with pytest.raises(KernelInputError, match="does not broadcast"):
+            op(x, bad)
+
+
 @pytest.mark.parametrize("name", ["sigmoid", "add", "scale", "row_sum", "sin_cos", "relu_2d"])
 def test_opcheck(name):
     ops = seven_cases.register_all()

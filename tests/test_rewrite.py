@@ -463,3 +463,19 @@ def test_verify_on_a_symbolically_traced_graph(bgr):
     rs, rule = bgr
     gm = make_fx(bias_gelu_res, tracing_mode="symbolic")(torch.randn(4, 8), torch.randn(8), torch.randn(4, 8))
     assert count_target(fxkern.apply(gm, rs, verify=True), rule.op) == 1
+
+
+def test_apply_keeps_a_placeholder_named_like_a_builtin():
+    """torch.export names nn.Softmax's input 'input'; the rewritten program keeps that name."""
+    from helpers import spec_like
+
+    def softmax(x):
+        return torch.softmax(x, -1)
+
+    rules = fxkern.RuleSet("builtin-name")
+    fxkern.replace(softmax, spec_like(softmax), name="fxkern_test_builtin::softmax", rules=rules)
+    ep = torch.export.export(torch.nn.Softmax(-1), (torch.randn(4, 8),))
+    assert ep.graph_signature.input_specs[0].arg.name == "input"
+    new = fxkern.apply(ep, rules)
+    x = torch.randn(4, 8)
+    torch.testing.assert_close(new.module()(x), torch.softmax(x, -1))
