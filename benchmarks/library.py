@@ -1,0 +1,132 @@
+"""fxkern.library kernels against eager PyTorch and torch.compile (inductor) on the same pattern.
+
+For each library kernel, at 16384x8192 in float32 and bfloat16 (``--dtypes`` to change), the
+kernel time of:
+
+* the library op (``torch.ops.fxkern_lib.<name>``),
+* the pattern in eager PyTorch (the op's reference, as the model's code runs it),
+* ``torch.compile(pattern)`` with inductor in its default mode,
+
+as useful GB/s (each input read once, each output written once) against a measured
+device-to-device copy. The op is checked against eager first, so a wrong kernel is never timed.
+
+    python benchmarks/library.py [--section-out FILE] [--dtypes float32,bfloat16]
+
+Writes the "library" section of docs/benchmarks.md (or FILE).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import common
+import torch
+
+SHAPE = (16384, 8192)
+TOL = {torch.float32: 1e-4, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
+
+
+def cases():
+    """(label, rule name, make_inputs(dtype) -> args)."""
+    from fxkern.library import gelu, rmsnorm, softmax, swiglu
+
+    rows, d = SHAPE
+
+    def t(*shape, dtype, scale=1.0):
+        return (torch.randn(*shape, device="cuda") * scale).to(dtype)
+
+    return [
+        ("RMSNorm (Llama)", "rms_norm", rmsnorm.llama_rmsnorm,
+         lambda dt: (t(rows, d, dtype=dt), t(d, dtype=dt), 1e-6)),
+        ("SwiGLU", "swiglu", swiglu.swiglu,
+         lambda dt: (t(rows, d, dtype=dt), t(rows, d, dtype=dt))),
+        ("softmax(-1)", "softmax", softmax.softmax,
+         lambda dt: (t(rows, d, dtype=dt, scale=3.0),)),
+        ("bias+GELU(erf)+residual", "bias_gelu_residual", gelu.bias_gelu_residual,
+         lambda dt: (t(rows, d, dtype=dt), t(d, dtype=dt), t(rows, d, dtype=dt))),
+        ("bias+GELU(tanh)+residual", "bias_gelu_tanh_residual", gelu.bias_gelu_tanh_residual,
+         lambda dt: (t(rows, d, dtype=dt), t(d, dtype=dt), t(rows, d, dtype=dt))),
+        ("gelu_new (GPT-2, written out)", "gelu_new", gelu.gelu_new,
+         lambda dt: (t(rows, d, dtype=dt),)),
+    ]
+
+
+def copy_bandwidth() -> float:
+    x = torch.randn(1 << 28, device="cuda")  # 1 GiB
+    y = torch.empty_like(x)
+    ms = common.cuda_time_ms(lambda: y.copy_(x))
+    return 2 * x.numel() * 4 / (ms * 1e-3) / 1e9
+
+
+def useful_bytes(args, out) -> int:
+    outs = out if isinstance(out, tuple) else (out,)
+    return (sum(a.numel() * a.element_size() for a in args if isinstance(a, torch.Tensor))
+            + sum(o.numel() * o.element_size() for o in outs))
+
+
+def measure(label, rule_name, pattern, make, dtype, copy_gbs):
+    import fxkern.library
+
+    op = fxkern.library.rules()[rule_name].op
+    args = make(dtype)
+    ours_out, eager_out = op(*args), pattern(*args)
+    err = float((ours_out.float() - eager_out.float()).norm() / eager_out.float().norm())
+    if not err <= TOL[dtype]:
+        raise AssertionError(f"{label} {dtype}: fxkern op differs from eager by {err:.2e} (rel. norm)")
+    compiled = torch.compile(pattern)
+    compiled(*args)
+    nbytes = useful_bytes(args, ours_out)
+    ms = {}
+    for name, fn in (("fxkern", op), ("eager", pattern), ("inductor", compiled)):
+        ms[name] = common.cuda_time_ms(lambda fn=fn, a=args: fn(*a))
+    gbs = {k: nbytes / (v * 1e-3) / 1e9 for k, v in ms.items()}
+    return label, str(dtype).removeprefix("torch."), ms, gbs, gbs["fxkern"] / copy_gbs, err
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--section-out", type=Path, default=None)
+    parser.add_argument("--dtypes", default="float32,bfloat16")
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        common.emit("library", "## Library kernels\n\nNo GPU on this machine: measured on the device only.",
+                    args.section_out)
+        return
+    import fxkern.library
+
+    torch.manual_seed(0)
+    fxkern.library.rules()
+    copy_gbs = copy_bandwidth()
+    dtypes = [getattr(torch, d) for d in args.dtypes.split(",")]
+    rows = [measure(*case, dtype, copy_gbs) for case in cases() for dtype in dtypes]
+    goal = 0.9 * copy_gbs
+    lines = [
+        "## Library kernels (`fxkern.library`)",
+        "",
+        f"Machine: {common.machine()}. Date: {common.today()}. Command: `python benchmarks/library.py`.",
+        "",
+        (f"Kernel time at {SHAPE[0]}x{SHAPE[1]} (bias: ({SHAPE[1]},)); CUDA events around 10 back-to-back calls, "
+         f"5 warm-ups, median of 20. Useful bytes: each input read once, each output written once. "
+         f"Device-to-device copy: {copy_gbs:.0f} GB/s; goal: at least 90% of it ({goal:.0f} GB/s) and faster "
+         f"than inductor (`torch.compile(pattern)`, default mode) on the same pattern."),
+        "",
+        ("| kernel | dtype | fxkern ms | eager ms | inductor ms | fxkern GB/s | eager GB/s | inductor GB/s "
+         "| fxkern / copy | vs inductor | goal met | rel. err vs eager |"),
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | :---: | ---: |",
+    ]
+    for label, dt, ms, gbs, frac, err in rows:
+        met = gbs["fxkern"] >= goal and ms["fxkern"] < ms["inductor"]
+        lines.append(
+            f"| {label} | {dt} | {ms['fxkern']:.3f} | {ms['eager']:.3f} | {ms['inductor']:.3f} "
+            f"| {gbs['fxkern']:.0f} | {gbs['eager']:.0f} | {gbs['inductor']:.0f} | {frac:.0%} "
+            f"| {ms['inductor'] / ms['fxkern']:.2f}x | {'yes' if met else 'no'} | {err:.1e} |"
+        )
+    common.emit("library", "\n".join(lines), args.section_out)
+
+
+if __name__ == "__main__":
+    main()

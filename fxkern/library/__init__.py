@@ -1,0 +1,108 @@
+"""The fused kernels fxkern ships, with the rules that find them in exported models.
+
+    import fxkern, fxkern.library
+    ep = fxkern.apply(torch.export.export(model, args), fxkern.library.rules())
+
+One module per kernel family, each holding its CUDA source, its ``KernelSpec`` objects and its
+pattern functions (each pattern is also its op's CPU reference):
+
+* :mod:`~fxkern.library.rmsnorm` — Llama/Mistral/Qwen2 ``LlamaRMSNorm``, ``T5LayerNorm``, ``GemmaRMSNorm``;
+* :mod:`~fxkern.library.gelu` — bias + GELU (+ residual) for erf, tanh, ``gelu_new`` and Megatron GELU;
+* :mod:`~fxkern.library.swiglu` — ``silu(gate) * up``;
+* :mod:`~fxkern.library.softmax` — softmax over the last axis, HF's float32 form too.
+
+Importing this package registers nothing. :func:`rules` registers every op (``fxkern_lib::*``,
+compiled by NVRTC: no GPU needed, cached on disk) and traces every pattern, once per process.
+"""
+
+from __future__ import annotations
+
+import threading
+
+from fxkern.library import gelu, rmsnorm, softmax, swiglu
+from fxkern.library.gelu import (
+    BIAS_GELU,
+    BIAS_GELU_NEW,
+    BIAS_GELU_NEW_RESIDUAL,
+    BIAS_GELU_RESIDUAL,
+    BIAS_GELU_TANH,
+    BIAS_GELU_TANH_RESIDUAL,
+    GELU_NEW,
+    MEGATRON_BIAS_GELU,
+    bias_gelu,
+    bias_gelu_new,
+    bias_gelu_new_residual,
+    bias_gelu_residual,
+    bias_gelu_tanh,
+    bias_gelu_tanh_residual,
+    gelu_new,
+    megatron_bias_gelu,
+)
+from fxkern.library.rmsnorm import (
+    GEMMA_RMS_NORM,
+    RMS_NORM,
+    gemma_rmsnorm,
+    llama_rmsnorm,
+    t5_layer_norm,
+)
+from fxkern.library.softmax import SOFTMAX, softmax_float32
+from fxkern.library.swiglu import SWIGLU
+from fxkern.rules import RuleSet
+
+NAME = "fxkern.library"
+_MODULES = (rmsnorm, gelu, swiglu, softmax)
+_lock = threading.Lock()
+_rules = None
+
+
+def rules() -> RuleSet:
+    """The library's rules as one ``RuleSet`` named ``"fxkern.library"``, built on first call."""
+    global _rules
+    if _rules is None:
+        with _lock:
+            if _rules is None:
+                built = RuleSet(NAME)
+                for module in _MODULES:
+                    module.register(built)
+                _rules = built
+    return _rules
+
+
+def op(name: str):
+    """The library op ``fxkern_lib::<name>`` (registering the library first)."""
+    return rules()[name].op
+
+
+__all__ = [
+    "BIAS_GELU",
+    "BIAS_GELU_NEW",
+    "BIAS_GELU_NEW_RESIDUAL",
+    "BIAS_GELU_RESIDUAL",
+    "BIAS_GELU_TANH",
+    "BIAS_GELU_TANH_RESIDUAL",
+    "GELU_NEW",
+    "GEMMA_RMS_NORM",
+    "MEGATRON_BIAS_GELU",
+    "NAME",
+    "RMS_NORM",
+    "SOFTMAX",
+    "SWIGLU",
+    "bias_gelu",
+    "bias_gelu_new",
+    "bias_gelu_new_residual",
+    "bias_gelu_residual",
+    "bias_gelu_tanh",
+    "bias_gelu_tanh_residual",
+    "gelu",
+    "gelu_new",
+    "gemma_rmsnorm",
+    "llama_rmsnorm",
+    "megatron_bias_gelu",
+    "op",
+    "rmsnorm",
+    "rules",
+    "softmax",
+    "softmax_float32",
+    "swiglu",
+    "t5_layer_norm",
+]

@@ -1,0 +1,122 @@
+"""Helpers the library's modules share: launch geometries, rule registration, match filters."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from torch.fx.experimental.symbolic_shapes import statically_known_true
+
+from fxkern.library.cuda_common import (
+    ELEMS_PER_THREAD,
+    EW_BLOCK,
+    ROW_BLOCK,
+    ROW_CHUNK,
+)
+from fxkern.rules import Rule, RuleSet, replace
+from fxkern.symbolic import cdiv
+
+NAMESPACE = "fxkern_lib"
+DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def elementwise_geometry(inputs, outputs):
+    """EW_BLOCK threads a block, ELEMS_PER_THREAD elements a thread, over output 0."""
+    return (cdiv(outputs[0].numel(), EW_BLOCK * ELEMS_PER_THREAD),), (EW_BLOCK,)
+
+
+def row_geometry(inputs, outputs):
+    """One 256-thread block per ROW_CHUNK elements of input 0; it takes the rows that start there."""
+    return (cdiv(inputs[0].numel(), ROW_CHUNK),), (ROW_BLOCK,)
+
+
+def add_rule(rules: RuleSet, pattern: Callable[..., Any], target: Any, name: str,
+             filter: Callable[[Any], bool] | None = None) -> Rule:
+    """``fxkern.replace`` into the library's rule set, the op named ``fxkern_lib::<name>``."""
+    return replace(pattern, target, name=f"{NAMESPACE}::{name}", rules=rules, filter=filter)
+
+
+# ---- filters: what the pattern's structure cannot say about its inputs' shapes ----------------------
+
+
+def _shape(node: Any) -> Sequence[Any] | None:
+    val = node.meta.get("val") if isinstance(node, torch.fx.Node) else None
+    return tuple(val.shape) if isinstance(val, torch.Tensor) else None
+
+
+def _is_one(d: Any) -> bool:
+    return statically_known_true(d == 1)
+
+
+def is_suffix_broadcast(small: Sequence[Any], full: Sequence[Any]) -> bool:
+    """True when ``small`` (leading 1s dropped) equals the trailing axes of ``full``.
+
+    Those are the shapes the kernels broadcast by indexing ``i % numel(small)``.
+    """
+    s = list(small)
+    while s and _is_one(s[0]):
+        s.pop(0)
+    if len(s) > len(full):
+        return False
+    tail = list(full)[len(full) - len(s):]
+    return all(statically_known_true(a == b) for a, b in zip(s, tail))
+
+
+def suffix_broadcast(full: str, *others: str) -> Callable[[Any], bool]:
+    """A filter: each of ``others`` broadcasts onto ``full`` as a suffix (a ``(D,)`` bias onto ``(..., D)``)."""
+
+    def accept(match: Any) -> bool:
+        f = _shape(match.bindings.get(full))
+        if f is None:
+            return False
+        for name in others:
+            s = _shape(match.bindings.get(name))
+            if s is None or not is_suffix_broadcast(s, f):
+                return False
+        return True
+
+    accept.__name__ = f"{'_'.join(others)}_broadcasts_onto_{full}"
+    return accept
+
+
+def row_param(x: str, weight: str) -> Callable[[Any], bool]:
+    """A filter for row kernels: ``x`` has at least one axis and ``weight`` is ``(D,)`` (leading 1s allowed)."""
+
+    def accept(match: Any) -> bool:
+        xs, ws = _shape(match.bindings.get(x)), _shape(match.bindings.get(weight))
+        if xs is None or ws is None or len(xs) == 0:
+            return False
+        w = [d for d in ws]
+        while len(w) > 1 and _is_one(w[0]):
+            w.pop(0)
+        return len(w) == 1 and statically_known_true(w[0] == xs[-1])
+
+    accept.__name__ = f"{weight}_is_a_row_of_{x}"
+    return accept
+
+
+def is_contiguous(node: Any) -> bool:
+    """Whether a graph value is laid out contiguously (decided without guarding on symbolic sizes)."""
+    val = node.meta.get("val") if isinstance(node, torch.fx.Node) else None
+    if not isinstance(val, torch.Tensor):
+        return False
+    expected = 1
+    for size, stride in reversed(list(zip(val.shape, val.stride()))):
+        if _is_one(size):
+            continue
+        if not statically_known_true(stride == expected):
+            return False
+        expected = expected * size
+    return True
+
+
+def has_rows(x: str) -> Callable[[Any], bool]:
+    """A filter: ``x`` has at least one axis (the row kernels reduce over the last)."""
+
+    def accept(match: Any) -> bool:
+        xs = _shape(match.bindings.get(x))
+        return xs is not None and len(xs) > 0
+
+    accept.__name__ = f"{x}_has_rows"
+    return accept

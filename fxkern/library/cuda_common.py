@@ -1,0 +1,116 @@
+"""CUDA C++ shared by the library's kernels: conversions, 16-byte packs, warp and group reductions.
+
+Every kernel source is ``COMMON + its own code``; NVRTC compiles each spec's
+source once (the fp16/bf16 headers come first, added by fxkern for the
+declared dtypes).
+
+Conventions the kernels follow:
+
+* arithmetic in float32, rounded once to the output dtype, as inductor's
+  kernels and PyTorch's own fused CUDA ops do; an explicit cast in the
+  pattern (``.to(input_dtype)``) is kept with ``rnd<T>``. Eager PyTorch
+  also rounds every intermediate half-precision tensor, so results can
+  differ from it by about a unit in the last place (closer to exact);
+* 16-byte loads and stores when every pointer is 16-byte aligned and the
+  sizes allow it, else a scalar path; both are exact, the fast one is faster;
+* sizes come in as 32-bit ints (fxkern refuses larger ones before launch);
+  indices are computed in unsigned or 64-bit arithmetic so they never wrap.
+"""
+
+COMMON = r"""
+#define ROW_CHUNK 8192u
+namespace fxk {
+
+template <typename T> struct Num;
+template <> struct Num<float> {
+    static __device__ __forceinline__ float f(float v) { return v; }
+    static __device__ __forceinline__ float t(float v) { return v; }
+};
+template <> struct Num<__half> {
+    static __device__ __forceinline__ float f(__half v) { return __half2float(v); }
+    static __device__ __forceinline__ __half t(float v) { return __float2half_rn(v); }
+};
+template <> struct Num<__nv_bfloat16> {
+    static __device__ __forceinline__ float f(__nv_bfloat16 v) { return __bfloat162float(v); }
+    static __device__ __forceinline__ __nv_bfloat16 t(float v) { return __float2bfloat16_rn(v); }
+};
+
+template <typename T> __device__ __forceinline__ float to_f(T v) { return Num<T>::f(v); }
+template <typename T> __device__ __forceinline__ T from_f(float v) { return Num<T>::t(v); }
+// A PyTorch op on T tensors computes in float and rounds its result to T.
+template <typename T> __device__ __forceinline__ float rnd(float v) { return to_f<T>(from_f<T>(v)); }
+
+// N elements of T moved as one access (16 bytes for N = 16 / sizeof(T)).
+template <typename T, int N> struct alignas(sizeof(T) * N) Pack { T v[N]; };
+
+template <typename T, int N>
+__device__ __forceinline__ Pack<T, N> load(const T* p) { return *reinterpret_cast<const Pack<T, N>*>(p); }
+template <typename T, int N>
+__device__ __forceinline__ void store(T* p, const Pack<T, N>& v) { *reinterpret_cast<Pack<T, N>*>(p) = v; }
+
+__device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000); }
+
+__device__ __forceinline__ bool aligned16(const void* p) {
+    return (reinterpret_cast<unsigned long long>(p) & 15ull) == 0;
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+// Reductions over a group of G consecutive threads of a 256-thread block (G a power of two up to
+// 256, the same for the whole block). Every thread of the block calls them; slot is 8 floats of
+// shared memory that no other live reduction uses.
+__device__ __forceinline__ float group_sum(float v, int G, float* slot) {
+    if (G <= 32) {
+        for (int o = G >> 1; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+        return v;
+    }
+    v = warp_sum(v);
+    if ((threadIdx.x & 31) == 0) slot[threadIdx.x >> 5] = v;
+    __syncthreads();
+    const int first = (threadIdx.x / G) * (G >> 5);
+    float s = 0.0f;
+    for (int k = 0; k < (G >> 5); ++k) s += slot[first + k];
+    return s;
+}
+__device__ __forceinline__ float group_max(float v, int G, float* slot) {
+    if (G <= 32) {
+        for (int o = G >> 1; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+        return v;
+    }
+    v = warp_max(v);
+    if ((threadIdx.x & 31) == 0) slot[threadIdx.x >> 5] = v;
+    __syncthreads();
+    const int first = (threadIdx.x / G) * (G >> 5);
+    float m = slot[first];
+    for (int k = 1; k < (G >> 5); ++k) m = fmaxf(m, slot[first + k]);
+    return m;
+}
+
+// The rows a row-kernel block owns: those starting in its ROW_CHUNK-element slice of the tensor
+// (about ROW_CHUNK / D rows; none or one when rows are longer than that). Work is spread by
+// elements, so blocks are balanced whatever the row length.
+__device__ __forceinline__ void block_rows(unsigned D, unsigned rows, unsigned& begin, unsigned& end) {
+    const unsigned long long lo = (unsigned long long)blockIdx.x * ROW_CHUNK;
+    const unsigned long long b = (lo + D - 1) / D, e = (lo + ROW_CHUNK + D - 1) / D;
+    begin = (unsigned)(b < rows ? b : rows);
+    end = (unsigned)(e < rows ? e : rows);
+}
+
+}  // namespace fxk
+"""
+
+# Row kernels: one 256-thread block per ROW_CHUNK elements (the rows starting there).
+ROW_CHUNK = 8192
+ROW_BLOCK = 256
+# Elementwise kernels: each thread handles ELEMS_PER_THREAD consecutive-by-warp elements.
+EW_BLOCK = 256
+ELEMS_PER_THREAD = 8

@@ -1,0 +1,235 @@
+"""Bias + GELU (+ residual): one pass over memory instead of two or three (eight when GELU is written out).
+
+GELU comes in the forms libraries write it:
+
+* ``erf`` — ``F.gelu(x)``, ``nn.GELU()``, transformers' ``GELUActivation`` (BERT), timm's ``GELU``;
+* ``tanh`` — ``F.gelu(x, approximate="tanh")``, ``nn.GELU("tanh")``, transformers' ``GELUTanh``
+  (``gelu_pytorch_tanh``), timm's ``GELUTanh``;
+* ``new`` — transformers' ``NewGELUActivation`` (``gelu_new``: GPT-2, GPT-J, CodeGen...) written
+  out in eight ops, also matched without a bias (GPT-2's ``Conv1D`` puts its bias inside ``addmm``);
+* ``megatron`` — Megatron-LM's (and NeMo's) ``bias_gelu``, the classic fused bias + tanh-GELU.
+
+Each kernel computes in float32 and rounds once, like inductor's code for the same pattern: in
+float16/bfloat16 it is closer to exact than eager PyTorch, which rounds after every op (most of
+all for the written-out forms). ``bias`` and ``residual`` may broadcast onto ``x`` along trailing
+axes (a ``(D,)`` bias onto ``(..., D)``); the rules check that.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from fxkern.library._rules import (
+    DTYPES,
+    add_rule,
+    elementwise_geometry,
+    suffix_broadcast,
+)
+from fxkern.library.cuda_common import COMMON, ELEMS_PER_THREAD
+from fxkern.spec import Custom, InputDecl, KernelSpec, Numel, OutputDecl, SameAs
+
+# Elements a thread: the kernel's tile and the launch geometry must agree.
+SOURCE = COMMON + f"#define FXK_EW_PER {ELEMS_PER_THREAD}\n" + r"""
+namespace fxk {
+
+enum { GELU_ERF = 0, GELU_TANH = 1, GELU_NEW = 2, GELU_MEGATRON = 3 };
+
+// GELU in float32, in the op order of each form (the caller rounds the result once).
+template <int ACT>
+__device__ __forceinline__ float gelu(float x) {
+    if (ACT == GELU_ERF) {  // aten.gelu: x * 0.5 * (1 + erf(x / sqrt(2)))
+        return x * 0.5f * (1.0f + erff(x * 0.70710678118654752f));
+    } else if (ACT == GELU_TANH) {  // aten.gelu(approximate="tanh")
+        const float inner = 0.7978845608028654f * (x + 0.044715f * (x * x * x));
+        return 0.5f * x * (1.0f + tanhf(inner));
+    } else if (ACT == GELU_NEW) {  // 0.5 * x * (1.0 + tanh(sqrt(2/pi) * (x + 0.044715 * pow(x, 3.0))))
+        return (0.5f * x) * (1.0f + tanhf(0.7978845608028654f * (x + 0.044715f * (x * x * x))));
+    } else {  // x * 0.5 * (1.0 + tanh(0.79788456 * x * (1 + 0.044715 * x * x)))
+        return (x * 0.5f) * (1.0f + tanhf((0.79788456f * x) * (1.0f + (0.044715f * x) * x)));
+    }
+}
+
+// y = f(a, b, c) over n elements; b and c (when NIN says they exist) broadcast onto a by
+// suffix: element i reads b[i % nb]. Each thread handles PER elements, a warp's accesses are
+// consecutive 16-byte packs.
+template <typename T, int NIN, typename Fn>
+__device__ __forceinline__ void map(const T* __restrict__ a, const T* __restrict__ b, const T* __restrict__ c,
+                                    unsigned n, unsigned nb, unsigned nc, T* __restrict__ y, Fn f) {
+    constexpr int V = 16 / sizeof(T);
+    constexpr int PER = FXK_EW_PER;             // elements a thread
+    constexpr int NVT = PER / V;                // 16-byte packs a thread, per tensor
+    constexpr int NV = NVT < 4 ? NVT : 4;       // packs in flight at once, per tensor
+    if ((NIN >= 2 && nb == 0) || (NIN >= 3 && nc == 0)) return;
+    const unsigned base = blockIdx.x * (blockDim.x * PER);
+    const bool full_b = nb == n, full_c = nc == n;
+    bool vec = aligned16(a) && aligned16(y);
+    if (NIN >= 2) vec = vec && aligned16(b) && nb % V == 0;
+    if (NIN >= 3) vec = vec && aligned16(c) && nc % V == 0;
+    if (vec) {
+#pragma unroll
+        for (int it = 0; it < NVT / NV; ++it) {
+            Pack<T, V> pa[NV], pb[NV], pc[NV];
+#pragma unroll
+            for (int k = 0; k < NV; ++k) {
+                const unsigned i = base + ((it * NV + k) * blockDim.x + threadIdx.x) * V;
+                if (i + V <= n) {
+                    pa[k] = load<T, V>(a + i);
+                    if (NIN >= 2) pb[k] = load<T, V>(b + (full_b ? i : i % nb));
+                    if (NIN >= 3) pc[k] = load<T, V>(c + (full_c ? i : i % nc));
+                }
+            }
+#pragma unroll
+            for (int k = 0; k < NV; ++k) {
+                const unsigned i = base + ((it * NV + k) * blockDim.x + threadIdx.x) * V;
+                if (i + V <= n) {
+                    Pack<T, V> o;
+#pragma unroll
+                    for (int j = 0; j < V; ++j) {
+                        const float bv = NIN >= 2 ? to_f<T>(pb[k].v[j]) : 0.0f;
+                        const float cv = NIN >= 3 ? to_f<T>(pc[k].v[j]) : 0.0f;
+                        o.v[j] = from_f<T>(f(to_f<T>(pa[k].v[j]), bv, cv));
+                    }
+                    store<T, V>(y + i, o);
+                } else {
+                    for (unsigned e = i; e < n; ++e) {  // the ragged end, when n % V != 0
+                        const float bv = NIN >= 2 ? to_f<T>(b[e % nb]) : 0.0f;
+                        const float cv = NIN >= 3 ? to_f<T>(c[e % nc]) : 0.0f;
+                        y[e] = from_f<T>(f(to_f<T>(a[e]), bv, cv));
+                    }
+                }
+            }
+        }
+    } else {
+#pragma unroll 4
+        for (int k = 0; k < PER; ++k) {
+            const unsigned e = base + k * blockDim.x + threadIdx.x;
+            if (e < n) {
+                const float bv = NIN >= 2 ? to_f<T>(b[full_b ? e : e % nb]) : 0.0f;
+                const float cv = NIN >= 3 ? to_f<T>(c[full_c ? e : e % nc]) : 0.0f;
+                y[e] = from_f<T>(f(to_f<T>(a[e]), bv, cv));
+            }
+        }
+    }
+}
+
+template <int ACT> struct Act {
+    __device__ __forceinline__ float operator()(float x, float, float) const { return gelu<ACT>(x); }
+};
+template <int ACT> struct BiasAct {
+    __device__ __forceinline__ float operator()(float x, float b, float) const { return gelu<ACT>(x + b); }
+};
+template <int ACT> struct BiasActRes {
+    __device__ __forceinline__ float operator()(float x, float b, float r) const { return gelu<ACT>(x + b) + r; }
+};
+
+}  // namespace fxk
+
+#define FXK_GELU(NAME, ACT)                                                                              \
+template <typename T>                                                                                    \
+__global__ void __launch_bounds__(256) NAME(const T* x, int n, T* y) {                                   \
+    fxk::map<T, 1>(x, x, x, (unsigned)n, 1u, 1u, y, fxk::Act<ACT>());                                 \
+}
+#define FXK_BIAS_GELU(NAME, ACT)                                                                         \
+template <typename T>                                                                                    \
+__global__ void __launch_bounds__(256) NAME(const T* x, const T* bias, int n, int nb, T* y) {            \
+    fxk::map<T, 2>(x, bias, bias, (unsigned)n, (unsigned)nb, 1u, y, fxk::BiasAct<ACT>());             \
+}
+#define FXK_BIAS_GELU_RES(NAME, ACT)                                                                     \
+template <typename T>                                                                                    \
+__global__ void __launch_bounds__(256) NAME(const T* x, const T* bias, const T* residual,                \
+                                            int n, int nb, int nr, T* y) {                               \
+    fxk::map<T, 3>(x, bias, residual, (unsigned)n, (unsigned)nb, (unsigned)nr, y,                        \
+                   fxk::BiasActRes<ACT>());                                                           \
+}
+
+FXK_BIAS_GELU(bias_gelu, fxk::GELU_ERF)
+FXK_BIAS_GELU_RES(bias_gelu_residual, fxk::GELU_ERF)
+FXK_BIAS_GELU(bias_gelu_tanh, fxk::GELU_TANH)
+FXK_BIAS_GELU_RES(bias_gelu_tanh_residual, fxk::GELU_TANH)
+FXK_GELU(gelu_new, fxk::GELU_NEW)
+FXK_BIAS_GELU(bias_gelu_new, fxk::GELU_NEW)
+FXK_BIAS_GELU_RES(bias_gelu_new_residual, fxk::GELU_NEW)
+FXK_BIAS_GELU(megatron_bias_gelu, fxk::GELU_MEGATRON)
+"""
+
+
+def _spec(kernel: str, inputs) -> KernelSpec:
+    return KernelSpec(
+        SOURCE, kernel,
+        inputs=[InputDecl(name, broadcast=name != "x") for name in inputs],
+        outputs=[OutputDecl("y", SameAs("x"))],
+        extras=[Numel(name) for name in inputs],
+        geometry=Custom(elementwise_geometry),
+        dtypes=DTYPES,
+    )
+
+
+BIAS_GELU = _spec("bias_gelu", ("x", "bias"))
+BIAS_GELU_RESIDUAL = _spec("bias_gelu_residual", ("x", "bias", "residual"))
+BIAS_GELU_TANH = _spec("bias_gelu_tanh", ("x", "bias"))
+BIAS_GELU_TANH_RESIDUAL = _spec("bias_gelu_tanh_residual", ("x", "bias", "residual"))
+GELU_NEW = _spec("gelu_new", ("x",))
+BIAS_GELU_NEW = _spec("bias_gelu_new", ("x", "bias"))
+BIAS_GELU_NEW_RESIDUAL = _spec("bias_gelu_new_residual", ("x", "bias", "residual"))
+MEGATRON_BIAS_GELU = _spec("megatron_bias_gelu", ("x", "bias"))
+
+# ---- patterns: each is also its op's reference ----------------------------------------------------
+
+
+def bias_gelu(x, bias):
+    """``F.gelu(x + bias)``: erf GELU (``nn.GELU()``, ``GELUActivation``) after a bias."""
+    return F.gelu(x + bias)
+
+
+def bias_gelu_residual(x, bias, residual):
+    return F.gelu(x + bias) + residual
+
+
+def bias_gelu_tanh(x, bias):
+    """``F.gelu(x + bias, approximate="tanh")`` (``nn.GELU("tanh")``, ``GELUTanh``)."""
+    return F.gelu(x + bias, approximate="tanh")
+
+
+def bias_gelu_tanh_residual(x, bias, residual):
+    return F.gelu(x + bias, approximate="tanh") + residual
+
+
+def gelu_new(x):
+    """transformers' ``NewGELUActivation.forward``, as written there."""
+    return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * torch.pow(x, 3.0))))
+
+
+def bias_gelu_new(x, bias):
+    return gelu_new(x + bias)
+
+
+def bias_gelu_new_residual(x, bias, residual):
+    return gelu_new(x + bias) + residual
+
+
+def megatron_bias_gelu(x, bias):
+    """Megatron-LM's ``bias_gelu(bias, y)``, as written there."""
+    h = bias + x
+    return h * 0.5 * (1.0 + torch.tanh(0.79788456 * h * (1 + 0.044715 * h * h)))
+
+
+# Larger patterns first: an overlap goes to the rule added first (a residual form contains a bias
+# form, which contains the plain one).
+RULES = (
+    (bias_gelu_residual, BIAS_GELU_RESIDUAL, ("bias", "residual")),
+    (bias_gelu_tanh_residual, BIAS_GELU_TANH_RESIDUAL, ("bias", "residual")),
+    (bias_gelu_new_residual, BIAS_GELU_NEW_RESIDUAL, ("bias", "residual")),
+    (bias_gelu, BIAS_GELU, ("bias",)),
+    (bias_gelu_tanh, BIAS_GELU_TANH, ("bias",)),
+    (bias_gelu_new, BIAS_GELU_NEW, ("bias",)),
+    (megatron_bias_gelu, MEGATRON_BIAS_GELU, ("bias",)),
+    (gelu_new, GELU_NEW, ()),
+)
+
+
+def register(rules) -> None:
+    for pattern, spec, broadcast in RULES:
+        add_rule(rules, pattern, spec, pattern.__name__, filter=suffix_broadcast("x", *broadcast) if broadcast else None)

@@ -1,0 +1,177 @@
+"""fxkern.library kernels on the GPU against their references (the patterns).
+
+The kernels compute in float32 and round once (keeping the pattern's explicit casts), so each
+result is compared, elementwise (``torch.testing.assert_close``), with
+
+* the pattern run in float32 on the same inputs and rounded to the dtype: rtol = atol = 1e-5 for
+  float32 (summation order and special-function ulps), 2e-3 for float16 and 1.6e-2 for
+  bfloat16 (two units in the last place: an explicit cast rounds an intermediate);
+* the pattern run by eager PyTorch in the dtype, which also rounds every intermediate: the same
+  in float32, 1e-2/5e-3 (rtol/atol) for float16 and 5e-2/3e-2 for bfloat16 (a written-out GELU
+  rounded after each of its eight ops drifts that far where ``1 + tanh`` cancels);
+* for float32, a float64 run of the pattern: relative norm error under 1e-5.
+"""
+
+import pytest
+import torch
+
+import fxkern
+import fxkern.library as lib
+from fxkern.library import gelu, rmsnorm, softmax, swiglu
+
+pytestmark = pytest.mark.gpu
+
+DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+TOL = {torch.float32: (1e-5, 1e-5), torch.float16: (2e-3, 2e-3), torch.bfloat16: (1.6e-2, 1e-2)}
+EAGER_TOL = {torch.float32: (1e-5, 1e-5), torch.float16: (1e-2, 5e-3), torch.bfloat16: (5e-2, 3e-2)}
+# Row lengths: 1 and 7 (no 16-byte access fits), a warp's worth, not a multiple of the vector
+# width, the register path's limits, and rows long enough for the two-read path.
+ROW_LENGTHS = (1, 7, 32, 100, 1023, 1024, 4097, 8192, 8200, 20011, 32768)
+ROWS = 5
+
+
+@pytest.fixture(scope="module", autouse=True)
+def library_rules():
+    return lib.rules()
+
+
+def rand(*shape, dtype, scale=1.0):
+    return (torch.randn(*shape, device="cuda", dtype=torch.float32) * scale).to(dtype)
+
+
+def row_case(x_scale=1.0):
+    def make(rows, d, dtype):
+        return (rand(rows, d, dtype=dtype, scale=x_scale), rand(d, dtype=dtype), 1e-6)
+    return make
+
+
+def ew_case(n_full, with_bias):
+    def make(rows, d, dtype):
+        args = [rand(rows, d, dtype=dtype, scale=2.0)]
+        if with_bias:
+            args.append(rand(d, dtype=dtype))
+        args += [rand(rows, d, dtype=dtype) for _ in range(n_full - 1)]
+        return tuple(args)
+    return make
+
+
+CASES = {
+    "rms_norm": (rmsnorm.llama_rmsnorm, row_case()),
+    "gemma_rms_norm": (rmsnorm.gemma_rmsnorm, row_case()),
+    "softmax": (softmax.softmax, lambda rows, d, dtype: (rand(rows, d, dtype=dtype, scale=4.0),)),
+    "bias_gelu": (gelu.bias_gelu, ew_case(1, True)),
+    "bias_gelu_residual": (gelu.bias_gelu_residual, ew_case(2, True)),
+    "bias_gelu_tanh": (gelu.bias_gelu_tanh, ew_case(1, True)),
+    "bias_gelu_tanh_residual": (gelu.bias_gelu_tanh_residual, ew_case(2, True)),
+    "gelu_new": (gelu.gelu_new, ew_case(1, False)),
+    "bias_gelu_new": (gelu.bias_gelu_new, ew_case(1, True)),
+    "bias_gelu_new_residual": (gelu.bias_gelu_new_residual, ew_case(2, True)),
+    "megatron_bias_gelu": (gelu.megatron_bias_gelu, ew_case(1, True)),
+    "swiglu": (swiglu.swiglu, ew_case(2, False)),
+}
+
+
+def poison():
+    """Fill memory the caching allocator will hand out next with NaN, so unwritten outputs show."""
+    junk = torch.full((1 << 24,), float("nan"), device="cuda")
+    del junk
+
+
+def upcast(args, dtype):
+    return [a.to(dtype) if isinstance(a, torch.Tensor) else a for a in args]
+
+
+def check(name, pattern, args, dtype):
+    op = lib.op(name)
+    poison()
+    got = op(*args)
+    want = pattern(*args)
+    assert got.dtype == want.dtype and got.shape == want.shape
+    assert got.is_contiguous()
+    where = f"{name} {dtype} {tuple(args[0].shape)}"
+    rtol, atol = EAGER_TOL[dtype]
+    torch.testing.assert_close(got, want, rtol=rtol, atol=atol, msg=lambda m: f"{where} vs eager: {m}")
+    if dtype != torch.float32:
+        ref = pattern(*upcast(args, torch.float32)).to(dtype)
+        rtol, atol = TOL[dtype]
+        torch.testing.assert_close(got, ref, rtol=rtol, atol=atol, msg=lambda m: f"{where} vs float32: {m}")
+    if dtype == torch.float32 and want.numel():
+        exact = pattern(*upcast(args, torch.float64))
+        rel = float((got.double() - exact).norm() / exact.norm().clamp_min(1e-30))
+        assert rel < 1e-5, f"{name}: rel. error vs float64 {rel:.2e}"
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).removeprefix("torch."))
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_kernel_matches_reference_on_odd_and_long_rows(name, dtype):
+    pattern, make = CASES[name]
+    torch.manual_seed(0)
+    for d in ROW_LENGTHS:
+        check(name, pattern, make(ROWS, d, dtype), dtype)
+    # Many short rows: the warp-per-row layout, with a partial last block of rows.
+    check(name, pattern, make(1000, 64, dtype), dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).removeprefix("torch."))
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_misaligned_and_strided_inputs(name, dtype):
+    pattern, make = CASES[name]
+    torch.manual_seed(1)
+    for d in (64, 1024, 4096):
+        args = make(6, d, dtype)
+        # Contiguous but 2 bytes past a 16-byte boundary: the scalar path.
+        shifted = tuple(
+            torch.cat([a.new_zeros(1), a.flatten()])[1:].view(a.shape) if isinstance(a, torch.Tensor) else a
+            for a in args
+        )
+        assert shifted[0].data_ptr() % 16 != 0
+        check(name, pattern, shifted, dtype)
+        # Strided views (every other row): the op makes them contiguous first.
+        strided = tuple(
+            torch.stack([a, a]).transpose(0, 1).reshape(-1, *a.shape[1:])[::2] if isinstance(a, torch.Tensor) and a.dim() == 2 else a
+            for a in args
+        )
+        assert not strided[0].is_contiguous()
+        check(name, pattern, strided, dtype)
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_empty_input(name):
+    pattern, make = CASES[name]
+    for rows, d in ((0, 64), (0, 4097), (3, 0)):
+        args = make(rows, d, torch.float32)
+        out = lib.op(name)(*args)
+        assert out.shape == pattern(*args).shape and out.numel() == 0
+
+
+def test_rank_three_and_broadcast_residual():
+    torch.manual_seed(2)
+    x, b, r = rand(2, 3, 1000, dtype=torch.bfloat16), rand(1000, dtype=torch.bfloat16), rand(1000, dtype=torch.bfloat16)
+    check("bias_gelu_residual", gelu.bias_gelu_residual, (x, b, r), torch.bfloat16)
+    check("rms_norm", rmsnorm.llama_rmsnorm, (x, rand(1000, dtype=torch.bfloat16), 1e-5), torch.bfloat16)
+
+
+def test_special_values_follow_pytorch():
+    x = torch.tensor([[0.0, float("-inf"), 1.0, 2.0], [float("-inf")] * 4, [float("nan"), 1.0, 2.0, 3.0]], device="cuda")
+    torch.testing.assert_close(lib.op("softmax")(x), softmax.softmax(x), equal_nan=True)
+    big = torch.full((3, 4096), 60000.0, device="cuda", dtype=torch.float16)
+    torch.testing.assert_close(lib.op("softmax")(big), softmax.softmax(big))
+
+
+def test_rewritten_llama_on_gpu_matches_eager():
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(vocab_size=256, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+                                   attn_implementation="eager")
+    model = transformers.LlamaForCausalLM(cfg).cuda().eval()
+    ids = torch.randint(0, 256, (2, 32), device="cuda")
+    ep = torch.export.export(model, (ids,), kwargs={"use_cache": False})
+    new = fxkern.apply(ep, lib.rules())
+    targets = {n.target for n in new.graph.nodes}
+    assert {lib.op("rms_norm").default, lib.op("swiglu").default, lib.op("softmax").default} <= targets
+    other = torch.randint(0, 256, (2, 32), device="cuda")
+    with torch.no_grad():
+        want = model(other, use_cache=False).logits
+        got = new.module()(other, use_cache=False).logits
+    assert float((got - want).norm() / want.norm()) < 1e-5
