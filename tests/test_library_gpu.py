@@ -175,3 +175,15 @@ def test_rewritten_llama_on_gpu_matches_eager():
         want = model(other, use_cache=False).logits
         got = new.module()(other, use_cache=False).logits
     assert float((got - want).norm() / want.norm()) < 1e-5
+
+
+def test_weight_and_bias_shapes_a_kernel_cannot_index_are_refused():
+    """A full-shape RMSNorm weight is read correctly; a (N, 1) weight or bias would be read
+    wrongly by ``w[i % numel(w)]``, so the op refuses it before launch."""
+    x = torch.randn(6, 40, device="cuda")
+    full = torch.randn(6, 40, device="cuda")
+    torch.testing.assert_close(lib.op("rms_norm")(x, full, 1e-6), rmsnorm.llama_rmsnorm(x, full, 1e-6))
+    with pytest.raises(fxkern.KernelInputError, match="trailing axes"):
+        lib.op("rms_norm")(x, torch.randn(6, 1, device="cuda"), 1e-6)
+    with pytest.raises(fxkern.KernelInputError, match="trailing axes"):
+        lib.op("bias_gelu")(x, torch.randn(6, 1, device="cuda"))

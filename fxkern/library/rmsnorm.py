@@ -53,8 +53,8 @@ __device__ __forceinline__ float rms_out(float x, float r, float w) {
 }
 
 // Rows of D elements; V elements an access (16 bytes, or 1 when the data does not allow it),
-// NV accesses a thread kept in registers. w has nw elements (nw == D unless the call is malformed;
-// w[c % nw] then keeps every read in bounds).
+// NV accesses a thread kept in registers. w has nw elements: D for a (D,) weight, or any trailing
+// block of x's shape (the op checks that), read at the flat index modulo nw.
 template <typename T, int MODE, int V, int NV>
 __device__ __forceinline__ void rmsnorm_rows(const T* __restrict__ x, const T* __restrict__ w, float eps,
                                              int D, unsigned rows, int nw, T* __restrict__ y, float (*red)[8]) {
@@ -91,7 +91,7 @@ __device__ __forceinline__ void rmsnorm_rows(const T* __restrict__ x, const T* _
                 if (live && col < D) {
                     Pack<T, V> wp, o;
                     if (V > 1) wp = load<T, V>(w + col);
-                    else wp.v[0] = w[col < nw ? col : col % nw];
+                    else wp.v[0] = w[nw == D ? col : (int)(((size_t)row * D + col) % (size_t)nw)];
 #pragma unroll
                     for (int j = 0; j < V; ++j)
                         o.v[j] = from_f<T>(rms_out<T, MODE>(to_f<T>(c[k].v[j]), r, to_f<T>(wp.v[j])));
@@ -116,7 +116,7 @@ __device__ __forceinline__ void rmsnorm_rows(const T* __restrict__ x, const T* _
                 const Pack<T, V> c = load<T, V>(xr + col);
                 Pack<T, V> wp, o;
                 if (V > 1) wp = load<T, V>(w + col);
-                else wp.v[0] = w[col < nw ? col : col % nw];
+                else wp.v[0] = w[nw == D ? col : (int)(((size_t)row * D + col) % (size_t)nw)];
 #pragma unroll
                 for (int j = 0; j < V; ++j)
                     o.v[j] = from_f<T>(rms_out<T, MODE>(to_f<T>(c.v[j]), r, to_f<T>(wp.v[j])));
@@ -154,7 +154,7 @@ __global__ void __launch_bounds__(256, sizeof(T) == 4 ? FXK_ROW_BLOCKS_F32 : FXK
 def _spec(kernel: str, x: str) -> KernelSpec:
     return KernelSpec(
         SOURCE, kernel,
-        inputs=[InputDecl(x), InputDecl("weight"), ScalarInput("eps", float)],
+        inputs=[InputDecl(x), InputDecl("weight", broadcast=True), ScalarInput("eps", float)],
         outputs=[OutputDecl("y", SameAs(x))],
         extras=[DimSize(x, -1), Numel(x), Numel("weight")],
         geometry=Custom(row_geometry),
