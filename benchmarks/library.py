@@ -1,6 +1,6 @@
 """fxkern.library kernels against eager PyTorch and torch.compile (inductor) on the same pattern.
 
-For each library kernel, at 16384x8192 in float32 and bfloat16 (``--dtypes`` to change), the
+For each library kernel, at 16384x8192 (and at two of the demo model's own shapes) in float32 and bfloat16 (``--dtypes`` to change), the
 kernel time of:
 
 * the library op (``torch.ops.fxkern_lib.<name>``),
@@ -52,6 +52,11 @@ def cases():
          lambda dt: (t(rows, d, dtype=dt), t(d, dtype=dt), t(rows, d, dtype=dt))),
         ("gelu_new (GPT-2, written out)", "gelu_new", gelu.gelu_new,
          lambda dt: (t(rows, d, dtype=dt),)),
+        # the shapes the demo model runs: attention scores of 8x32 heads x 512 keys, and its norms
+        ("HF attention softmax, 131072x512", "softmax_float32", softmax.softmax_float32,
+         lambda dt: (t(8 * 32 * 512, 512, dtype=dt, scale=3.0),)),
+        ("RMSNorm (Llama), 4096x2048", "rms_norm", rmsnorm.llama_rmsnorm,
+         lambda dt: (t(4096, 2048, dtype=dt), t(2048, dtype=dt), 1e-6)),
     ]
 
 
