@@ -18,7 +18,7 @@ Conventions the kernels follow:
 """
 
 COMMON = r"""
-#define ROW_CHUNK 8192u
+#define ROW_CHUNK 16384u
 namespace fxk {
 
 template <typename T> struct Num;
@@ -47,6 +47,17 @@ template <typename T, int N>
 __device__ __forceinline__ Pack<T, N> load(const T* p) { return *reinterpret_cast<const Pack<T, N>*>(p); }
 template <typename T, int N>
 __device__ __forceinline__ void store(T* p, const Pack<T, N>& v) { *reinterpret_cast<Pack<T, N>*>(p) = v; }
+
+// Hides a pack's 16-bit values from the compiler just before they are converted a second time, so it
+// keeps the packed registers live rather than every element already widened to float (which, for
+// float16/bfloat16 rows held in registers, doubles their registers and spills).
+template <typename T, int N>
+__device__ __forceinline__ void opaque(Pack<T, N>& p) {
+    if (sizeof(T) == 2 && N % 2 == 0) {
+#pragma unroll
+        for (int i = 0; i < N / 2; ++i) asm("" : "+r"(reinterpret_cast<unsigned*>(p.v)[i]));
+    }
+}
 
 __device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000); }
 
@@ -109,7 +120,7 @@ __device__ __forceinline__ void block_rows(unsigned D, unsigned rows, unsigned& 
 """
 
 # Row kernels: one 256-thread block per ROW_CHUNK elements (the rows starting there).
-ROW_CHUNK = 8192
+ROW_CHUNK = 16384
 ROW_BLOCK = 256
 # Elementwise kernels: each thread handles ELEMS_PER_THREAD consecutive-by-warp elements.
 EW_BLOCK = 256

@@ -9,6 +9,9 @@ GELU comes in the forms libraries write it:
   out in eight ops, also matched without a bias (GPT-2's ``Conv1D`` puts its bias inside ``addmm``);
 * ``megatron`` — Megatron-LM's (and NeMo's) ``bias_gelu``, the classic fused bias + tanh-GELU.
 
+The tanh forms are evaluated as ``x / (1 + exp(-2u))`` (the same function as
+``0.5 * x * (1 + tanh(u))``, cheaper and without its cancellation); erf GELU uses ``erff`` in float32
+and a branch-free Abramowitz & Stegun erf (error under 1.5e-7) in float16/bfloat16.
 Each kernel computes in float32 and rounds once, like inductor's code for the same pattern: in
 float16/bfloat16 it is closer to exact than eager PyTorch, which rounds after every op (most of
 all for the written-out forms). ``bias`` and ``residual`` may broadcast onto ``x`` along trailing
@@ -37,18 +40,40 @@ namespace fxk {
 
 enum { GELU_ERF = 0, GELU_TANH = 1, GELU_NEW = 2, GELU_MEGATRON = 3 };
 
-// GELU in float32, in the op order of each form (the caller rounds the result once).
-template <int ACT>
+// 0.5 * x * (1 + tanh(u)) == x * sigmoid(2u) == x / (1 + exp(-2u)), exactly. Evaluated that way it
+// costs one exp2 and one reciprocal (MUFU) instead of tanhf's polynomial and branches, and has no
+// cancellation where tanh(u) nears -1 (relative error about 1e-6 in float32 for any x; infinities
+// and NaN come out as PyTorch's: gelu(-inf) = NaN there too, since 0.5 * -inf * 0 is NaN).
+__device__ __forceinline__ float x_sigmoid2(float x, float u) {
+    return __fdividef(x, 1.0f + __expf(-2.0f * u));
+}
+
+// x * Phi(x) = x * 0.5 * (1 + erf(x / sqrt(2))) with Abramowitz & Stegun 7.1.26 for erf (absolute
+// error under 1.5e-7 everywhere, so at most 0.5 * |x| * 1.5e-7 in the result): one exp2 and one
+// reciprocal, no branches. Used for float16/bfloat16, whose rounding is 4 to 5 orders coarser;
+// float32 keeps erff.
+__device__ __forceinline__ float gelu_erf_fast(float x) {
+    const float z = fabsf(x) * 0.70710678118654752f;
+    const float t = __fdividef(1.0f, fmaf(0.3275911f, z, 1.0f));
+    const float poly = t * fmaf(t, fmaf(t, fmaf(t, fmaf(t, 1.061405429f, -1.453152027f), 1.421413741f),
+                                        -0.284496736f), 0.254829592f);
+    const float tail = 0.5f * poly * __expf(-z * z);   // Phi(-|x|) = 0.5 * erfc(|x| / sqrt(2))
+    return x * (x < 0.0f ? tail : 1.0f - tail);
+}
+
+// GELU in float32 (the caller rounds the result once). FAST: float16/bfloat16 (see gelu_erf_fast);
+// the tanh forms use x_sigmoid2 in every dtype, with each form's own constants and op order inside tanh.
+template <int ACT, bool FAST>
 __device__ __forceinline__ float gelu(float x) {
     if (ACT == GELU_ERF) {  // aten.gelu: x * 0.5 * (1 + erf(x / sqrt(2)))
+        if (FAST) return gelu_erf_fast(x);
         return x * 0.5f * (1.0f + erff(x * 0.70710678118654752f));
-    } else if (ACT == GELU_TANH) {  // aten.gelu(approximate="tanh")
-        const float inner = 0.7978845608028654f * (x + 0.044715f * (x * x * x));
-        return 0.5f * x * (1.0f + tanhf(inner));
+    } else if (ACT == GELU_TANH) {  // aten.gelu(approximate="tanh"): 0.5 * x * (1 + tanh(inner))
+        return x_sigmoid2(x, 0.7978845608028654f * (x + 0.044715f * (x * x * x)));
     } else if (ACT == GELU_NEW) {  // 0.5 * x * (1.0 + tanh(sqrt(2/pi) * (x + 0.044715 * pow(x, 3.0))))
-        return (0.5f * x) * (1.0f + tanhf(0.7978845608028654f * (x + 0.044715f * (x * x * x))));
+        return x_sigmoid2(x, 0.7978845608028654f * (x + 0.044715f * (x * x * x)));
     } else {  // x * 0.5 * (1.0 + tanh(0.79788456 * x * (1 + 0.044715 * x * x)))
-        return (x * 0.5f) * (1.0f + tanhf((0.79788456f * x) * (1.0f + (0.044715f * x) * x)));
+        return x_sigmoid2(x, (0.79788456f * x) * (1.0f + (0.044715f * x) * x));
     }
 }
 
@@ -115,34 +140,34 @@ __device__ __forceinline__ void map(const T* __restrict__ a, const T* __restrict
     }
 }
 
-template <int ACT> struct Act {
-    __device__ __forceinline__ float operator()(float x, float, float) const { return gelu<ACT>(x); }
+template <int ACT, bool FAST> struct Act {
+    __device__ __forceinline__ float operator()(float x, float, float) const { return gelu<ACT, FAST>(x); }
 };
-template <int ACT> struct BiasAct {
-    __device__ __forceinline__ float operator()(float x, float b, float) const { return gelu<ACT>(x + b); }
+template <int ACT, bool FAST> struct BiasAct {
+    __device__ __forceinline__ float operator()(float x, float b, float) const { return gelu<ACT, FAST>(x + b); }
 };
-template <int ACT> struct BiasActRes {
-    __device__ __forceinline__ float operator()(float x, float b, float r) const { return gelu<ACT>(x + b) + r; }
+template <int ACT, bool FAST> struct BiasActRes {
+    __device__ __forceinline__ float operator()(float x, float b, float r) const { return gelu<ACT, FAST>(x + b) + r; }
 };
 
 }  // namespace fxk
 
 #define FXK_GELU(NAME, ACT)                                                                              \
 template <typename T>                                                                                    \
-__global__ void __launch_bounds__(256) NAME(const T* x, int n, T* y) {                                   \
-    fxk::map<T, 1>(x, x, x, (unsigned)n, 1u, 1u, y, fxk::Act<ACT>());                                 \
+__global__ void __launch_bounds__(256, sizeof(T) == 4 ? 6 : 8) NAME(const T* x, int n, T* y) {                                   \
+    fxk::map<T, 1>(x, x, x, (unsigned)n, 1u, 1u, y, fxk::Act<ACT, sizeof(T) == 2>());                                 \
 }
 #define FXK_BIAS_GELU(NAME, ACT)                                                                         \
 template <typename T>                                                                                    \
-__global__ void __launch_bounds__(256) NAME(const T* x, const T* bias, int n, int nb, T* y) {            \
-    fxk::map<T, 2>(x, bias, bias, (unsigned)n, (unsigned)nb, 1u, y, fxk::BiasAct<ACT>());             \
+__global__ void __launch_bounds__(256, sizeof(T) == 4 ? 6 : 8) NAME(const T* x, const T* bias, int n, int nb, T* y) {            \
+    fxk::map<T, 2>(x, bias, bias, (unsigned)n, (unsigned)nb, 1u, y, fxk::BiasAct<ACT, sizeof(T) == 2>());             \
 }
 #define FXK_BIAS_GELU_RES(NAME, ACT)                                                                     \
 template <typename T>                                                                                    \
-__global__ void __launch_bounds__(256) NAME(const T* x, const T* bias, const T* residual,                \
+__global__ void __launch_bounds__(256, sizeof(T) == 4 ? 6 : 8) NAME(const T* x, const T* bias, const T* residual,                \
                                             int n, int nb, int nr, T* y) {                               \
     fxk::map<T, 3>(x, bias, residual, (unsigned)n, (unsigned)nb, (unsigned)nr, y,                        \
-                   fxk::BiasActRes<ACT>());                                                           \
+                   fxk::BiasActRes<ACT, sizeof(T) == 2>());                                                           \
 }
 
 FXK_BIAS_GELU(bias_gelu, fxk::GELU_ERF)

@@ -14,8 +14,8 @@ Variants, as the libraries write them (transformers 5.x source):
 ``torch.nn.RMSNorm`` / ``F.rms_norm`` export as one ``aten.rms_norm(x, [D], w, eps)`` node whose
 ``[D]`` literal cannot be captured in every IR yet; they are not matched (docs/library.md).
 
-Kernel: a 256-thread block per 8192 elements takes the rows that start there. A row stays in
-registers (up to 32 elements a thread) between the reduction and the write; the fewest
+Kernel: a 256-thread block per 16384 elements takes the rows that start there. A row stays in
+registers (eight 16-byte packs a thread) between the reduction and the write; the fewest
 power-of-two threads that hold it share it (sub-warp and warp shuffles, one shared-memory step
 past a warp). Longer rows are read twice (the second read mostly from L2).
 """
@@ -38,9 +38,18 @@ from fxkern.spec import (
 )
 
 SOURCE = COMMON + r"""
+// Blocks resident per SM (launch bounds) and 16-byte packs a thread holds, per element size.
 #ifndef FXK_ROW_BLOCKS_F32
 #define FXK_ROW_BLOCKS_F32 3
-#define FXK_ROW_BLOCKS_HALF 4
+#endif
+#ifndef FXK_ROW_BLOCKS_HALF
+#define FXK_ROW_BLOCKS_HALF 3
+#endif
+#ifndef FXK_ROW_PACKS_F32
+#define FXK_ROW_PACKS_F32 8
+#endif
+#ifndef FXK_ROW_PACKS_HALF
+#define FXK_ROW_PACKS_HALF 8
 #endif
 namespace fxk {
 
@@ -92,6 +101,7 @@ __device__ __forceinline__ void rmsnorm_rows(const T* __restrict__ x, const T* _
                     Pack<T, V> wp, o;
                     if (V > 1) wp = load<T, V>(w + col);
                     else wp.v[0] = w[nw == D ? col : (int)(((size_t)row * D + col) % (size_t)nw)];
+                    opaque(c[k]);
 #pragma unroll
                     for (int j = 0; j < V; ++j)
                         o.v[j] = from_f<T>(rms_out<T, MODE>(to_f<T>(c[k].v[j]), r, to_f<T>(wp.v[j])));
@@ -133,7 +143,7 @@ __device__ __forceinline__ void rmsnorm(const T* x, const T* w, float eps, int D
     const unsigned rows = (unsigned)n / (unsigned)D;
     constexpr int V = 16 / sizeof(T);
     if (D % V == 0 && nw == D && aligned16(x) && aligned16(w) && aligned16(y))
-        rmsnorm_rows<T, MODE, V, 32 / V>(x, w, eps, D, rows, nw, y, red);
+        rmsnorm_rows<T, MODE, V, (sizeof(T) == 4 ? FXK_ROW_PACKS_F32 : FXK_ROW_PACKS_HALF)>(x, w, eps, D, rows, nw, y, red);
     else
         rmsnorm_rows<T, MODE, 1, 16>(x, w, eps, D, rows, nw, y, red);
 }

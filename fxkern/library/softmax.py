@@ -6,9 +6,9 @@ Forms matched: ``F.softmax(x, dim=-1)``, ``x.softmax(-1)``, ``torch.softmax(x, -
 Both compute in float32 and round once, so they share one kernel; a softmax over another axis
 (``dim=0``, or a positive index of the last axis) is not matched.
 
-Kernel: the row layout of :mod:`fxkern.library.rmsnorm` (a 256-thread block per 8192 elements,
-1 to 256 threads a row, the row in registers); max, then sum of ``exp(x - max)``, then the
-write. Rows too long for registers take an online max/sum pass and a second read.
+Kernel: the row layout of :mod:`fxkern.library.rmsnorm` (a 256-thread block per 16384 elements,
+1 to 256 threads a row, the row in registers); one reduction of (max, sum of ``exp(x - max)``)
+pairs, then the write. Rows too long for registers take an online max/sum pass and a second read.
 """
 
 from __future__ import annotations
@@ -29,14 +29,61 @@ from fxkern.spec import (
 )
 
 SOURCE = COMMON + r"""
+// Blocks resident per SM (launch bounds) and 16-byte packs a thread holds, per element size.
 #ifndef FXK_ROW_BLOCKS_F32
 #define FXK_ROW_BLOCKS_F32 3
+#endif
+#ifndef FXK_ROW_BLOCKS_HALF
 #define FXK_ROW_BLOCKS_HALF 4
+#endif
+#ifndef FXK_ROW_PACKS_F32
+#define FXK_ROW_PACKS_F32 8
+#endif
+#ifndef FXK_ROW_PACKS_HALF
+#define FXK_ROW_PACKS_HALF 8
 #endif
 namespace fxk {
 
-__device__ __forceinline__ float exp_shifted(float v, float m) {  // exp(v - m)
+// exp(v - m). FAST (float16/bfloat16): 2^(v * log2(e) - m * log2(e)), one FFMA and one MUFU.EX2
+// (ex2.approx.ftz, relative error about 2^-22 plus the rounding of m * log2(e): far under a half
+// ulp of the output); float32 keeps exp2f((v - m) * log2(e)), which holds 1e-5 against float64.
+// -inf - -inf and inf - inf give NaN either way, as v - m does.
+template <bool FAST>
+__device__ __forceinline__ float exp_shifted(float v, float m) {
+    if (FAST) {
+        float r;
+        asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(fmaf(v, 1.4426950408889634f, -m * 1.4426950408889634f)));
+        return r;
+    }
     return exp2f((v - m) * 1.4426950408889634f);
+}
+
+// (m, s): a running max and the sum of exp(x - m) over the elements seen. s == 0 adds nothing
+// (also when m is -inf); a NaN s stays NaN, so a NaN anywhere in the row makes the row NaN.
+template <typename T>
+__device__ __forceinline__ float ms_term(float s, float m, float M) {
+    return s == 0.0f ? 0.0f : s * exp_shifted<sizeof(T) == 2>(m, M);
+}
+template <typename T>
+__device__ __forceinline__ void ms_combine(float& m, float& s, float m2, float s2) {
+    const float M = fmaxf(m, m2);
+    s = ms_term<T>(s, m, M) + ms_term<T>(s2, m2, M);
+    m = M;
+}
+// The row's max and sum of exp(x - max) in one reduction over a group of G consecutive threads
+// (G as for group_sum); slot holds 2 x 8 floats of shared memory no other live reduction uses.
+template <typename T>
+__device__ __forceinline__ void group_max_sum(float& m, float& s, int G, float (*slot)[8]) {
+    const int w = G < 32 ? G : 32;
+    for (int o = w >> 1; o > 0; o >>= 1)
+        ms_combine<T>(m, s, __shfl_xor_sync(0xffffffffu, m, o), __shfl_xor_sync(0xffffffffu, s, o));
+    if (G <= 32) return;
+    if ((threadIdx.x & 31) == 0) { slot[0][threadIdx.x >> 5] = m; slot[1][threadIdx.x >> 5] = s; }
+    __syncthreads();
+    const int first = (threadIdx.x / G) * (G >> 5);
+    m = slot[0][first];
+    s = slot[1][first];
+    for (int k = 1; k < (G >> 5); ++k) ms_combine<T>(m, s, slot[0][first + k], slot[1][first + k]);
 }
 
 template <typename T, int V, int NV>
@@ -67,25 +114,29 @@ __device__ __forceinline__ void softmax_rows(const T* __restrict__ x, int D, uns
                     for (int j = 0; j < V; ++j) m = fmaxf(m, to_f<T>(c[k].v[j]));
                 }
             }
-            m = group_max(m, G, red[0]);
+            // This thread's sum of exp(x - m) (shifted by 0 when its elements are all -inf or NaN:
+            // 0, or NaN), then one reduction of (max, sum) pairs for the row.
+            const float sh = m == neg_inf() ? 0.0f : m;
             float s = 0.0f;
 #pragma unroll
             for (int k = 0; k < NV; ++k) {
                 const int col = (k * G + t) * V;
                 if (live && col < D) {
 #pragma unroll
-                    for (int j = 0; j < V; ++j) s += exp_shifted(to_f<T>(c[k].v[j]), m);
+                    for (int j = 0; j < V; ++j) s += exp_shifted<sizeof(T) == 2>(to_f<T>(c[k].v[j]), sh);
                 }
             }
-            const float inv = 1.0f / group_sum(s, G, red[1]);
+            group_max_sum<T>(m, s, G, red + 2 * (p & 1));
+            const float inv = 1.0f / s;
             T* yr = y + (size_t)row * D;
 #pragma unroll
             for (int k = 0; k < NV; ++k) {
                 const int col = (k * G + t) * V;
                 if (live && col < D) {
                     Pack<T, V> o;
+                    opaque(c[k]);
 #pragma unroll
-                    for (int j = 0; j < V; ++j) o.v[j] = from_f<T>(exp_shifted(to_f<T>(c[k].v[j]), m) * inv);
+                    for (int j = 0; j < V; ++j) o.v[j] = from_f<T>(exp_shifted<sizeof(T) == 2>(to_f<T>(c[k].v[j]), m) * inv);
                     store<T, V>(yr + col, o);
                 }
             }
@@ -101,14 +152,14 @@ __device__ __forceinline__ void softmax_rows(const T* __restrict__ x, int D, uns
 #pragma unroll
                 for (int j = 0; j < V; ++j) pm = fmaxf(pm, to_f<T>(c.v[j]));
                 if (pm != neg_inf()) {
-                    s = m == neg_inf() ? 0.0f : s * exp_shifted(m, pm);
+                    s = m == neg_inf() ? 0.0f : s * exp_shifted<sizeof(T) == 2>(m, pm);
 #pragma unroll
-                    for (int j = 0; j < V; ++j) s += exp_shifted(to_f<T>(c.v[j]), pm);
+                    for (int j = 0; j < V; ++j) s += exp_shifted<sizeof(T) == 2>(to_f<T>(c.v[j]), pm);
                 }
                 m = pm;
             }
             const float gm = group_max(m, 256, red[0]);
-            s = m == neg_inf() ? 0.0f : s * exp_shifted(m, gm);
+            s = m == neg_inf() ? 0.0f : s * exp_shifted<sizeof(T) == 2>(m, gm);
             const float inv = 1.0f / group_sum(s, 256, red[1]);
             T* yr = y + (size_t)row * D;
 #pragma unroll 4
@@ -116,7 +167,7 @@ __device__ __forceinline__ void softmax_rows(const T* __restrict__ x, int D, uns
                 const Pack<T, V> c = load<T, V>(xr + col);
                 Pack<T, V> o;
 #pragma unroll
-                for (int j = 0; j < V; ++j) o.v[j] = from_f<T>(exp_shifted(to_f<T>(c.v[j]), gm) * inv);
+                for (int j = 0; j < V; ++j) o.v[j] = from_f<T>(exp_shifted<sizeof(T) == 2>(to_f<T>(c.v[j]), gm) * inv);
                 store<T, V>(yr + col, o);
             }
         }
@@ -127,12 +178,12 @@ __device__ __forceinline__ void softmax_rows(const T* __restrict__ x, int D, uns
 
 template <typename T>
 __global__ void __launch_bounds__(256, sizeof(T) == 4 ? FXK_ROW_BLOCKS_F32 : FXK_ROW_BLOCKS_HALF) softmax_last(const T* x, int D, int n, T* y) {
-    __shared__ float red[2][8];
+    __shared__ float red[4][8];
     if (D <= 0) return;
     const unsigned rows = (unsigned)n / (unsigned)D;
     constexpr int V = 16 / sizeof(T);
     if (D % V == 0 && fxk::aligned16(x) && fxk::aligned16(y))
-        fxk::softmax_rows<T, V, 32 / V>(x, D, rows, y, red);
+        fxk::softmax_rows<T, V, (sizeof(T) == 4 ? FXK_ROW_PACKS_F32 : FXK_ROW_PACKS_HALF)>(x, D, rows, y, red);
     else
         fxk::softmax_rows<T, 1, 16>(x, D, rows, y, red);
 }
