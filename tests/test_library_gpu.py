@@ -158,6 +158,21 @@ def test_special_values_follow_pytorch():
     torch.testing.assert_close(lib.op("softmax")(big), softmax.softmax(big))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=lambda d: str(d)[6:])
+@pytest.mark.parametrize("keys", [512, 4096, 20000])
+def test_softmax_of_causally_masked_scores(dtype, keys):
+    """Attention masks add finfo(dtype).min, so most of a row sits at the most negative finite value;
+    whole chunks of a row are masked. The result must be finite and equal PyTorch's."""
+    torch.manual_seed(3)
+    s = 64
+    scores = torch.randn(2, 4, s, keys, device="cuda", dtype=dtype)
+    mask = torch.full((s, keys), torch.finfo(dtype).min, device="cuda", dtype=dtype).triu(1)
+    x = scores + mask
+    got, want = lib.op("softmax")(x), softmax.softmax_float32(x)
+    assert torch.isfinite(got).all()
+    torch.testing.assert_close(got.float(), want.float(), rtol=1.6e-2, atol=1e-3)
+
+
 def test_rewritten_llama_on_gpu_matches_eager():
     transformers = pytest.importorskip("transformers")
     torch.manual_seed(0)

@@ -44,15 +44,16 @@ SOURCE = COMMON + r"""
 #endif
 namespace fxk {
 
-// exp(v - m). FAST (float16/bfloat16): 2^(v * log2(e) - m * log2(e)), one FFMA and one MUFU.EX2
-// (ex2.approx.ftz, relative error about 2^-22 plus the rounding of m * log2(e): far under a half
-// ulp of the output); float32 keeps exp2f((v - m) * log2(e)), which holds 1e-5 against float64.
-// -inf - -inf and inf - inf give NaN either way, as v - m does.
+// exp(v - m). FAST (float16/bfloat16): 2^((v - m) * log2(e)) through MUFU.EX2 (ex2.approx.ftz,
+// relative error about 2^-22: far under a half ulp of the output); float32 keeps exp2f, which holds
+// 1e-5 against float64. The difference is taken first: v * log2(e) - m * log2(e) overflows to
+// inf - inf = NaN for masked scores (finfo.min, as attention masks write them) when m is one too.
+// -inf - -inf and inf - inf give NaN, as v - m does in PyTorch.
 template <bool FAST>
 __device__ __forceinline__ float exp_shifted(float v, float m) {
     if (FAST) {
         float r;
-        asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(fmaf(v, 1.4426950408889634f, -m * 1.4426950408889634f)));
+        asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"((v - m) * 1.4426950408889634f));
         return r;
     }
     return exp2f((v - m) * 1.4426950408889634f);
