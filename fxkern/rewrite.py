@@ -310,6 +310,8 @@ def analyse(gm: fx.GraphModule, rules: Union[RuleSet, Sequence[Rule], None], irs
         # identical graphs for float32 and bfloat16 are one variant that serves both.
         variants: Dict[Any, Tuple[set, Any]] = {}
         for ir in irs:
+            if rule.irs is not None and ir not in rule.irs:
+                continue
             for dtype in _anchor_dtypes(rule, ir, by_target):
                 cp = rule.compiled(ir, dtype)
                 key = tuple((n.target, repr(n.args)) for n in cp.nodes)

@@ -36,6 +36,7 @@ class Rule:
     noise: frozenset = matcher.DEFAULT_NOISE
     arg_params: Tuple[str, ...] = ()  # pattern parameter feeding each op argument, in op order
     order: int = field(default_factory=lambda: next(_order))
+    irs: Optional[Tuple[str, ...]] = None  # the IRs the rule applies in (None: all)
     _compiled: Dict[Tuple[str, Any], matcher.CompiledPattern] = field(default_factory=dict, repr=False)
 
     @property
@@ -106,6 +107,7 @@ def replace(
     example_inputs: Optional[Sequence[Any]] = None,
     priority: Optional[int] = None,
     noise: Optional[Sequence[str]] = None,
+    irs: Optional[Sequence[str]] = None,
 ) -> Rule:
     """Make a rule that replaces every safe occurrence of ``pattern`` by one call of ``target``.
 
@@ -113,6 +115,9 @@ def replace(
     pattern as its reference; a ``name`` with ``::`` picks the namespace) or an
     existing op. ``noise`` lists what may sit inside a match without breaking it:
     ``"views"`` and ``"clones"`` (default) and ``"casts"`` (same-dtype ``to``).
+    ``irs`` limits the rule to some pattern IRs (``fxkern.patterns.TRACERS``), e.g. leaving out
+    ``"inductor"`` for a replacement that inductor's own fusion beats, or a pattern that cannot be
+    traced in every IR.
     """
     if not callable(pattern):
         raise SpecError(f"a pattern must be a function, got {pattern!r}")
@@ -135,8 +140,14 @@ def replace(
         raise SpecError(f"replace target must be a KernelSpec or a torch op, got {target!r}")
     params = patterns.pattern_params(pattern)
     arg_params = _map_params(pattern, params, overload)
-    rule = Rule(rule_name, pattern, op, filter, example_inputs, priority, policy, arg_params)
-    rule.compiled("export", torch.float32)  # trace once now: a broken pattern fails here, not inside apply
+    if irs is not None:
+        irs = tuple(irs)
+        bad = [ir for ir in irs if ir not in patterns.TRACERS]
+        if bad or not irs:
+            raise SpecError(f"irs={list(irs)}: name one or more of {sorted(patterns.TRACERS)}")
+    rule = Rule(rule_name, pattern, op, filter, example_inputs, priority, policy, arg_params, irs=irs)
+    # trace once now: a broken pattern fails here, not inside apply
+    rule.compiled("export" if irs is None or "export" in irs else irs[0], torch.float32)
     (rules if rules is not None else _DEFAULT).add(rule)
     return rule
 

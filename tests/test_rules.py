@@ -5,7 +5,7 @@ import torch
 
 import fxkern
 from fxkern import RuleSet, SpecError
-from helpers import spec_like
+from helpers import Fn, spec_like
 
 
 def test_replace_registers_the_op_with_the_pattern_as_reference():
@@ -116,3 +116,31 @@ def _exp_plus(i):
 def test_unknown_noise_kind():
     with pytest.raises(SpecError, match="noise"):
         fxkern.replace(lambda x: x * 2, spec_like(lambda x: x), name="noisy", noise=["views", "teleports"], rules=RuleSet())
+
+
+def test_rule_limited_to_some_irs():
+    """irs= keeps a rule out of the IRs it does not name (e.g. out of inductor, where inductor's own
+    fusion beats the replacement), and names are checked."""
+    import torch.fx as fx
+
+    from fxkern.rewrite import rewrite_graph
+    from helpers import spec_like
+
+    def gelu_add(x, y):
+        return torch.nn.functional.gelu(x) + y
+
+    rules = fxkern.RuleSet("irs")
+    fxkern.replace(gelu_add, spec_like(gelu_add), name="fxkern_test_irs::gelu_add", rules=rules,
+                   irs=("export", "aot"))
+    x = torch.randn(4, 8)
+    ep = torch.export.export(Fn(gelu_add), (x, x))
+    assert len(fxkern.explain(ep, rules).matches) == 1
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    gm = make_fx(gelu_add, tracing_mode="fake")(x, x)
+    assert not rewrite_graph(gm.graph, rules, ("inductor",)).matches
+    assert len(rewrite_graph(gm.graph, rules, ("aot",)).matches) == 1
+    with pytest.raises(fxkern.SpecError, match="irs="):
+        fxkern.replace(gelu_add, spec_like(gelu_add), name="fxkern_test_irs::bad", rules=fxkern.RuleSet(),
+                       irs=("nope",))
+    assert isinstance(gm, fx.GraphModule)

@@ -32,9 +32,9 @@ def row_geometry(inputs, outputs):
 
 
 def add_rule(rules: RuleSet, pattern: Callable[..., Any], target: Any, name: str,
-             filter: Callable[[Any], bool] | None = None) -> Rule:
+             filter: Callable[[Any], bool] | None = None, irs: Sequence[str] | None = None) -> Rule:
     """``fxkern.replace`` into the library's rule set, the op named ``fxkern_lib::<name>``."""
-    return replace(pattern, target, name=f"{NAMESPACE}::{name}", rules=rules, filter=filter)
+    return replace(pattern, target, name=f"{NAMESPACE}::{name}", rules=rules, filter=filter, irs=irs)
 
 
 # ---- filters: what the pattern's structure cannot say about its inputs' shapes ----------------------
