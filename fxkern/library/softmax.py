@@ -214,9 +214,11 @@ def softmax_float32(x):
 
 
 def register(rules) -> None:
-    op = add_rule(rules, softmax, SOFTMAX, "softmax", filter=has_rows("x")).op
+    # Neither softmax rule runs inside inductor: there a softmax nearly always follows ops inductor
+    # fuses into its own softmax kernel (attention's scale and mask add, and the float32 upcast,
+    # where inductor's graph exposes the plain softmax inside the HF form). Replacing the softmax
+    # alone then adds a write and a read of the scores: the demo model ran at 0.81x of plain
+    # inductor with it (docs/benchmarks.md, "demo_model"). In eager, export and TensorRT it pays.
+    op = add_rule(rules, softmax, SOFTMAX, "softmax", filter=has_rows("x"), irs=COMPILE_FREE_IRS).op
     # Same numbers (float32 arithmetic, one rounding): another way of finding the same op.
-    # Not inside inductor: in attention, inductor fuses the scale and mask add into its own softmax
-    # kernel, so replacing the softmax alone adds a write and a read of the scores (measured: the
-    # demo model at 0.81x of plain inductor with it, docs/benchmarks.md "demo_model").
     add_rule(rules, softmax_float32, op, "softmax_float32", filter=has_rows("x"), irs=COMPILE_FREE_IRS)
