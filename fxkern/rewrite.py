@@ -227,8 +227,9 @@ def _refake(args: List[Any]) -> List[Any]:
     if any(not isinstance(d, int) for t in tensors for d in t.shape):
         return args
     mode = torch._subclasses.FakeTensorMode()
-    return [mode.from_tensor(torch.empty_strided(a.shape, a.stride(), dtype=a.dtype, device="meta"))
-            if isinstance(a, torch.Tensor) else a for a in args]
+    with mode:  # on the values' own devices, so a meta_fn that checks the device sees the real one
+        return [torch.empty_strided(a.shape, a.stride(), dtype=a.dtype, device=a.device)
+                if isinstance(a, torch.Tensor) else a for a in args]
 
 
 def _fake_run_uncached(rule: Rule, match: Match) -> Tuple[Optional[Tuple[Any, ...]], Optional[str]]:

@@ -21,7 +21,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 import fxkern
 import seven_cases
 import trt_standin as standin
-from helpers import library_inputs, library_ops
+from helpers import Fn, library_inputs, library_ops
 from fxkern import InputDecl, KernelSpec, Numel, OutputDecl, SameAs, ScalarInput, symbolic as sym
 from fxkern.tensorrt import converter, plugin
 from fxkern.tensorrt.decompositions import reproduced_table
@@ -256,10 +256,43 @@ def test_ptx_op_with_a_64_bit_scalar_is_jit(op_name):
 
 
 def test_ptx_op_without_aot_fn_is_jit(op_name):
-    fxkern.ptx_op(op_name, PTX_64.replace(".f64", ".u64"), "k64", meta_fn=lambda x: torch.empty_like(x),
-                  schema="(Tensor x) -> Tensor")
+    ptx = PTX_64.replace(".param .f64 k64_param_1,\n", "").replace("k64_param_2", "k64_param_1")
+    fxkern.ptx_op(op_name, ptx, "k64", meta_fn=lambda x: torch.empty_like(x),
+                  schema="(Tensor x) -> Tensor", eager_fn=lambda x: x.clone())
     pp = plugin.plan_plugin(fxkern.kernel_op(op_name))
-    assert not pp.aot and "aot_fn" in pp.why_jit
+    assert not pp.aot and "aot_fn" in pp.why_jit and not pp.why_not
+    x = torch.empty(4, 4, device="meta")
+    node = _node(fxkern.kernel_op(op_name).op.default, [x])
+    assert converter.refusal(pp, node) == ""
+    assert "bfloat16" in converter.refusal(pp, _node(fxkern.kernel_op(op_name).op.default,
+                                                     [x.to(torch.bfloat16)]))  # JIT buffers cannot be bf16
+
+
+def test_ptx_op_with_no_launch_at_all_gets_no_plugin(op_name):
+    ptx = PTX_64.replace(".param .f64 k64_param_1,\n", "").replace("k64_param_2", "k64_param_1")
+    fxkern.ptx_op(op_name, ptx, "k64", meta_fn=lambda x: torch.empty_like(x), schema="(Tensor x) -> Tensor")
+    pp = plugin.plan_plugin(fxkern.kernel_op(op_name))
+    assert "neither aot_fn" in pp.why_not
+    assert converter.refusal(pp, _node(fxkern.kernel_op(op_name).op.default, [torch.empty(2, device="meta")]))
+
+
+def test_defaulted_scalars_left_out_by_export_are_filled_from_the_schema(op_name):
+    """torch.export drops trailing arguments at their default; the plugin still needs every attribute."""
+    fxkern.ptx_op(op_name, PTX_64, "k64", meta_fn=lambda x, a=1.5: torch.empty_like(x),
+                  schema="(Tensor x, float a=1.5) -> Tensor", aot_fn=lambda ins, outs, tactic: None)
+    entry = fxkern.kernel_op(op_name)
+    ep = torch.export.export(Fn(lambda x: entry.op(x)), (torch.randn(3),))
+    node = next(n for n in ep.graph.nodes if n.target == entry.op.default)
+    pp = plugin.plan_plugin(entry)
+    tensors, attrs = plugin.plugin_arguments(pp, node.args, dict(node.kwargs))
+    assert attrs == {"a": 1.5} and len(tensors) == 1
+
+
+def test_scalars_that_cannot_be_32_bit_are_declined(example_ops):
+    entry = fxkern.kernel_op(f"{seven_cases.NS}::scale")
+    pp = plugin.plan_plugin(entry)
+    x = torch.empty(4, 4, device="meta")
+    assert "32-bit" in converter.refusal(pp, _node(entry.op.default, [x], (1e39,)))
 
 
 def test_ptx_op_aot_fn_gives_the_launch(op_name):
@@ -430,6 +463,8 @@ def test_after_import_hook_runs_whichever_import_comes_first(tmp_path, monkeypat
     calls = []
     fxkern.tensorrt.after_import("fxkern_hook_probe", lambda: calls.append(sys.modules["fxkern_hook_probe"].VALUE))
     assert calls == []
+    assert importlib.util.find_spec("fxkern_hook_probe") is not None  # a probe is not the import
+    assert calls == []
     import fxkern_hook_probe  # noqa: F401
 
     assert calls == [41]
@@ -454,6 +489,8 @@ def test_seven_cases_through_torch_tensorrt(example_ops, case):
     model = seven_cases.CallOp(example_ops[case.name]).cuda()
     trt = torch_tensorrt.compile(model, ir="dynamo", inputs=[a for a in args if isinstance(a, torch.Tensor)],
                                  min_block_size=1)
+    engines = [m for m in trt.modules() if type(m).__name__.endswith("TRTModule")]
+    assert len(engines) == 1  # the op is a plugin layer in an engine, not a PyTorch fallback
     got, want = trt(*args), case.reference(*args)
     for g, w in zip(got if isinstance(got, tuple) else (got,), want if isinstance(want, tuple) else (want,)):
         torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-4)
@@ -465,8 +502,10 @@ def test_rule_compiles_into_one_engine(trt_rules):
     import torch_tensorrt
 
     model, x = Block().cuda().eval(), torch.randn(2, 3, 16, device="cuda")
-    with fxkern.tensorrt.using(trt_rules):
+    reports = []
+    with fxkern.tensorrt.using(trt_rules, reports.append):
         trt = torch_tensorrt.compile(model, ir="dynamo", inputs=[x], min_block_size=1)
+    assert {m.rule for r in reports for m in r.matches} == {"rmsnorm", "swiglu"}  # the pass ran inside
     engines = [m for m in trt.modules() if type(m).__name__.endswith("TRTModule")]
     assert len(engines) == 1
     torch.testing.assert_close(trt(x), model(x), rtol=1e-4, atol=1e-4)

@@ -17,6 +17,7 @@ whether any of this can work here and, if not, why.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import contextvars
 import importlib.abc
@@ -68,11 +69,12 @@ def available() -> Availability:
         return Availability(False, "torch_tensorrt is not installed (pip install torch-tensorrt; "
                             f"working versions: {WORKING})", versions)
     try:
+        import torch_tensorrt  # first: it sets up the tensorrt module it wants (RTX, capture)
+        from torch_tensorrt._features import ENABLED_FEATURES
+
         import tensorrt
 
         versions["tensorrt"] = getattr(tensorrt, "__version__", "unknown")
-        import torch_tensorrt
-        from torch_tensorrt._features import ENABLED_FEATURES
     except Exception as exc:  # a stub package or a broken install
         return Availability(False, f"torch_tensorrt or tensorrt does not import ({type(exc).__name__}: {exc}); "
                             f"working versions: {WORKING}", versions)
@@ -95,7 +97,7 @@ class _State:
     active: bool = False  # plugins, converters and the pass are registered
     registered: set = field(default_factory=set)
     said_unavailable: bool = False
-    reports: List[Any] = field(default_factory=list)
+    reports: Any = field(default_factory=lambda: collections.deque(maxlen=64))  # the latest lowering reports
 
 
 _state = _State()
@@ -212,7 +214,12 @@ def _activate_if_imported() -> None:
 
 
 class _AfterImport(importlib.abc.MetaPathFinder):
-    """Runs callbacks right after a named module finishes importing."""
+    """Runs callbacks right after a named module finishes importing.
+
+    ``find_spec`` only wraps the loader the other finders return (``importlib.util.find_spec``
+    probes through here without importing, so nothing is consumed then); the callbacks run, once,
+    when the wrapped loader has executed the module.
+    """
 
     def __init__(self) -> None:
         self.callbacks: Dict[str, List[Callable[[], None]]] = {}
@@ -220,25 +227,42 @@ class _AfterImport(importlib.abc.MetaPathFinder):
     def find_spec(self, name: str, path: Any, target: Any = None) -> Any:
         if name not in self.callbacks:
             return None
-        spec = importlib.machinery.PathFinder.find_spec(name, path)
-        if spec is None or spec.loader is None:
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(name, path, target)
+            if spec is not None:
+                break
+        else:
             return None
-        loader, callbacks = spec.loader, self.callbacks.pop(name)
-
-        class Loader(importlib.abc.Loader):
-            def create_module(self, spec: Any) -> Any:
-                return loader.create_module(spec)
-
-            def exec_module(self, module: Any) -> None:
-                loader.exec_module(module)
-                for cb in callbacks:
-                    try:
-                        cb()
-                    except Exception as exc:  # never break the user's import
-                        log.warning("fxkern: after importing %s: %s", name, exc)
-
-        spec.loader = Loader()
+        if spec.loader is not None and hasattr(spec.loader, "exec_module"):
+            spec.loader = _HookedLoader(spec.loader, name, self)
         return spec
+
+    def run(self, name: str) -> None:
+        for cb in self.callbacks.pop(name, []):
+            try:
+                cb()
+            except Exception as exc:  # never break the user's import
+                log.warning("fxkern: after importing %s: %s", name, exc)
+
+
+class _HookedLoader(importlib.abc.Loader):
+    """The module's own loader, with the callbacks run after ``exec_module``; everything else is
+    forwarded (resource readers, ``is_package``...)."""
+
+    def __init__(self, loader: Any, name: str, hook: _AfterImport):
+        self._loader, self._name, self._hook = loader, name, hook
+
+    def create_module(self, spec: Any) -> Any:
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module: Any) -> None:
+        self._loader.exec_module(module)
+        self._hook.run(self._name)
+
+    def __getattr__(self, attr: str) -> Any:
+        return getattr(self._loader, attr)
 
 
 _hook = _AfterImport()

@@ -20,7 +20,7 @@ import torch.fx as fx
 from fxkern import symbolic as sym
 from fxkern.derive import INT32_MAX
 from fxkern.errors import FxkernError
-from fxkern.tensorrt.plugin import MAX_DIMS, TRT_DTYPES, PluginPlan, plugin_arguments
+from fxkern.tensorrt.plugin import MAX_DIMS, TRT_DTYPES, PluginPlan, plugin_arguments, scalar_bits
 
 log = logging.getLogger("fxkern")
 _said: set = set()
@@ -57,9 +57,15 @@ def refusal(pp: PluginPlan, node: fx.Node, strict_aot: bool = False) -> str:
         tensors, attrs = plugin_arguments(pp, node.args, dict(node.kwargs))
     except (FxkernError, TypeError, ValueError) as exc:
         return str(exc)
-    for name, value in attrs.items():
+    for (name, value), py_type in zip(attrs.items(), pp.attr_types):
         if isinstance(value, fx.Node):
             return f"scalar {name!r} is computed in the graph; a plugin attribute must be a constant"
+        if not isinstance(value, (int, float, bool)):
+            return f"scalar {name!r} is {value!r}; a plugin attribute must be a float, int or bool"
+        try:
+            scalar_bits(value, py_type, name)  # what aot_impl will pass: fail here, not in the build
+        except (FxkernError, OverflowError) as exc:
+            return f"scalar {name!r} = {value!r} cannot be a 32-bit kernel argument ({exc})"
     vals = []
     for name, t in zip(pp.tensor_names, tensors):
         val = t.meta.get("val") if isinstance(t, fx.Node) else None
@@ -69,6 +75,9 @@ def refusal(pp: PluginPlan, node: fx.Node, strict_aot: bool = False) -> str:
             return f"input {name!r} is {val.dtype}, which TensorRT has no type for"
         if val.dim() > MAX_DIMS:
             return f"input {name!r} has rank {val.dim()}; TensorRT tensors have at most {MAX_DIMS} dimensions"
+        if not pp.aot and val.dtype == torch.bfloat16:
+            return (f"input {name!r} is bfloat16 and the op is a JIT plugin ({pp.why_jit}); tensorrt.plugin "
+                    f"cannot hand a bfloat16 buffer to Python")
         vals.append(val)
     plan = pp.entry.plan
     if plan is not None:

@@ -110,6 +110,7 @@ class PluginPlan:
     arg_kinds: Tuple[str, ...]  # "tensor" or a scalar type name ("float", "int", "bool")
     tensor_args: Tuple[int, ...]  # positions of tensor arguments
     scalar_args: Tuple[int, ...]  # positions of scalar arguments
+    arg_defaults: Tuple[Any, ...]  # the schema's default per argument, or MISSING
     tensor_names: Tuple[str, ...]  # descriptor parameter names
     attr_names: Tuple[str, ...]  # plugin attribute names, register order (= declaration order)
     attr_types: Tuple[type, ...]
@@ -128,6 +129,9 @@ class PluginPlan:
     @property
     def name(self) -> str:
         return self.plugin_id.split("::")[1]
+
+
+MISSING = object()  # an argument with no value and no default
 
 
 def _schema_args(entry: KernelOp) -> Tuple[List[str], List[str], int, str]:
@@ -196,7 +200,9 @@ def _plan_for(entry: KernelOp) -> PluginPlan:
         elif any(p.kind not in ("pointer", "i32", "f32", "bool") for p in plan.params):
             why_jit = "a kernel parameter is wider than 32 bits"
     else:  # ptx_op
-        if entry.aot_fn is None:
+        if entry.aot_fn is None and entry.eager_fn is None:
+            why_not = why_not or "ptx_op has neither aot_fn (a TensorRT launch) nor eager_fn (a PyTorch one)"
+        elif entry.aot_fn is None:
             why_jit = "ptx_op has no aot_fn to give TensorRT a launch"
         else:
             params = compiler.ptx_entries(entry.ptx).get(entry.ptx_kernel, [])
@@ -205,8 +211,11 @@ def _plan_for(entry: KernelOp) -> PluginPlan:
                     why_jit = (f"scalar {names[i]!r} is a {params[i].size * 8}-bit kernel parameter; TensorRT's "
                                f"extra arguments are 32-bit")
                     break
+    defaults = tuple(a.default_value if a.has_default_value() else MISSING
+                     for a in entry.op.default._schema.arguments)
     return PluginPlan(
         entry=entry, plugin_id=entry.qualname, arg_names=tuple(names), arg_kinds=tuple(kinds),
+        arg_defaults=defaults,
         tensor_args=tensor_args, scalar_args=scalar_args, tensor_names=tensor_names, attr_names=attr_names,
         attr_types=attr_types, n_outputs=n_out, output_shapes=shapes, output_dtype_from=dtype_from,
         call_dtype_from=call_from, aot=not why_not and not why_jit, why_jit=why_jit, why_not=why_not,
@@ -492,11 +501,18 @@ def plugin_arguments(pp: PluginPlan, args: Sequence[Any], kwargs: Dict[str, Any]
     TensorRT's plugin call rejects attributes out of register order or of a
     different Python type (an ``int`` for a ``float``), so both are fixed here.
     """
-    values: List[Any] = list(args) + [None] * (len(pp.arg_names) - len(args))
+    if len(args) > len(pp.arg_names):
+        raise FxkernError(f"{pp.plugin_id}: {len(args)} arguments for a schema of {len(pp.arg_names)}")
+    values: List[Any] = list(args) + [MISSING] * (len(pp.arg_names) - len(args))
     for k, v in kwargs.items():
         if k not in pp.arg_names:
             raise FxkernError(f"{pp.plugin_id}: unexpected argument {k!r}; the schema has {list(pp.arg_names)}")
         values[pp.arg_names.index(k)] = v
+    for i, v in enumerate(values):  # torch.export leaves out arguments at their default
+        if v is MISSING:
+            values[i] = pp.arg_defaults[i]
+        if values[i] is MISSING:
+            raise FxkernError(f"{pp.plugin_id}: argument {pp.arg_names[i]!r} has no value and no default")
     tensors = [values[i] for i in pp.tensor_args]
     attrs = {n: t(values[i]) if isinstance(values[i], (int, float, bool)) else values[i]
              for n, t, i in zip(pp.attr_names, pp.attr_types, pp.scalar_args)}
