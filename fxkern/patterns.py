@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
@@ -189,7 +190,10 @@ def trace(fn: Callable[..., Any], ir: str, *, dtype: torch.dtype = torch.float32
                                 f"are traced with the same value {v!r}; give them different example values")
             sentinel_to_param[(p.py_type, v)] = p.name
     try:
-        graph = TRACERS[ir](fn, params, example_inputs)
+        with warnings.catch_warnings():
+            # torch's own pytree deprecation, raised inside torch.export on every trace: not the user's to fix
+            warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\).*", category=FutureWarning)
+            graph = TRACERS[ir](fn, params, example_inputs)
     except Exception as exc:
         raise SpecError(f"pattern {fn.__name__} could not be traced in the {ir!r} IR: {exc}") from exc
 
