@@ -551,5 +551,6 @@ def _trt_compile(model: nn.Module, rules: fxkern.RuleSet, ids: torch.Tensor, dty
 
     from fxkern import tensorrt as fx_trt
 
-    fx_trt.enable(rules)
-    return torch_tensorrt.compile(model, ir="dynamo", inputs=[ids], enabled_precisions={dtype}, min_block_size=1)
+    with fx_trt.using(rules):  # these rules for this compile only; the process-wide choice stays
+        return torch_tensorrt.compile(model, ir="dynamo", inputs=[ids], enabled_precisions={dtype},
+                                      min_block_size=1)
