@@ -6,35 +6,20 @@ from __future__ import annotations
 import datetime
 import platform
 import re
-import statistics
 import time
 from pathlib import Path
 from typing import Callable
 
 import torch
 
+from fxkern.demo import cuda_time_ms as _cuda_time_ms
+
 DOC = Path(__file__).resolve().parents[1] / "docs" / "benchmarks.md"
 
 
 def cuda_time_ms(fn: Callable[[], object], *, warmup: int = 5, reps: int = 20, inner: int = 10) -> float:
-    """Median milliseconds per call of ``fn``, timed with CUDA events.
-
-    Each sample times ``inner`` back-to-back calls, so the host's launch work
-    overlaps the previous kernel as it does in a model, and divides.
-    """
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(inner):
-            fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / inner)
-    return statistics.median(times)
+    """Median milliseconds per call of ``fn`` with CUDA events: fxkern.demo's timer, with more samples."""
+    return _cuda_time_ms(fn, warmup=warmup, reps=reps, inner=inner)
 
 
 def host_us(fn: Callable[[], object], burst: int = 200, rounds: int = 200) -> float:

@@ -81,3 +81,12 @@ def library_inputs(op, dtype, device, rows=37, cols=1000):
         else:
             args.append({float: 1e-5, int: 3, bool: True}[d.py_type])
     return tuple(args)
+
+
+def example_cases():
+    """pytest params (case, dtype) for every seven-case example in each dtype it is built for."""
+    import pytest
+    import seven_cases
+
+    return [pytest.param(case, dtype, id=f"{case.name}-{str(dtype)[6:]}")
+            for case in seven_cases.CASES for dtype in case.dtypes]

@@ -21,8 +21,9 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 import fxkern
 import seven_cases
 import trt_standin as standin
-from helpers import Fn, library_inputs, library_ops
+from helpers import Fn, example_cases, library_inputs, library_ops
 from fxkern import InputDecl, KernelSpec, Numel, OutputDecl, SameAs, ScalarInput, symbolic as sym
+from fxkern.library.rmsnorm import llama_rmsnorm
 from fxkern.tensorrt import converter, plugin
 from fxkern.tensorrt.decompositions import reproduced_table
 
@@ -33,12 +34,6 @@ ARCH = "sm_90"
 @pytest.fixture(scope="module")
 def example_ops():
     return seven_cases.register_all()
-
-
-def _cases():
-    for case in seven_cases.CASES:
-        for dtype in case.dtypes:
-            yield pytest.param(case, dtype, id=f"{case.name}-{str(dtype)[6:]}")
 
 
 def _fake_outputs(op, args):
@@ -68,7 +63,7 @@ def _call_args(pp, tensors, scalars):
     return args
 
 
-@pytest.mark.parametrize("case,dtype", list(_cases()))
+@pytest.mark.parametrize("case,dtype", example_cases())
 def test_plugin_of_every_example_against_the_standin(example_ops, case, dtype):
     """Descriptor and AOT implementation: signatures by the fact sheet's rules, shapes, dtypes,
     launch and extras equal to what the eager launch computes from the same expressions."""
@@ -340,14 +335,6 @@ def test_the_standin_is_not_vacuous():
 
 
 # ---- the lowering pass, on graphs decomposed as Torch-TensorRT decomposes them -----------------
-
-
-def llama_rmsnorm(hidden_states, weight, eps: float):
-    input_dtype = hidden_states.dtype
-    hidden_states = hidden_states.to(torch.float32)
-    variance = hidden_states.pow(2).mean(-1, keepdim=True)
-    hidden_states = hidden_states * torch.rsqrt(variance + eps)
-    return weight * hidden_states.to(input_dtype)
 
 
 def swiglu(a, b):

@@ -21,7 +21,7 @@ import torch
 import fxkern
 import seven_cases
 import trt_standin as standin
-from helpers import library_inputs, library_ops
+from helpers import example_cases, library_inputs, library_ops
 from fxkern import launcher
 from fxkern.tensorrt import plugin
 
@@ -70,13 +70,7 @@ def example_ops():
     return seven_cases.register_all()
 
 
-def _cases():
-    for case in seven_cases.CASES:
-        for dtype in case.dtypes:
-            yield pytest.param(case, dtype, id=f"{case.name}-{str(dtype)[6:]}")
-
-
-@pytest.mark.parametrize("case,dtype", list(_cases()))
+@pytest.mark.parametrize("case,dtype", example_cases())
 def test_replay_example(example_ops, case, dtype):
     torch.manual_seed(0)
     entry = fxkern.kernel_op(f"{seven_cases.NS}::{case.name}")

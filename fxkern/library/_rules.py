@@ -14,11 +14,14 @@ from fxkern.library.cuda_common import (
     ROW_BLOCK,
     ROW_CHUNK,
 )
+from fxkern.patterns import TRACERS
 from fxkern.rules import Rule, RuleSet, replace
 from fxkern.symbolic import cdiv
 
 NAMESPACE = "fxkern_lib"
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+# Every pattern IR but inductor's, for rules that inductor's own fusion beats (``replace(irs=...)``).
+COMPILE_FREE_IRS = tuple(ir for ir in TRACERS if ir != "inductor")
 
 
 def elementwise_geometry(inputs, outputs):

@@ -125,3 +125,11 @@ ROW_BLOCK = 256
 # Elementwise kernels: each thread handles ELEMS_PER_THREAD consecutive-by-warp elements.
 EW_BLOCK = 256
 ELEMS_PER_THREAD = 8
+
+
+def row_tuning(blocks_f32: int, blocks_half: int, packs_f32: int = 8, packs_half: int = 8) -> str:
+    """A row kernel's tuning as overridable macros (``-DFXK_ROW_BLOCKS_F32=...`` wins): blocks
+    resident per SM (its launch bounds) and 16-byte packs a thread holds, per element size."""
+    values = {"FXK_ROW_BLOCKS_F32": blocks_f32, "FXK_ROW_BLOCKS_HALF": blocks_half,
+              "FXK_ROW_PACKS_F32": packs_f32, "FXK_ROW_PACKS_HALF": packs_half}
+    return "".join(f"#ifndef {k}\n#define {k} {v}\n#endif\n" for k, v in values.items())

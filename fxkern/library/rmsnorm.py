@@ -25,7 +25,7 @@ from __future__ import annotations
 import torch
 
 from fxkern.library._rules import DTYPES, add_rule, row_geometry, row_param
-from fxkern.library.cuda_common import COMMON
+from fxkern.library.cuda_common import COMMON, row_tuning
 from fxkern.spec import (
     Custom,
     DimSize,
@@ -37,20 +37,7 @@ from fxkern.spec import (
     ScalarInput,
 )
 
-SOURCE = COMMON + r"""
-// Blocks resident per SM (launch bounds) and 16-byte packs a thread holds, per element size.
-#ifndef FXK_ROW_BLOCKS_F32
-#define FXK_ROW_BLOCKS_F32 3
-#endif
-#ifndef FXK_ROW_BLOCKS_HALF
-#define FXK_ROW_BLOCKS_HALF 3
-#endif
-#ifndef FXK_ROW_PACKS_F32
-#define FXK_ROW_PACKS_F32 8
-#endif
-#ifndef FXK_ROW_PACKS_HALF
-#define FXK_ROW_PACKS_HALF 8
-#endif
+SOURCE = COMMON + row_tuning(blocks_f32=3, blocks_half=3) + r"""
 namespace fxk {
 
 enum { RMS_LLAMA = 0, RMS_GEMMA = 1 };

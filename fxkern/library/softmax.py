@@ -16,11 +16,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from fxkern.library._rules import DTYPES, add_rule, has_rows, row_geometry
-from fxkern.patterns import TRACERS
-
-COMPILE_FREE_IRS = tuple(ir for ir in TRACERS if ir != "inductor")
-from fxkern.library.cuda_common import COMMON
+from fxkern.library._rules import COMPILE_FREE_IRS, DTYPES, add_rule, has_rows, row_geometry
+from fxkern.library.cuda_common import COMMON, row_tuning
 from fxkern.spec import (
     Custom,
     DimSize,
@@ -31,20 +28,7 @@ from fxkern.spec import (
     SameAs,
 )
 
-SOURCE = COMMON + r"""
-// Blocks resident per SM (launch bounds) and 16-byte packs a thread holds, per element size.
-#ifndef FXK_ROW_BLOCKS_F32
-#define FXK_ROW_BLOCKS_F32 3
-#endif
-#ifndef FXK_ROW_BLOCKS_HALF
-#define FXK_ROW_BLOCKS_HALF 4
-#endif
-#ifndef FXK_ROW_PACKS_F32
-#define FXK_ROW_PACKS_F32 8
-#endif
-#ifndef FXK_ROW_PACKS_HALF
-#define FXK_ROW_PACKS_HALF 8
-#endif
+SOURCE = COMMON + row_tuning(blocks_f32=3, blocks_half=4) + r"""
 namespace fxk {
 
 // exp(v - m). FAST (float16/bfloat16): 2^((v - m) * log2(e)) through MUFU.EX2 (ex2.approx.ftz,

@@ -14,6 +14,7 @@ here from their documented behaviour).
 from __future__ import annotations
 
 import functools
+import importlib.util
 import logging
 from typing import Any, Callable, Dict
 
@@ -101,8 +102,12 @@ def reproduced_table() -> Dict[Any, Callable[..., Any]]:
 
 def table() -> Dict[Any, Callable[..., Any]]:
     """Torch-TensorRT's own table when it is importable, else :func:`reproduced_table`."""
+    if importlib.util.find_spec("torch_tensorrt") is None:
+        return reproduced_table()
     try:
         from torch_tensorrt.dynamo.lowering import get_decompositions
-    except Exception:  # not installed, or installed without its dynamo frontend
+    except ImportError as exc:  # installed, but without its dynamo frontend, or broken
+        log.warning("fxkern: tracing patterns with fxkern's rebuild of Torch-TensorRT's decompositions: "
+                    "torch_tensorrt.dynamo.lowering does not import (%s)", exc)
         return reproduced_table()
     return get_decompositions()

@@ -87,14 +87,7 @@ class TensorRTArithmetic(sym.Arithmetic):
             raise FxkernError(f"constant {value} does not fit TensorRT's 32-bit plugin integers")
         return self.plugin.ShapeExpr(value)
 
-    def add(self, a: Any, b: Any) -> Any:
-        return a + b
-
-    def mul(self, a: Any, b: Any) -> Any:
-        return a * b
-
-    def floordiv(self, a: Any, b: Any) -> Any:
-        return a // b
+    # + * // are the base class's Python operators: both operands are symbolic by then.
 
     def cdiv(self, a: Any, b: Any) -> Any:
         return self.plugin.cdiv(a, b)
