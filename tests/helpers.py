@@ -78,6 +78,8 @@ def library_inputs(op, dtype, device, rows=37, cols=1000):
         if isinstance(d, InputDecl):
             shape = (cols,) if d.broadcast and ("weight" in d.name or "bias" in d.name) else (rows, cols)
             args.append(torch.randn(shape, dtype=d.dtype or dtype, device=device))
+        elif d.name == "normalized_size":  # F.rms_norm's [D]: the row length
+            args.append(cols)
         else:
             args.append({float: 1e-5, int: 3, bool: True}[d.py_type])
     return tuple(args)

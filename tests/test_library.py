@@ -41,12 +41,13 @@ def replaced(module, *args, dtype=torch.float32):
 
 def test_rule_set_is_named_built_once_and_complete(rules):
     assert rules is lib.rules() and rules.name == "fxkern.library"
-    assert {"rms_norm", "t5_layer_norm", "gemma_rms_norm", "bias_gelu", "bias_gelu_residual", "bias_gelu_tanh",
+    assert {"rms_norm", "t5_layer_norm", "gemma_rms_norm", "add_rms_norm", "add_t5_layer_norm",
+            "add_gemma_rms_norm", "bias_gelu", "bias_gelu_residual", "bias_gelu_tanh",
             "bias_gelu_tanh_residual", "gelu_new", "bias_gelu_new", "bias_gelu_new_residual",
             "megatron_bias_gelu", "swiglu", "softmax", "softmax_float32"} <= {r.name for r in rules}
     assert all(str(r.op).startswith("fxkern_lib.") for r in rules)
     # every tensor input comes before the scalars (TensorRT plugins need that)
-    for spec in (lib.RMS_NORM, lib.GEMMA_RMS_NORM, lib.SOFTMAX, lib.SWIGLU, lib.BIAS_GELU_RESIDUAL):
+    for spec in (lib.RMS_NORM, lib.GEMMA_RMS_NORM, lib.ADD_RMS_NORM, lib.SOFTMAX, lib.SWIGLU, lib.BIAS_GELU_RESIDUAL):
         kinds = [type(d).__name__ for d in spec.inputs]
         assert kinds == sorted(kinds, key=lambda k: k != "InputDecl")
 
@@ -73,10 +74,13 @@ def test_llama_norms_mlp_and_attention_softmax(rules):
     ep = torch.export.export(model, (ids,), kwargs={"use_cache": False})
     new = fxkern.apply(ep, rules, verify=True)
     targets = [n.target for n in new.graph.nodes]
-    assert targets.count(lib.op("rms_norm").default) == 3  # 2 per layer + the final norm
+    # 2 norms per layer + the final one: the first reads the embeddings, the others follow a residual add
+    assert targets.count(lib.op("rms_norm").default) == 1
+    assert targets.count(lib.op("add_rms_norm").default) == 2
     assert targets.count(lib.op("swiglu").default) == 1
     assert targets.count(lib.op("softmax").default) == 1  # HF eager attention's float32 softmax
     eps = {n.args[2] for n in new.graph.nodes if n.target == lib.op("rms_norm").default}
+    eps |= {n.args[3] for n in new.graph.nodes if n.target == lib.op("add_rms_norm").default}
     assert eps == {1e-5}
     other = torch.randint(0, 128, (2, 16))
     torch.testing.assert_close(new.module()(other, use_cache=False).logits, model(other, use_cache=False).logits)
@@ -86,7 +90,7 @@ def test_llama_bfloat16_norms_and_softmax(rules):
     model = tiny_llama(torch.bfloat16)
     ep = torch.export.export(model, (torch.randint(0, 128, (2, 16)),), kwargs={"use_cache": False})
     report = fxkern.explain(ep, rules)
-    assert len(report["rms_norm"].matches) == 3
+    assert len(report["rms_norm"].matches) == 1 and len(report["add_rms_norm"].matches) == 2
     assert len(report["softmax_float32"].matches) == 1
 
 
@@ -110,6 +114,61 @@ def test_t5_and_gemma_norms(dtype):
     assert replaced(gemma, x, dtype=dtype) == {"gemma_rms_norm": 1}
 
 
+class PreNorm(nn.Module):
+    """A pre-norm sublayer as decoders write it: the residual sum feeds the norm and the next add."""
+
+    def __init__(self, norm):
+        super().__init__()
+        self.norm, self.proj = norm, nn.Linear(64, 64)
+
+    def forward(self, x, residual):
+        h = x + residual
+        return self.proj(self.norm(h)) + h
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
+def test_residual_add_fuses_into_each_norm_form(dtype):
+    from transformers.models.gemma.modeling_gemma import GemmaRMSNorm
+    from transformers.models.llama.modeling_llama import LlamaRMSNorm
+    from transformers.models.t5.modeling_t5 import T5LayerNorm
+
+    x, r = torch.randn(2, 8, 64), torch.randn(2, 8, 64)
+    gemma = GemmaRMSNorm(64)
+    nn.init.normal_(gemma.weight)
+    assert replaced(PreNorm(LlamaRMSNorm(64)), x, r, dtype=dtype) == {"add_rms_norm": 1}
+    assert replaced(PreNorm(T5LayerNorm(64)), x, r, dtype=dtype) == {"add_rms_norm": 1}
+    assert replaced(PreNorm(gemma), x, r, dtype=dtype) == {"add_gemma_rms_norm": 1}
+
+
+@pytest.mark.parametrize("eps", [1e-6, None], ids=["eps", "default_eps"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
+def test_torch_rmsnorm_module(dtype, eps):
+    """nn.RMSNorm / F.rms_norm: one aten.rms_norm node in the export IR, the row length a literal."""
+    norm = nn.RMSNorm(64, eps=eps)
+    nn.init.normal_(norm.weight)
+    want = "torch_rms_norm" if eps is not None else "torch_rms_norm_default_eps"
+    assert replaced(norm, torch.randn(2, 8, 64), dtype=dtype) == {want: 1}
+    assert replaced(norm, torch.randn(5, 64), dtype=dtype) == {want: 1}
+
+
+def test_torch_rmsnorm_near_misses_and_checks():
+    # normalised over the last two axes: not a row norm
+    assert replaced(nn.RMSNorm([8, 64], eps=1e-6), torch.randn(2, 8, 64)) == {}
+    # no weight (elementwise_affine=False): the kernel needs one
+    assert replaced(nn.RMSNorm(64, eps=1e-6, elementwise_affine=False), torch.randn(2, 8, 64)) == {}
+    with pytest.raises(RuntimeError, match="normalized_shape"):  # the reference (CPU) checks like F.rms_norm
+        lib.op("torch_rms_norm")(torch.randn(3, 64), torch.randn(64), 32, 1e-6)
+
+
+def test_add_rmsnorm_op_returns_norm_then_sum_and_checks_the_residual():
+    x, r, w = torch.randn(3, 5, 64), torch.randn(3, 5, 64), torch.randn(64)
+    y, h = lib.op("add_rms_norm")(x, r, w, 1e-6)
+    torch.testing.assert_close(h, x + r)
+    torch.testing.assert_close(y, lib.llama_rmsnorm(x + r, w, 1e-6))
+    with pytest.raises(fxkern.KernelInputError, match="'residual' has shape"):
+        lib.op("add_rms_norm")(x, torch.randn(5, 1, 64), w, 1e-6)
+
+
 def test_rmsnorm_near_misses_are_left_alone():
     x, w = torch.randn(4, 8, 64), torch.randn(64)
 
@@ -128,6 +187,11 @@ def test_rmsnorm_near_misses_are_left_alone():
     assert replaced(Fn(over_first_axis), x, w) == {}
     assert replaced(Fn(divides_by_sqrt), x, w) == {}
     assert replaced(Fn(full_weight), x, torch.randn(4, 8, 64)) == {}
+
+    def bias_then_norm(x, b, w):  # x + (D,) bias: not a residual add; the norm alone is replaced
+        return lib.llama_rmsnorm(x + b, w, 1e-6)
+
+    assert replaced(Fn(bias_then_norm), x, torch.randn(64), w) == {"rms_norm": 1}
 
 
 # ---- bias + GELU --------------------------------------------------------------------------------

@@ -45,6 +45,14 @@ def row_case(x_scale=1.0):
     return make
 
 
+def add_row_case(make_rows):
+    """A residual add before the norm: (x, residual, weight, eps)."""
+    def make(rows, d, dtype):
+        x, w, eps = make_rows(rows, d, dtype)
+        return (x, rand(rows, d, dtype=dtype), w, eps)
+    return make
+
+
 def ew_case(n_full, with_bias):
     def make(rows, d, dtype):
         args = [rand(rows, d, dtype=dtype, scale=2.0)]
@@ -58,6 +66,11 @@ def ew_case(n_full, with_bias):
 CASES = {
     "rms_norm": (rmsnorm.llama_rmsnorm, row_case()),
     "gemma_rms_norm": (rmsnorm.gemma_rmsnorm, row_case()),
+    "torch_rms_norm": (rmsnorm.torch_rms_norm, lambda rows, d, dtype: (rand(rows, d, dtype=dtype), rand(d, dtype=dtype), d, 1e-6)),
+    "torch_rms_norm_default_eps": (rmsnorm.torch_rms_norm_default_eps,
+                                   lambda rows, d, dtype: (rand(rows, d, dtype=dtype), rand(d, dtype=dtype), d)),
+    "add_rms_norm": (rmsnorm.add_llama_rmsnorm, add_row_case(row_case())),
+    "add_gemma_rms_norm": (rmsnorm.add_gemma_rmsnorm, add_row_case(row_case())),
     "softmax": (softmax.softmax, lambda rows, d, dtype: (rand(rows, d, dtype=dtype, scale=4.0),)),
     "bias_gelu": (gelu.bias_gelu, ew_case(1, True)),
     "bias_gelu_residual": (gelu.bias_gelu_residual, ew_case(2, True)),
@@ -81,24 +94,32 @@ def upcast(args, dtype):
     return [a.to(dtype) if isinstance(a, torch.Tensor) else a for a in args]
 
 
+def outputs(value):
+    return value if isinstance(value, tuple) else (value,)
+
+
 def check(name, pattern, args, dtype):
+    """Each of the op's outputs against the pattern's (see the module docstring for tolerances)."""
     op = lib.op(name)
     poison()
-    got = op(*args)
-    want = pattern(*args)
-    assert got.dtype == want.dtype and got.shape == want.shape
-    assert got.is_contiguous()
-    where = f"{name} {dtype} {tuple(args[0].shape)}"
-    rtol, atol = EAGER_TOL[dtype]
-    torch.testing.assert_close(got, want, rtol=rtol, atol=atol, msg=lambda m: f"{where} vs eager: {m}")
-    if dtype != torch.float32:
-        ref = pattern(*upcast(args, torch.float32)).to(dtype)
-        rtol, atol = TOL[dtype]
-        torch.testing.assert_close(got, ref, rtol=rtol, atol=atol, msg=lambda m: f"{where} vs float32: {m}")
-    if dtype == torch.float32 and want.numel():
-        exact = pattern(*upcast(args, torch.float64))
-        rel = float((got.double() - exact).norm() / exact.norm().clamp_min(1e-30))
-        assert rel < 1e-5, f"{name}: rel. error vs float64 {rel:.2e}"
+    gots = outputs(op(*args))
+    wants = outputs(pattern(*args))
+    assert len(gots) == len(wants)
+    refs = outputs(pattern(*upcast(args, torch.float32))) if dtype != torch.float32 else ()
+    exacts = outputs(pattern(*upcast(args, torch.float64))) if dtype == torch.float32 else ()
+    for k, (got, want) in enumerate(zip(gots, wants)):
+        assert got.dtype == want.dtype and got.shape == want.shape
+        assert got.is_contiguous()
+        where = f"{name} output {k} {dtype} {tuple(args[0].shape)}"
+        rtol, atol = EAGER_TOL[dtype]
+        torch.testing.assert_close(got, want, rtol=rtol, atol=atol, msg=lambda m: f"{where} vs eager: {m}")
+        if refs:
+            rtol, atol = TOL[dtype]
+            torch.testing.assert_close(got, refs[k].to(dtype), rtol=rtol, atol=atol,
+                                       msg=lambda m: f"{where} vs float32: {m}")
+        if exacts and want.numel():
+            rel = float((got.double() - exacts[k]).norm() / exacts[k].norm().clamp_min(1e-30))
+            assert rel < 1e-5, f"{where}: rel. error vs float64 {rel:.2e}"
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).removeprefix("torch."))
@@ -140,8 +161,8 @@ def test_empty_input(name):
     pattern, make = CASES[name]
     for rows, d in ((0, 64), (0, 4097), (3, 0)):
         args = make(rows, d, torch.float32)
-        out = lib.op(name)(*args)
-        assert out.shape == pattern(*args).shape and out.numel() == 0
+        for out, want in zip(outputs(lib.op(name)(*args)), outputs(pattern(*args))):
+            assert out.shape == want.shape and out.numel() == 0
 
 
 def test_rank_three_and_broadcast_residual():
@@ -149,6 +170,13 @@ def test_rank_three_and_broadcast_residual():
     x, b, r = rand(2, 3, 1000, dtype=torch.bfloat16), rand(1000, dtype=torch.bfloat16), rand(1000, dtype=torch.bfloat16)
     check("bias_gelu_residual", gelu.bias_gelu_residual, (x, b, r), torch.bfloat16)
     check("rms_norm", rmsnorm.llama_rmsnorm, (x, rand(1000, dtype=torch.bfloat16), 1e-5), torch.bfloat16)
+    w = rand(1000, dtype=torch.bfloat16)
+    check("add_rms_norm", rmsnorm.add_llama_rmsnorm, (x, rand(2, 3, 1000, dtype=torch.bfloat16), w, 1e-5),
+          torch.bfloat16)
+    # A residual the op broadcasts (x + bias, then the norm), called directly: read modulo its size.
+    check("add_rms_norm", rmsnorm.add_llama_rmsnorm, (x, r, w, 1e-5), torch.bfloat16)
+    with pytest.raises(fxkern.KernelInputError, match="residual"):
+        lib.op("add_rms_norm")(x, rand(3, 1, 1000, dtype=torch.bfloat16), w, 1e-5)
 
 
 def test_special_values_follow_pytorch():
@@ -184,12 +212,19 @@ def test_rewritten_llama_on_gpu_matches_eager():
     ep = torch.export.export(model, (ids,), kwargs={"use_cache": False})
     new = fxkern.apply(ep, lib.rules())
     targets = {n.target for n in new.graph.nodes}
-    assert {lib.op("rms_norm").default, lib.op("swiglu").default, lib.op("softmax").default} <= targets
+    assert {lib.op("rms_norm").default, lib.op("add_rms_norm").default, lib.op("swiglu").default,
+            lib.op("softmax").default} <= targets
     other = torch.randint(0, 256, (2, 32), device="cuda")
     with torch.no_grad():
         want = model(other, use_cache=False).logits
         got = new.module()(other, use_cache=False).logits
     assert float((got - want).norm() / want.norm()) < 1e-5
+
+
+def test_torch_rms_norm_checks_its_row_length_on_cuda():
+    x, w = torch.randn(3, 64, device="cuda"), torch.randn(64, device="cuda")
+    with pytest.raises(fxkern.KernelInputError, match="normalized_size=32 must be the last axis"):
+        lib.op("torch_rms_norm")(x, w, 32, 1e-6)
 
 
 def test_weight_and_bias_shapes_a_kernel_cannot_index_are_refused():

@@ -6,7 +6,8 @@
 One module per kernel family, each holding its CUDA source, its ``KernelSpec`` objects and its
 pattern functions (each pattern is also its op's CPU reference):
 
-* :mod:`~fxkern.library.rmsnorm` — Llama/Mistral/Qwen2 ``LlamaRMSNorm``, ``T5LayerNorm``, ``GemmaRMSNorm``;
+* :mod:`~fxkern.library.rmsnorm` — Llama/Mistral/Qwen2 ``LlamaRMSNorm``, ``T5LayerNorm``, ``GemmaRMSNorm``,
+  each also fused with the residual add before it;
 * :mod:`~fxkern.library.gelu` — bias + GELU (+ residual) for erf, tanh, ``gelu_new`` and Megatron GELU;
 * :mod:`~fxkern.library.swiglu` — ``silu(gate) * up``;
 * :mod:`~fxkern.library.softmax` — softmax over the last axis, HF's float32 form too.
@@ -39,8 +40,13 @@ from fxkern.library.gelu import (
     megatron_bias_gelu,
 )
 from fxkern.library.rmsnorm import (
+    ADD_GEMMA_RMS_NORM,
+    ADD_RMS_NORM,
     GEMMA_RMS_NORM,
     RMS_NORM,
+    add_gemma_rmsnorm,
+    add_llama_rmsnorm,
+    add_t5_layer_norm,
     gemma_rmsnorm,
     llama_rmsnorm,
     t5_layer_norm,
@@ -50,7 +56,10 @@ from fxkern.library.swiglu import SWIGLU
 from fxkern.rules import RuleSet
 
 NAME = "fxkern.library"
-_MODULES = (rmsnorm, gelu, swiglu, softmax)
+# Registration order is rule priority (an overlap goes to the rule added first): GELU's residual
+# forms before the add + RMSNorm forms, since `gelu(...) + x` followed by a norm moves fewer bytes
+# as a GELU+residual kernel and a plain norm (5 passes) than as a GELU and an add+norm (6).
+_MODULES = (gelu, rmsnorm, swiglu, softmax)
 _lock = threading.Lock()
 _rules = None
 
@@ -74,6 +83,8 @@ def op(name: str):
 
 
 __all__ = [
+    "ADD_GEMMA_RMS_NORM",
+    "ADD_RMS_NORM",
     "BIAS_GELU",
     "BIAS_GELU_NEW",
     "BIAS_GELU_NEW_RESIDUAL",
@@ -87,6 +98,9 @@ __all__ = [
     "RMS_NORM",
     "SOFTMAX",
     "SWIGLU",
+    "add_gemma_rmsnorm",
+    "add_llama_rmsnorm",
+    "add_t5_layer_norm",
     "bias_gelu",
     "bias_gelu_new",
     "bias_gelu_new_residual",

@@ -8,12 +8,7 @@ from typing import Any
 import torch
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 
-from fxkern.library.cuda_common import (
-    ELEMS_PER_THREAD,
-    EW_BLOCK,
-    ROW_BLOCK,
-    ROW_CHUNK,
-)
+from fxkern.library.cuda_common import ELEMS_PER_THREAD, EW_BLOCK, ROW_BLOCK
 from fxkern.patterns import TRACERS
 from fxkern.rules import Rule, RuleSet, replace
 from fxkern.symbolic import cdiv
@@ -30,14 +25,22 @@ def elementwise_geometry(inputs, outputs):
 
 
 def row_geometry(inputs, outputs):
-    """One 256-thread block per ROW_CHUNK elements of input 0; it takes the rows that start there."""
-    return (cdiv(inputs[0].numel(), ROW_CHUNK),), (ROW_BLOCK,)
+    """One 256-thread block per 16384 elements of input 0; it takes the rows that start there."""
+    return (cdiv(inputs[0].numel(), 16384),), (ROW_BLOCK,)
+
+
+def norm_geometry(inputs, outputs):
+    """One 256-thread block per 8192 elements of input 0: a row or a few at the sizes models use,
+    which measured faster for RMSNorm than 16384 (benchmarks/row_tuning.py)."""
+    return (cdiv(inputs[0].numel(), 8192),), (ROW_BLOCK,)
 
 
 def add_rule(rules: RuleSet, pattern: Callable[..., Any], target: Any, name: str,
-             filter: Callable[[Any], bool] | None = None, irs: Sequence[str] | None = None) -> Rule:
+             filter: Callable[[Any], bool] | None = None, irs: Sequence[str] | None = None,
+             example_inputs: Sequence[Any] | None = None) -> Rule:
     """``fxkern.replace`` into the library's rule set, the op named ``fxkern_lib::<name>``."""
-    return replace(pattern, target, name=f"{NAMESPACE}::{name}", rules=rules, filter=filter, irs=irs)
+    return replace(pattern, target, name=f"{NAMESPACE}::{name}", rules=rules, filter=filter, irs=irs,
+                   example_inputs=example_inputs)
 
 
 # ---- filters: what the pattern's structure cannot say about its inputs' shapes ----------------------
@@ -83,13 +86,18 @@ def suffix_broadcast(full: str, *others: str) -> Callable[[Any], bool]:
     return accept
 
 
-def row_param(x: str, weight: str) -> Callable[[Any], bool]:
-    """A filter for row kernels: ``x`` has at least one axis and ``weight`` is ``(D,)`` (leading 1s allowed)."""
+def row_param(x: str, weight: str, same_shape: str | None = None) -> Callable[[Any], bool]:
+    """A filter for row kernels: ``x`` has at least one axis, ``weight`` is ``(D,)`` (leading 1s
+    allowed), and ``same_shape`` (a residual added to ``x``), if named, has ``x``'s shape."""
 
     def accept(match: Any) -> bool:
         xs, ws = _shape(match.bindings.get(x)), _shape(match.bindings.get(weight))
         if xs is None or ws is None or len(xs) == 0:
             return False
+        if same_shape is not None:
+            rs = _shape(match.bindings.get(same_shape))
+            if rs is None or len(rs) != len(xs) or not all(statically_known_true(a == b) for a, b in zip(rs, xs)):
+                return False
         w = [d for d in ws]
         while len(w) > 1 and _is_one(w[0]):
             w.pop(0)

@@ -18,7 +18,10 @@ Conventions the kernels follow:
 """
 
 COMMON = r"""
-#define ROW_CHUNK 16384u
+#ifndef ROW_THREADS
+#define ROW_THREADS 256
+#endif
+#define ROW_WARPS (ROW_THREADS / 32)
 namespace fxk {
 
 template <typename T> struct Num;
@@ -76,8 +79,8 @@ __device__ __forceinline__ float warp_max(float v) {
     return v;
 }
 
-// Reductions over a group of G consecutive threads of a 256-thread block (G a power of two up to
-// 256, the same for the whole block). Every thread of the block calls them; slot is 8 floats of
+// Reductions over a group of G consecutive threads of a ROW_THREADS-thread block (G a power of two up
+// to ROW_THREADS, the same for the whole block). Every thread of the block calls them; slot is ROW_WARPS floats of
 // shared memory that no other live reduction uses.
 __device__ __forceinline__ float group_sum(float v, int G, float* slot) {
     if (G <= 32) {
@@ -106,12 +109,15 @@ __device__ __forceinline__ float group_max(float v, int G, float* slot) {
     return m;
 }
 
-// The rows a row-kernel block owns: those starting in its ROW_CHUNK-element slice of the tensor
-// (about ROW_CHUNK / D rows; none or one when rows are longer than that). Work is spread by
-// elements, so blocks are balanced whatever the row length.
+// The rows a row-kernel block owns: those starting in its slice of the tensor, the grid's blocks
+// splitting it into equal slices of whole elements (about slice / D rows; none or one when rows are
+// longer than a slice). Work is spread by elements, so blocks are balanced whatever the row length,
+// and the host picks the slice size by the grid it launches (row_geometry in Python).
 __device__ __forceinline__ void block_rows(unsigned D, unsigned rows, unsigned& begin, unsigned& end) {
-    const unsigned long long lo = (unsigned long long)blockIdx.x * ROW_CHUNK;
-    const unsigned long long b = (lo + D - 1) / D, e = (lo + ROW_CHUNK + D - 1) / D;
+    const unsigned long long n = (unsigned long long)D * rows;
+    const unsigned long long chunk = (n + gridDim.x - 1) / gridDim.x;
+    const unsigned long long lo = (unsigned long long)blockIdx.x * chunk;
+    const unsigned long long b = (lo + D - 1) / D, e = (lo + chunk + D - 1) / D;
     begin = (unsigned)(b < rows ? b : rows);
     end = (unsigned)(e < rows ? e : rows);
 }
@@ -119,8 +125,7 @@ __device__ __forceinline__ void block_rows(unsigned D, unsigned rows, unsigned& 
 }  // namespace fxk
 """
 
-# Row kernels: one 256-thread block per ROW_CHUNK elements (the rows starting there).
-ROW_CHUNK = 16384
+# Row kernels: ROW_BLOCK threads a block (ROW_THREADS in CUDA); the grid sets the elements a block takes.
 ROW_BLOCK = 256
 # Elementwise kernels: each thread handles ELEMS_PER_THREAD consecutive-by-warp elements.
 EW_BLOCK = 256

@@ -14,18 +14,29 @@ Variants, as the libraries write them (transformers 5.x source):
 ``torch.nn.RMSNorm`` / ``F.rms_norm`` export as one ``aten.rms_norm(x, [D], w, eps)`` node whose
 ``[D]`` literal cannot be captured in every IR yet; they are not matched (docs/library.md).
 
-Kernel: a 256-thread block per 16384 elements takes the rows that start there. A row stays in
-registers (eight 16-byte packs a thread) between the reduction and the write; the fewest
-power-of-two threads that hold it share it (sub-warp and warp shuffles, one shared-memory step
-past a warp). Longer rows are read twice (the second read mostly from L2).
+Each form is also matched with the residual add before it (``h = x + residual`` then the norm of
+``h``, as every pre-norm decoder layer writes it): one kernel reads ``x`` and ``residual`` and writes
+both the sum and its norm, 4 passes over memory where the add and the norm take 5.
+
+Kernel: a 256-thread block per 8192 elements takes the rows that start there, so about one block
+a row at 7B-model widths. A row stays in registers (32 elements a thread: eight 16-byte packs in
+float32, four in 16-bit types) between the reduction and the write; the fewest power-of-two
+threads that hold it share it (sub-warp and warp shuffles, one shared-memory step past a warp).
+Longer rows are read twice (the second read mostly from L2). The block size, packs and blocks
+resident per SM were chosen by ``benchmarks/row_tuning.py`` (results in docs/benchmarks.md).
 """
 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
+from torch.fx.experimental.symbolic_shapes import statically_known_true
 
-from fxkern.library._rules import DTYPES, add_rule, row_geometry, row_param
+from fxkern.errors import KernelInputError
+from fxkern.library._rules import DTYPES, NAMESPACE, add_rule, norm_geometry, row_param
 from fxkern.library.cuda_common import COMMON, row_tuning
+from fxkern.ops import cuda_kernel_op
+from fxkern.patterns import SENTINELS
 from fxkern.spec import (
     Custom,
     DimSize,
@@ -37,7 +48,9 @@ from fxkern.spec import (
     ScalarInput,
 )
 
-SOURCE = COMMON + row_tuning(blocks_f32=3, blocks_half=3) + r"""
+FLOAT32_EPS = torch.finfo(torch.float32).eps  # F.rms_norm's eps=None, for every input dtype
+
+SOURCE = COMMON + row_tuning(blocks_f32=3, blocks_half=6, packs_f32=8, packs_half=4) + r"""
 namespace fxk {
 
 enum { RMS_LLAMA = 0, RMS_GEMMA = 1 };
@@ -48,28 +61,52 @@ __device__ __forceinline__ float rms_out(float x, float r, float w) {
     return (x * r) * (1.0f + w);                        // ((x * r) * (1 + weight)).type_as(x)
 }
 
+// Thread t's share of one row (NV packs of V elements, G threads a row) into registers. ADD: the
+// row is x + res rounded to T (what `x + residual` holds in the model), also written to h; res has
+// nr elements, read at the flat index modulo nr (nr is x's size whenever V > 1).
+template <typename T, bool ADD, int V, int NV>
+__device__ __forceinline__ void load_row(Pack<T, V> (&c)[NV], const T* __restrict__ x, const T* __restrict__ res,
+                                         unsigned nr, T* __restrict__ h, size_t off, int D, int G, int t, bool live) {
+#pragma unroll
+    for (int k = 0; k < NV; ++k) {
+        const int col = (k * G + t) * V;
+        if (live && col < D) c[k] = load<T, V>(x + off + col);
+    }
+    if (ADD) {
+#pragma unroll
+        for (int k = 0; k < NV; ++k) {
+            const int col = (k * G + t) * V;
+            if (live && col < D) {
+                Pack<T, V> r;
+                if (V > 1) r = load<T, V>(res + off + col);
+                else r.v[0] = res[(off + col) % nr];
+#pragma unroll
+                for (int j = 0; j < V; ++j) c[k].v[j] = from_f<T>(to_f<T>(c[k].v[j]) + to_f<T>(r.v[j]));
+                store<T, V>(h + off + col, c[k]);
+            }
+        }
+    }
+}
+
 // Rows of D elements; V elements an access (16 bytes, or 1 when the data does not allow it),
 // NV accesses a thread kept in registers. w has nw elements: D for a (D,) weight, or any trailing
-// block of x's shape (the op checks that), read at the flat index modulo nw.
-template <typename T, int MODE, int V, int NV>
-__device__ __forceinline__ void rmsnorm_rows(const T* __restrict__ x, const T* __restrict__ w, float eps,
-                                             int D, unsigned rows, int nw, T* __restrict__ y, float (*red)[8]) {
+// block of x's shape (the op checks that), read at the flat index modulo nw. ADD: normalise
+// x + res (res broadcast like w) and write that sum to h as well.
+template <typename T, int MODE, bool ADD, int V, int NV>
+__device__ __forceinline__ void rmsnorm_rows(const T* __restrict__ x, const T* __restrict__ res, unsigned nr,
+                                             const T* __restrict__ w, float eps, int D, unsigned rows, int nw,
+                                             T* __restrict__ h, T* __restrict__ y, float (*red)[ROW_WARPS]) {
     unsigned begin, end;
     block_rows((unsigned)D, rows, begin, end);
     int G = 1;  // threads a row: the fewest that hold it in registers
-    while (G < 256 && G * V * NV < D) G <<= 1;
+    while (G < ROW_THREADS && G * V * NV < D) G <<= 1;
     if (G * V * NV >= D) {
-        const int groups = 256 / G, g = threadIdx.x / G, t = threadIdx.x % G;
+        const int groups = ROW_THREADS / G, g = threadIdx.x / G, t = threadIdx.x % G;
         for (unsigned first = begin, p = 0; first < end; first += groups, ++p) {
             const unsigned row = first + g;
             const bool live = row < end;
-            const T* xr = x + (size_t)row * D;
             Pack<T, V> c[NV];
-#pragma unroll
-            for (int k = 0; k < NV; ++k) {
-                const int col = (k * G + t) * V;
-                if (live && col < D) c[k] = load<T, V>(xr + col);
-            }
+            load_row<T, ADD, V, NV>(c, x, res, nr, h, (size_t)row * D, D, G, t, live);
             float ss = 0.0f;
 #pragma unroll
             for (int k = 0; k < NV; ++k) {
@@ -96,54 +133,90 @@ __device__ __forceinline__ void rmsnorm_rows(const T* __restrict__ x, const T* _
                 }
             }
         }
-    } else {  // long rows: the whole block on one row at a time, reading it twice
+    } else {  // long rows: the whole block on one row at a time, reading it twice (h, with ADD)
         for (unsigned row = begin, p = 0; row < end; ++row, ++p) {
-            const T* xr = x + (size_t)row * D;
+            const size_t off = (size_t)row * D;
             float ss = 0.0f;
 #pragma unroll 4
-            for (int col = threadIdx.x * V; col < D; col += 256 * V) {
-                const Pack<T, V> c = load<T, V>(xr + col);
+            for (int col = threadIdx.x * V; col < D; col += ROW_THREADS * V) {
+                Pack<T, V> c = load<T, V>(x + off + col);
+                if (ADD) {
+                    Pack<T, V> rv;
+                    if (V > 1) rv = load<T, V>(res + off + col);
+                    else rv.v[0] = res[(off + col) % nr];
+#pragma unroll
+                    for (int j = 0; j < V; ++j) c.v[j] = from_f<T>(to_f<T>(c.v[j]) + to_f<T>(rv.v[j]));
+                    store<T, V>(h + off + col, c);
+                }
 #pragma unroll
                 for (int j = 0; j < V; ++j) { const float f = to_f<T>(c.v[j]); ss = fmaf(f, f, ss); }
             }
-            const float r = rsqrtf(group_sum(ss, 256, red[p & 1]) / (float)D + eps);
-            T* yr = y + (size_t)row * D;
+            const float r = rsqrtf(group_sum(ss, ROW_THREADS, red[p & 1]) / (float)D + eps);
+            const T* src = ADD ? h : x;  // each thread reads back only what it wrote itself
 #pragma unroll 4
-            for (int col = threadIdx.x * V; col < D; col += 256 * V) {
-                const Pack<T, V> c = load<T, V>(xr + col);
+            for (int col = threadIdx.x * V; col < D; col += ROW_THREADS * V) {
+                const Pack<T, V> c = load<T, V>(src + off + col);
                 Pack<T, V> wp, o;
                 if (V > 1) wp = load<T, V>(w + col);
-                else wp.v[0] = w[nw == D ? col : (int)(((size_t)row * D + col) % (size_t)nw)];
+                else wp.v[0] = w[nw == D ? col : (int)((off + col) % (size_t)nw)];
 #pragma unroll
                 for (int j = 0; j < V; ++j)
                     o.v[j] = from_f<T>(rms_out<T, MODE>(to_f<T>(c.v[j]), r, to_f<T>(wp.v[j])));
-                store<T, V>(yr + col, o);
+                store<T, V>(y + off + col, o);
             }
         }
     }
 }
 
-template <typename T, int MODE>
-__device__ __forceinline__ void rmsnorm(const T* x, const T* w, float eps, int D, int n, int nw, T* y) {
-    __shared__ float red[2][8];
-    if (D <= 0 || nw <= 0) return;
+template <typename T, int MODE, bool ADD>
+__device__ __forceinline__ void rmsnorm(const T* x, const T* res, int nr, const T* w, float eps, int D, int n, int nw,
+                                        T* h, T* y) {
+    __shared__ float red[2][ROW_WARPS];
+    if (D <= 0 || nw <= 0 || (ADD && nr <= 0)) return;
     const unsigned rows = (unsigned)n / (unsigned)D;
     constexpr int V = 16 / sizeof(T);
-    if (D % V == 0 && nw == D && aligned16(x) && aligned16(w) && aligned16(y))
-        rmsnorm_rows<T, MODE, V, (sizeof(T) == 4 ? FXK_ROW_PACKS_F32 : FXK_ROW_PACKS_HALF)>(x, w, eps, D, rows, nw, y, red);
+    bool vec = D % V == 0 && nw == D && aligned16(x) && aligned16(w) && aligned16(y);
+    if (ADD) vec = vec && nr == n && aligned16(res) && aligned16(h);
+    if (vec)
+        rmsnorm_rows<T, MODE, ADD, V, (sizeof(T) == 4 ? FXK_ROW_PACKS_F32 : FXK_ROW_PACKS_HALF)>(
+            x, res, (unsigned)nr, w, eps, D, rows, nw, h, y, red);
     else
-        rmsnorm_rows<T, MODE, 1, 16>(x, w, eps, D, rows, nw, y, red);
+        rmsnorm_rows<T, MODE, ADD, 1, 16>(x, res, (unsigned)nr, w, eps, D, rows, nw, h, y, red);
 }
 
 }  // namespace fxk
 
+#define FXK_RMS_BOUNDS __launch_bounds__(ROW_THREADS, sizeof(T) == 4 ? FXK_ROW_BLOCKS_F32 : FXK_ROW_BLOCKS_HALF)
 template <typename T>
-__global__ void __launch_bounds__(256, sizeof(T) == 4 ? FXK_ROW_BLOCKS_F32 : FXK_ROW_BLOCKS_HALF) rms_norm(const T* x, const T* weight, float eps, int D, int n, int nw, T* y) {
-    fxk::rmsnorm<T, fxk::RMS_LLAMA>(x, weight, eps, D, n, nw, y);
+__global__ void FXK_RMS_BOUNDS rms_norm(const T* x, const T* weight, float eps, int D, int n, int nw, T* y) {
+    fxk::rmsnorm<T, fxk::RMS_LLAMA, false>(x, nullptr, 0, weight, eps, D, n, nw, nullptr, y);
 }
 template <typename T>
-__global__ void __launch_bounds__(256, sizeof(T) == 4 ? FXK_ROW_BLOCKS_F32 : FXK_ROW_BLOCKS_HALF) gemma_rms_norm(const T* x, const T* weight, float eps, int D, int n, int nw, T* y) {
-    fxk::rmsnorm<T, fxk::RMS_GEMMA>(x, weight, eps, D, n, nw, y);
+__global__ void FXK_RMS_BOUNDS gemma_rms_norm(const T* x, const T* weight, float eps, int D, int n, int nw, T* y) {
+    fxk::rmsnorm<T, fxk::RMS_GEMMA, false>(x, nullptr, 0, weight, eps, D, n, nw, nullptr, y);
+}
+// F.rms_norm(x, [normalized_size], weight, eps): normalized_size is x's last axis D (the op checks
+// that before launch; TensorRT gets only graphs that torch.export checked).
+template <typename T>
+__global__ void FXK_RMS_BOUNDS torch_rms_norm(const T* x, const T* weight, int normalized_size, float eps, int D,
+                                              int n, int nw, T* y) {
+    fxk::rmsnorm<T, fxk::RMS_LLAMA, false>(x, nullptr, 0, weight, eps, D, n, nw, nullptr, y);
+}
+// eps=None: PyTorch takes float32's machine epsilon (its opmath type's) for every input dtype.
+template <typename T>
+__global__ void FXK_RMS_BOUNDS torch_rms_norm_default_eps(const T* x, const T* weight, int normalized_size, int D,
+                                                          int n, int nw, T* y) {
+    fxk::rmsnorm<T, fxk::RMS_LLAMA, false>(x, nullptr, 0, weight, 1.1920928955078125e-07f, D, n, nw, nullptr, y);
+}
+template <typename T>
+__global__ void FXK_RMS_BOUNDS add_rms_norm(const T* x, const T* residual, const T* weight, float eps, int D, int n,
+                                            int nr, int nw, T* y, T* h) {
+    fxk::rmsnorm<T, fxk::RMS_LLAMA, true>(x, residual, nr, weight, eps, D, n, nw, h, y);
+}
+template <typename T>
+__global__ void FXK_RMS_BOUNDS add_gemma_rms_norm(const T* x, const T* residual, const T* weight, float eps, int D,
+                                                  int n, int nr, int nw, T* y, T* h) {
+    fxk::rmsnorm<T, fxk::RMS_GEMMA, true>(x, residual, nr, weight, eps, D, n, nw, h, y);
 }
 """
 
@@ -154,13 +227,44 @@ def _spec(kernel: str, x: str) -> KernelSpec:
         inputs=[InputDecl(x), InputDecl("weight", broadcast=True), ScalarInput("eps", float)],
         outputs=[OutputDecl("y", SameAs(x))],
         extras=[DimSize(x, -1), Numel(x), Numel("weight")],
-        geometry=Custom(row_geometry),
+        geometry=Custom(norm_geometry),
+        dtypes=DTYPES,
+    )
+
+
+def _add_spec(kernel: str) -> KernelSpec:
+    # residual is declared broadcast so the op checks its shape against x's (the kernel reads it
+    # at the flat index modulo its size); the rules only match an x + residual of one shape.
+    return KernelSpec(
+        SOURCE, kernel,
+        inputs=[InputDecl("x"), InputDecl("residual", broadcast=True), InputDecl("weight", broadcast=True),
+                ScalarInput("eps", float)],
+        outputs=[OutputDecl("y", SameAs("x")), OutputDecl("h", SameAs("x"))],
+        extras=[DimSize("x", -1), Numel("x"), Numel("residual"), Numel("weight")],
+        geometry=Custom(norm_geometry),
         dtypes=DTYPES,
     )
 
 
 RMS_NORM = _spec("rms_norm", "hidden_states")
+
+
+def _torch_spec(kernel: str, *scalars: ScalarInput) -> KernelSpec:
+    return KernelSpec(
+        SOURCE, kernel,
+        inputs=[InputDecl("x"), InputDecl("weight", broadcast=True), *scalars],
+        outputs=[OutputDecl("y", SameAs("x"))],
+        extras=[DimSize("x", -1), Numel("x"), Numel("weight")],
+        geometry=Custom(norm_geometry),
+        dtypes=DTYPES,
+    )
+
+
+TORCH_RMS_NORM = _torch_spec("torch_rms_norm", ScalarInput("normalized_size", int), ScalarInput("eps", float))
+TORCH_RMS_NORM_DEFAULT_EPS = _torch_spec("torch_rms_norm_default_eps", ScalarInput("normalized_size", int))
 GEMMA_RMS_NORM = _spec("gemma_rms_norm", "x")
+ADD_RMS_NORM = _add_spec("add_rms_norm")
+ADD_GEMMA_RMS_NORM = _add_spec("add_gemma_rms_norm")
 
 
 def llama_rmsnorm(hidden_states, weight, eps: float):
@@ -189,11 +293,81 @@ def gemma_rmsnorm(x, weight, eps: float):
     return output.type_as(x)
 
 
+def torch_rms_norm(x, weight, normalized_size: int, eps: float):
+    """``torch.nn.RMSNorm(D, eps=...)`` / ``F.rms_norm(x, [D], weight, eps)`` (torchtitan, timm's fast
+    norm...): PyTorch computes Llama's numbers (float32, the normalised row rounded, then the weight)."""
+    return F.rms_norm(x, [normalized_size], weight, eps)
+
+
+def torch_rms_norm_default_eps(x, weight, normalized_size: int):
+    """``torch.nn.RMSNorm(D)`` / ``F.rms_norm(x, [D], weight)``: eps is float32's machine epsilon."""
+    return F.rms_norm(x, [normalized_size], weight)
+
+
+def _torch_rms_norm_on_cuda(x, weight, normalized_size, eps=FLOAT32_EPS):
+    """The op on CUDA: the check F.rms_norm makes, then the RMSNorm kernel."""
+    if x.dim() == 0 or normalized_size != x.shape[-1]:
+        raise KernelInputError(
+            f"fxkern_lib::torch_rms_norm: normalized_size={normalized_size} must be the last axis of x "
+            f"{tuple(x.shape)}: the kernel normalises over the last axis only (F.rms_norm(x, [x.shape[-1]], ...))")
+    return torch.ops.fxkern_lib.rms_norm(x, weight, eps)
+
+
+def add_llama_rmsnorm(x, residual, weight, eps: float):
+    """A residual add and the next ``LlamaRMSNorm``, as every pre-norm decoder layer writes them
+    (``hidden_states = residual + hidden_states; residual = hidden_states;
+    hidden_states = self.post_attention_layernorm(hidden_states)``): the norm and the sum.
+
+    The norm comes first: a match is found from a pattern's first output, and the sum is inside it."""
+    h = x + residual
+    return llama_rmsnorm(h, weight, eps), h
+
+
+def add_t5_layer_norm(x, residual, weight, eps: float):
+    """T5's residual add (``hidden_states + self.dropout(...)``, dropout gone in eval) and the next
+    ``T5LayerNorm``."""
+    h = x + residual
+    return t5_layer_norm(h, weight, eps), h
+
+
+def add_gemma_rmsnorm(x, residual, weight, eps: float):
+    """Gemma's residual add and the next ``GemmaRMSNorm``."""
+    h = x + residual
+    return gemma_rmsnorm(h, weight, eps), h
+
+
+def _row_length(x: str, weight: str, size: str):
+    """A filter: ``weight`` is a row of ``x`` and the captured ``size`` is ``x``'s last axis."""
+    row = row_param(x, weight)
+
+    def accept(match) -> bool:
+        val = match.bindings[x].meta.get("val") if row(match) else None
+        return val is not None and statically_known_true(val.shape[-1] == match.bindings.get(size))
+
+    accept.__name__ = f"{size}_is_the_last_axis_of_{x}"
+    return accept
+
+
 def register(rules) -> None:
-    # Gemma's form first: Llama's pattern also matches inside it (weight := 1 + weight, in float32),
-    # and an overlap goes to the rule added first.
+    # An overlap goes to the rule added first. The residual forms come first: each plain pattern is
+    # also inside them. Gemma's forms come before Llama's: Llama's pattern also matches inside
+    # Gemma's (weight := 1 + weight, in float32).
+    add_rule(rules, add_gemma_rmsnorm, ADD_GEMMA_RMS_NORM, "add_gemma_rms_norm",
+             filter=row_param("x", "weight", same_shape="residual"))
+    add = add_rule(rules, add_llama_rmsnorm, ADD_RMS_NORM, "add_rms_norm",
+                   filter=row_param("x", "weight", same_shape="residual"))
+    add_rule(rules, add_t5_layer_norm, add.op, "add_t5_layer_norm", filter=row_param("x", "weight", same_shape="residual"))
     add_rule(rules, gemma_rmsnorm, GEMMA_RMS_NORM, "gemma_rms_norm", filter=row_param("x", "weight"))
     llama = add_rule(rules, llama_rmsnorm, RMS_NORM, "rms_norm", filter=row_param("hidden_states", "weight"))
     # T5's form computes Llama's numbers whenever weight and input share a dtype (the op's own
     # dtype check refuses the rest), so it is another way of finding the same op.
     add_rule(rules, t5_layer_norm, llama.op, "t5_layer_norm", filter=row_param("hidden_states", "weight"))
+    # torch.export keeps nn.RMSNorm one aten.rms_norm node; the other IRs decompose it into ops whose
+    # reduction axis is a positive index (rank-dependent), so the rule runs in the export IR only. The
+    # example inputs make the row length an int literal the pattern can capture.
+    example = (torch.randn(4, 8), torch.randn(8), 8, SENTINELS[float])
+    for pattern, spec in ((torch_rms_norm, TORCH_RMS_NORM), (torch_rms_norm_default_eps, TORCH_RMS_NORM_DEFAULT_EPS)):
+        name = pattern.__name__
+        op = cuda_kernel_op(f"{NAMESPACE}::{name}", spec, reference=pattern, eager_fn=_torch_rms_norm_on_cuda)
+        add_rule(rules, pattern, op, name, filter=_row_length("x", "weight", "normalized_size"),
+                 example_inputs=example[:len(spec.inputs)], irs=("export",))

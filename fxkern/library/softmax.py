@@ -61,7 +61,7 @@ __device__ __forceinline__ void ms_combine(float& m, float& s, float m2, float s
 // The row's max and sum of exp(x - max) in one reduction over a group of G consecutive threads
 // (G as for group_sum); slot holds 2 x 8 floats of shared memory no other live reduction uses.
 template <typename T>
-__device__ __forceinline__ void group_max_sum(float& m, float& s, int G, float (*slot)[8]) {
+__device__ __forceinline__ void group_max_sum(float& m, float& s, int G, float (*slot)[ROW_WARPS]) {
     const int w = G < 32 ? G : 32;
     for (int o = w >> 1; o > 0; o >>= 1)
         ms_combine<T>(m, s, __shfl_xor_sync(0xffffffffu, m, o), __shfl_xor_sync(0xffffffffu, s, o));
@@ -76,13 +76,13 @@ __device__ __forceinline__ void group_max_sum(float& m, float& s, int G, float (
 
 template <typename T, int V, int NV>
 __device__ __forceinline__ void softmax_rows(const T* __restrict__ x, int D, unsigned rows, T* __restrict__ y,
-                                             float (*red)[8]) {
+                                             float (*red)[ROW_WARPS]) {
     unsigned begin, end;
     block_rows((unsigned)D, rows, begin, end);
     int G = 1;  // threads a row: the fewest that hold it in registers
-    while (G < 256 && G * V * NV < D) G <<= 1;
+    while (G < ROW_THREADS && G * V * NV < D) G <<= 1;
     if (G * V * NV >= D) {
-        const int groups = 256 / G, g = threadIdx.x / G, t = threadIdx.x % G;
+        const int groups = ROW_THREADS / G, g = threadIdx.x / G, t = threadIdx.x % G;
         for (unsigned first = begin, p = 0; first < end; first += groups, ++p) {
             const unsigned row = first + g;
             const bool live = row < end;
@@ -134,7 +134,7 @@ __device__ __forceinline__ void softmax_rows(const T* __restrict__ x, int D, uns
             const T* xr = x + (size_t)row * D;
             float m = neg_inf(), s = 0.0f;
 #pragma unroll 2
-            for (int col = threadIdx.x * V; col < D; col += 256 * V) {
+            for (int col = threadIdx.x * V; col < D; col += ROW_THREADS * V) {
                 const Pack<T, V> c = load<T, V>(xr + col);
                 float pm = m;
 #pragma unroll
@@ -146,12 +146,12 @@ __device__ __forceinline__ void softmax_rows(const T* __restrict__ x, int D, uns
                 }
                 m = pm;
             }
-            const float gm = group_max(m, 256, red[0]);
+            const float gm = group_max(m, ROW_THREADS, red[0]);
             s = m == neg_inf() ? 0.0f : s * exp_shifted<sizeof(T) == 2>(m, gm);
-            const float inv = 1.0f / group_sum(s, 256, red[1]);
+            const float inv = 1.0f / group_sum(s, ROW_THREADS, red[1]);
             T* yr = y + (size_t)row * D;
 #pragma unroll 4
-            for (int col = threadIdx.x * V; col < D; col += 256 * V) {
+            for (int col = threadIdx.x * V; col < D; col += ROW_THREADS * V) {
                 const Pack<T, V> c = load<T, V>(xr + col);
                 Pack<T, V> o;
 #pragma unroll
@@ -165,8 +165,8 @@ __device__ __forceinline__ void softmax_rows(const T* __restrict__ x, int D, uns
 }  // namespace fxk
 
 template <typename T>
-__global__ void __launch_bounds__(256, sizeof(T) == 4 ? FXK_ROW_BLOCKS_F32 : FXK_ROW_BLOCKS_HALF) softmax_last(const T* x, int D, int n, T* y) {
-    __shared__ float red[4][8];
+__global__ void __launch_bounds__(ROW_THREADS, sizeof(T) == 4 ? FXK_ROW_BLOCKS_F32 : FXK_ROW_BLOCKS_HALF) softmax_last(const T* x, int D, int n, T* y) {
+    __shared__ float red[4][ROW_WARPS];
     if (D <= 0) return;
     const unsigned rows = (unsigned)n / (unsigned)D;
     constexpr int V = 16 / sizeof(T);

@@ -1,0 +1,140 @@
+"""Sweep the RMSNorm kernels' tuning knobs against inductor: how the shipped defaults were chosen.
+
+Each variant is the library's own source with its tuning macros set (threads a block, 16-byte packs
+a thread holds, blocks resident per SM) and its own grid (elements a block takes), registered as a
+scratch op and checked against the pattern before it is timed; registers and spill bytes come from
+the driver. Shapes: one that fills the GPU, a 7B model's width and the demo model's norm.
+
+    python benchmarks/row_tuning.py [--section-out FILE] [--variants A,B] [--dump-inductor DIR]
+
+Writes the "row_tuning" section of docs/benchmarks.md (or FILE).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import common
+import torch
+from torch._inductor.utils import run_and_get_code
+
+SHAPES = [(16384, 8192), (8192, 4096), (4096, 2048)]
+DTYPES = [torch.float32, torch.bfloat16]
+TOL = {torch.float32: 1e-5, torch.bfloat16: 1e-2}
+
+def _variant(threads: int, chunk: int, packs: tuple[int, int], blocks: tuple[int, int]) -> tuple[dict, int, int]:
+    """(macros, elements a block takes, threads a block): 16-byte packs a thread holds and blocks
+    resident per SM are each given as (float32, 16-bit)."""
+    return ({"ROW_THREADS": threads, "FXK_ROW_PACKS_F32": packs[0], "FXK_ROW_PACKS_HALF": packs[1],
+             "FXK_ROW_BLOCKS_F32": blocks[0], "FXK_ROW_BLOCKS_HALF": blocks[1]}, chunk, threads)
+
+
+# Measured on an H200 while choosing the defaults (2026-11-23); the first is the library's choice.
+VARIANTS = {
+    "t256 c8k p8/4 b3/6 (shipped)": _variant(256, 8192, (8, 4), (3, 6)),
+    "t256 c16k p8/8 b3/3 (before)": _variant(256, 16384, (8, 8), (3, 3)),
+    "t256 c8k p8/4 b3/4": _variant(256, 8192, (8, 4), (3, 4)),
+    "t256 c8k p8/4 b2/4": _variant(256, 8192, (8, 4), (2, 4)),
+    "t256 c4k p8/4 b3/6": _variant(256, 4096, (8, 4), (3, 6)),
+    "t256 c32k p8/8 b3/3": _variant(256, 32768, (8, 8), (3, 3)),
+    "t256 c16k p4/4 b4/4 (two reads in float32)": _variant(256, 16384, (4, 4), (4, 4)),
+    "t512 c16k p8/4 b2/3": _variant(512, 16384, (8, 4), (2, 3)),
+    "t1024 c16k p4/2 b2/2": _variant(1024, 16384, (4, 2), (2, 2)),
+}
+
+
+def variant_op(index: int, kernel: str, variant: tuple[dict, int, int], base):
+    import fxkern
+
+    macros, chunk, threads = variant
+
+    def geometry(inputs, outputs):
+        return (fxkern.cdiv(inputs[0].numel(), chunk),), (threads,)
+
+    prefix = "".join(f"#define {k} {v}\n" for k, v in macros.items())
+    spec = dataclasses.replace(base, kernel_source=prefix + base.kernel_source, geometry=fxkern.Custom(geometry))
+    return fxkern.cuda_kernel_op(f"fxkern_tune::{kernel}_{index}", spec)
+
+
+def registers(qualname: str) -> str:
+    """Registers a thread and local-memory (spill) bytes of each instantiation, as the driver loaded it."""
+    import fxkern
+    from cuda.bindings import driver
+
+    impl = fxkern.kernel_op(qualname).cuda_impl
+    fns = impl.functions.load(torch.cuda.current_device())
+    out = []
+    for dt in DTYPES:
+        fn = fns[impl.lowered[dt]]
+        _, regs = driver.cuFuncGetAttribute(driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_NUM_REGS, fn)
+        _, local = driver.cuFuncGetAttribute(driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES, fn)
+        out.append(f"{regs}" + (f" ({local} B local)" if local else ""))
+    return "/".join(out)
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--section-out", type=Path, default=None)
+    parser.add_argument("--variants", default=",".join(VARIANTS))
+    parser.add_argument("--dump-inductor", type=Path, default=None, help="write inductor's generated code here")
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("no GPU: nothing to tune")
+        return
+    from fxkern.library import rmsnorm
+
+    torch.manual_seed(0)
+    names = args.variants.split(",")
+    cases = [("rms_norm", rmsnorm.RMS_NORM, rmsnorm.llama_rmsnorm, False),
+             ("add_rms_norm", rmsnorm.ADD_RMS_NORM, rmsnorm.add_llama_rmsnorm, True)]
+    lines = ["## RMSNorm tuning (`fxkern.library.rmsnorm`)", "",
+             f"Machine: {common.machine()}. Date: {common.today()}. Command: `python benchmarks/row_tuning.py`.", "",
+             ("GB/s of useful bytes (each input read once, each output written once), CUDA events around 10 "
+              "back-to-back calls, 5 warm-ups, median of 20; inductor (`torch.compile(pattern)`, default mode, which "
+              "autotunes its reduction configs) in the same run. Variant: threads a block (t), elements a block "
+              "takes (c), 16-byte packs a thread holds (p) and blocks resident per SM (b), float32/16-bit; "
+              "registers a thread float32/bfloat16, with the driver's local-memory (spill) bytes."), ""]
+    for kernel, base, pattern, add in cases:
+        shapes = [(r, d, dt) for r, d in SHAPES for dt in DTYPES]
+        inputs = {}
+        for r, d, dt in shapes:
+            x = torch.randn(r, d, device="cuda").to(dt)
+            w = torch.randn(d, device="cuda").to(dt)
+            inputs[r, d, dt] = (x, torch.randn_like(x), w, 1e-6) if add else (x, w, 1e-6)
+        header = "| variant | " + " | ".join(f"{r}x{d} {str(dt)[6:]}" for r, d, dt in shapes) + " | regs f32/bf16 |"
+        lines += [f"### `{kernel}`", "", header, "| --- |" + " ---: |" * len(shapes) + " --- |"]
+        nbytes = {k: sum(a.numel() * a.element_size() for a in v if isinstance(a, torch.Tensor))
+                  + (2 if add else 1) * v[0].numel() * v[0].element_size() for k, v in inputs.items()}
+        compiled = torch.compile(pattern)
+        row = []
+        for key, a in inputs.items():
+            _, code = run_and_get_code(compiled, *a)
+            if args.dump_inductor:
+                args.dump_inductor.mkdir(parents=True, exist_ok=True)
+                (args.dump_inductor / f"{kernel}_{key[0]}x{key[1]}_{str(key[2])[6:]}.py").write_text("\n".join(code))
+            row.append(nbytes[key] / common.cuda_time_ms(lambda a=a: compiled(*a)) / 1e6)
+        lines.append("| inductor | " + " | ".join(f"{v:.0f}" for v in row) + " | |")
+        print(lines[-1], flush=True)
+        for i, name in enumerate(names):
+            op = variant_op(i, kernel, VARIANTS[name], base)
+            row = []
+            for key, a in inputs.items():
+                got, want = op(*a), pattern(*a)
+                for g, w in zip(got if add else (got,), want if add else (want,)):
+                    err = float((g.float() - w.float()).norm() / w.float().norm())
+                    if not err <= TOL[key[2]]:
+                        raise AssertionError(f"{name} {kernel} {key}: rel. err {err:.1e}")
+                row.append(nbytes[key] / common.cuda_time_ms(lambda a=a: op(*a)) / 1e6)
+            lines.append(f"| {name} | " + " | ".join(f"{v:.0f}" for v in row) + f" | {registers(f'fxkern_tune::{kernel}_{i}')} |")
+            print(lines[-1], flush=True)
+        lines.append("")
+    common.emit("row_tuning", "\n".join(lines), args.section_out)
+
+
+if __name__ == "__main__":
+    main()
