@@ -1,12 +1,14 @@
 """The demo model (``python -m fxkern demo``'s Llama-style transformer) under every way of running it.
 
-    python benchmarks/demo_model.py [--size base] [--dtype bfloat16] [--section-out FILE]
+    python benchmarks/demo_model.py [--size base] [--dtype bfloat16] [--section-out FILE] [--profile]
 
 Times, in one run on one GPU: eager; eager after ``fxkern.apply`` with the library rules;
 ``torch.compile`` (inductor, default mode); ``torch.compile(backend=fxkern.backend(rules))`` with
 all library rules and with each rule that matched alone (which shows what each replacement costs
 or gains inside inductor, where the alternative is inductor's own fusion rather than eager ops).
-Writes the ``demo_model`` section of docs/benchmarks.md.
+Writes the ``demo_model`` section of docs/benchmarks.md. ``--profile`` prints, for plain inductor
+and inductor with fxkern, the GPU time of each kernel over a few forwards (torch.profiler), to see
+where the two differ.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ def main(argv=None) -> int:
     p.add_argument("--size", default="base", choices=sorted(SIZES))
     p.add_argument("--dtype", default="bfloat16", choices=sorted(DTYPES))
     p.add_argument("--section-out", type=Path, default=None)
+    p.add_argument("--profile", action="store_true", help="print per-kernel GPU time under both compilers")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
         print("needs a CUDA GPU")
@@ -53,6 +56,12 @@ def main(argv=None) -> int:
             ms = cuda_time_ms(lambda: fn(ids), warmup=3, reps=15, inner=3)
         print(f"{name:48s} {ms:8.3f} ms  rel err {err.rel:.1e}", flush=True)
         return name, ms, err
+
+    if args.profile:
+        for name, fn in (("inductor", torch.compile(model)), ("inductor + fxkern", torch.compile(
+                model, backend=fxkern.backend(rules)))):
+            torch._dynamo.reset()
+            profile(name, fn, ids)
 
     rows = [timed("eager", model), timed("eager, fxkern.apply (library rules)", rewritten),
             timed("torch.compile (inductor)", torch.compile(model))]
@@ -79,6 +88,26 @@ def main(argv=None) -> int:
         body.append(f"| {name} | {ms:.3f} | {eager_ms / ms:.2f}x | {inductor_ms / ms:.2f}x | {err.rel:.1e} |")
     emit("demo_model", "\n".join(body), args.section_out)
     return 0
+
+
+def profile(name, fn, ids, steps: int = 5) -> None:
+    """GPU time per kernel (microseconds a forward) over ``steps`` forwards, after warm-up."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    with torch.no_grad():
+        for _ in range(3):
+            fn(ids)
+        torch.cuda.synchronize()
+        with torch_profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(steps):
+                fn(ids)
+            torch.cuda.synchronize()
+    events = [e for e in prof.key_averages() if e.device_type == torch.autograd.DeviceType.CUDA]
+    total = sum(e.self_device_time_total for e in events) / steps
+    print(f"\n{name}: {total:.0f} us of kernels a forward", flush=True)
+    for e in sorted(events, key=lambda e: -e.self_device_time_total)[:30]:
+        print(f"  {e.self_device_time_total / steps:8.1f} us  x{e.count // steps:<3d} {e.key[:110]}", flush=True)
 
 
 if __name__ == "__main__":

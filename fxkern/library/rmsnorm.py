@@ -33,7 +33,7 @@ import torch.nn.functional as F
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 from fxkern.errors import KernelInputError
-from fxkern.library._rules import DTYPES, NAMESPACE, add_rule, norm_geometry, row_param
+from fxkern.library._rules import COMPILE_FREE_IRS, DTYPES, NAMESPACE, add_rule, norm_geometry, row_param
 from fxkern.library.cuda_common import COMMON, row_tuning
 from fxkern.ops import cuda_kernel_op
 from fxkern.patterns import SENTINELS
@@ -352,16 +352,23 @@ def register(rules) -> None:
     # An overlap goes to the rule added first. The residual forms come first: each plain pattern is
     # also inside them. Gemma's forms come before Llama's: Llama's pattern also matches inside
     # Gemma's (weight := 1 + weight, in float32).
+    #
+    # None of them runs inside inductor: there a norm sits between ops inductor fuses into its own
+    # norm kernel (the residual add, the embedding gather, a GELU block's add), and at the demo
+    # model's size inductor's fused kernels ran 15-17 us where the add+norm kernel ran 21 us
+    # (benchmarks/demo_model.py --profile, docs/benchmarks.md). In eager, export and TensorRT they pay.
+    irs = COMPILE_FREE_IRS
     add_rule(rules, add_gemma_rmsnorm, ADD_GEMMA_RMS_NORM, "add_gemma_rms_norm",
-             filter=row_param("x", "weight", same_shape="residual"))
+             filter=row_param("x", "weight", same_shape="residual"), irs=irs)
     add = add_rule(rules, add_llama_rmsnorm, ADD_RMS_NORM, "add_rms_norm",
-                   filter=row_param("x", "weight", same_shape="residual"))
-    add_rule(rules, add_t5_layer_norm, add.op, "add_t5_layer_norm", filter=row_param("x", "weight", same_shape="residual"))
-    add_rule(rules, gemma_rmsnorm, GEMMA_RMS_NORM, "gemma_rms_norm", filter=row_param("x", "weight"))
-    llama = add_rule(rules, llama_rmsnorm, RMS_NORM, "rms_norm", filter=row_param("hidden_states", "weight"))
+                   filter=row_param("x", "weight", same_shape="residual"), irs=irs)
+    add_rule(rules, add_t5_layer_norm, add.op, "add_t5_layer_norm", filter=row_param("x", "weight", same_shape="residual"),
+             irs=irs)
+    add_rule(rules, gemma_rmsnorm, GEMMA_RMS_NORM, "gemma_rms_norm", filter=row_param("x", "weight"), irs=irs)
+    llama = add_rule(rules, llama_rmsnorm, RMS_NORM, "rms_norm", filter=row_param("hidden_states", "weight"), irs=irs)
     # T5's form computes Llama's numbers whenever weight and input share a dtype (the op's own
     # dtype check refuses the rest), so it is another way of finding the same op.
-    add_rule(rules, t5_layer_norm, llama.op, "t5_layer_norm", filter=row_param("hidden_states", "weight"))
+    add_rule(rules, t5_layer_norm, llama.op, "t5_layer_norm", filter=row_param("hidden_states", "weight"), irs=irs)
     # torch.export keeps nn.RMSNorm one aten.rms_norm node; the other IRs decompose it into ops whose
     # reduction axis is a positive index (rank-dependent), so the rule runs in the export IR only. The
     # example inputs make the row length an int literal the pattern can capture.
