@@ -26,6 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from fxkern.library._rules import (
+    COMPILE_FREE_IRS,
     DTYPES,
     add_rule,
     elementwise_geometry,
@@ -256,5 +257,11 @@ RULES = (
 
 
 def register(rules) -> None:
+    # None of them runs inside inductor. In a transformer the GELU's output (plus the residual)
+    # feeds the next norm, and inductor fuses the whole bias + GELU + add into that norm's kernel:
+    # a separate GELU kernel adds a write and a read of the activations (the demo model lost 1%
+    # with them, benchmarks/demo_model.py --profile). The forms without a residual would then
+    # match inside the residual ones, with the same loss. In eager, export and TensorRT they pay.
     for pattern, spec, broadcast in RULES:
-        add_rule(rules, pattern, spec, pattern.__name__, filter=suffix_broadcast("x", *broadcast) if broadcast else None)
+        add_rule(rules, pattern, spec, pattern.__name__, filter=suffix_broadcast("x", *broadcast) if broadcast else None,
+                 irs=COMPILE_FREE_IRS)

@@ -9,12 +9,11 @@ Variants, as the libraries write them (transformers 5.x source):
   ``x * rsqrt(...)`` in float32, cast to the weight's half dtype: the same numbers as Llama's
   when weight and input share a dtype, so the rule targets the same op;
 * ``gemma_rmsnorm`` — ``GemmaRMSNorm`` (Gemma, Gemma 2/3, RecurrentGemma): ``(x * r) * (1 + weight)``
-  in float32, rounded once.
+  in float32, rounded once;
+* ``torch_rms_norm`` — ``torch.nn.RMSNorm`` / ``F.rms_norm``: one ``aten.rms_norm(x, [D], w, eps)``
+  node in the export IR (the only IR that keeps it whole; the pattern captures ``D``).
 
-``torch.nn.RMSNorm`` / ``F.rms_norm`` export as one ``aten.rms_norm(x, [D], w, eps)`` node whose
-``[D]`` literal cannot be captured in every IR yet; they are not matched (docs/library.md).
-
-Each form is also matched with the residual add before it (``h = x + residual`` then the norm of
+Each transformers form is also matched with the residual add before it (``h = x + residual`` then the norm of
 ``h``, as every pre-norm decoder layer writes it): one kernel reads ``x`` and ``residual`` and writes
 both the sum and its norm, 4 passes over memory where the add and the norm take 5.
 
@@ -24,6 +23,7 @@ float32, four in 16-bit types) between the reduction and the write; the fewest p
 threads that hold it share it (sub-warp and warp shuffles, one shared-memory step past a warp).
 Longer rows are read twice (the second read mostly from L2). The block size, packs and blocks
 resident per SM were chosen by ``benchmarks/row_tuning.py`` (results in docs/benchmarks.md).
+None of these rules runs inside inductor (see ``register``).
 """
 
 from __future__ import annotations
