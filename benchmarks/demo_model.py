@@ -81,8 +81,8 @@ def main(argv=None) -> int:
         f"--dtype {args.dtype}`.",
         f"Model: the demo's Llama-style transformer, hidden {cfg.hidden}, {cfg.layers} layers, batch "
         f"{cfg.batch}x{cfg.seq}, {dtype}; matched rules: {', '.join(matched)} "
-        f"({len(report.matches)} replacements). CUDA events, warm-up, median of 15. Inside inductor only "
-        f"{', '.join(in_inductor) or 'no rule'} runs (the others carry `irs=` without it: docs/library.md).",
+        f"({len(report.matches)} replacements). CUDA events, warm-up, median of 15. Library rules that run "
+        f"inside inductor: {', '.join(in_inductor) or 'none'} (the others carry `irs=` without it: docs/library.md).",
         "",
         "| variant | ms / forward | vs eager | vs inductor | rel. err vs eager |",
         "| --- | ---: | ---: | ---: | ---: |",

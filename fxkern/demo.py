@@ -540,8 +540,13 @@ def _time_all(args: argparse.Namespace, model: nn.Module, rewritten: nn.Module, 
     print("\n" + _table(rows, right=(1, 2, 3, 4)), file=out)
     if backend.reports:
         replaced = Counter(m.rule for r in backend.reports for m in r.matches)
-        print(f"fxkern.backend replaced {sum(replaced.values())} subgraphs in inductor's graphs ("
-              + ", ".join(f"{k} ×{v}" for k, v in replaced.items()) + ")", file=out)
+        if replaced:
+            print(f"fxkern.backend replaced {sum(replaced.values())} subgraphs in inductor's graphs ("
+                  + ", ".join(f"{k} ×{v}" for k, v in replaced.items()) + ")", file=out)
+        else:
+            print("fxkern.backend left inductor's graphs as they were: the library's rules step aside inside "
+                  "inductor, whose own fused kernels are as fast there (docs/library.md, \"Inside torch.compile\"); "
+                  "your own rules still run there", file=out)
     return ok
 
 
