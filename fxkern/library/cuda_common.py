@@ -109,6 +109,14 @@ __device__ __forceinline__ float group_max(float v, int G, float* slot) {
     return m;
 }
 
+// Threads that share one row of D elements when each holds per_thread of them in registers: the
+// fewest, a power of two, up to ROW_THREADS (a row needing more than that is read twice instead).
+__device__ __forceinline__ int row_group(int D, int per_thread) {
+    int G = 1;
+    while (G < ROW_THREADS && G * per_thread < D) G <<= 1;
+    return G;
+}
+
 // The rows a row-kernel block owns: those starting in its slice of the tensor, the grid's blocks
 // splitting it into equal slices of whole elements (about slice / D rows; none or one when rows are
 // longer than a slice). Work is spread by elements, so blocks are balanced whatever the row length,

@@ -35,7 +35,7 @@ from torch.fx.experimental.symbolic_shapes import statically_known_true
 from fxkern.errors import KernelInputError
 from fxkern.library._rules import COMPILE_FREE_IRS, DTYPES, NAMESPACE, add_rule, norm_geometry, row_param
 from fxkern.library.cuda_common import COMMON, row_tuning
-from fxkern.ops import cuda_kernel_op
+from fxkern.ops import cuda_kernel_op, kernel_op
 from fxkern.patterns import SENTINELS
 from fxkern.spec import (
     Custom,
@@ -98,8 +98,7 @@ __device__ __forceinline__ void rmsnorm_rows(const T* __restrict__ x, const T* _
                                              T* __restrict__ h, T* __restrict__ y, float (*red)[ROW_WARPS]) {
     unsigned begin, end;
     block_rows((unsigned)D, rows, begin, end);
-    int G = 1;  // threads a row: the fewest that hold it in registers
-    while (G < ROW_THREADS && G * V * NV < D) G <<= 1;
+    const int G = row_group(D, V * NV);
     if (G * V * NV >= D) {
         const int groups = ROW_THREADS / G, g = threadIdx.x / G, t = threadIdx.x % G;
         for (unsigned first = begin, p = 0; first < end; first += groups, ++p) {
@@ -310,7 +309,8 @@ def _torch_rms_norm_on_cuda(x, weight, normalized_size, eps=FLOAT32_EPS):
         raise KernelInputError(
             f"fxkern_lib::torch_rms_norm: normalized_size={normalized_size} must be the last axis of x "
             f"{tuple(x.shape)}: the kernel normalises over the last axis only (F.rms_norm(x, [x.shape[-1]], ...))")
-    return torch.ops.fxkern_lib.rms_norm(x, weight, eps)
+    # Already inside an op: launch rms_norm's CUDA implementation directly, not through the dispatcher.
+    return kernel_op(f"{NAMESPACE}::rms_norm").cuda_impl(x, weight, eps)
 
 
 def add_llama_rmsnorm(x, residual, weight, eps: float):

@@ -79,8 +79,7 @@ __device__ __forceinline__ void softmax_rows(const T* __restrict__ x, int D, uns
                                              float (*red)[ROW_WARPS]) {
     unsigned begin, end;
     block_rows((unsigned)D, rows, begin, end);
-    int G = 1;  // threads a row: the fewest that hold it in registers
-    while (G < ROW_THREADS && G * V * NV < D) G <<= 1;
+    const int G = row_group(D, V * NV);
     if (G * V * NV >= D) {
         const int groups = ROW_THREADS / G, g = threadIdx.x / G, t = threadIdx.x % G;
         for (unsigned first = begin, p = 0; first < end; first += groups, ++p) {
