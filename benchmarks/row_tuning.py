@@ -27,24 +27,30 @@ SHAPES = [(16384, 8192), (8192, 4096), (4096, 2048)]
 DTYPES = [torch.float32, torch.bfloat16]
 TOL = {torch.float32: 1e-5, torch.bfloat16: 1e-2}
 
-def _variant(threads: int, chunk: int, packs: tuple[int, int], blocks: tuple[int, int]) -> tuple[dict, int, int]:
+def _variant(threads: int, chunk: int, packs: tuple[int, int], blocks: tuple[int, int],
+             scalars: int = 4) -> tuple[dict, int, int]:
     """(macros, elements a block takes, threads a block): 16-byte packs a thread holds and blocks
-    resident per SM are each given as (float32, 16-bit)."""
+    resident per SM are each given as (float32, 16-bit); scalars: elements a thread holds on the
+    scalar path (rows that are not whole packs), whose registers the vector path shares."""
     return ({"ROW_THREADS": threads, "FXK_ROW_PACKS_F32": packs[0], "FXK_ROW_PACKS_HALF": packs[1],
-             "FXK_ROW_BLOCKS_F32": blocks[0], "FXK_ROW_BLOCKS_HALF": blocks[1]}, chunk, threads)
+             "FXK_ROW_BLOCKS_F32": blocks[0], "FXK_ROW_BLOCKS_HALF": blocks[1], "FXK_ROW_SCALARS": scalars},
+            chunk, threads)
 
 
 # Measured on an H200 while choosing the defaults (2026-11-23); the first is the library's choice.
 VARIANTS = {
     "t256 c8k p8/4 b3/6 (shipped)": _variant(256, 8192, (8, 4), (3, 6)),
-    "t256 c16k p8/8 b3/3 (before)": _variant(256, 16384, (8, 8), (3, 3)),
+    "t256 c8k p8/4 b3/6, 16 scalars (before)": _variant(256, 8192, (8, 4), (3, 6), scalars=16),
+    "t256 c16k p8/8 b3/3": _variant(256, 16384, (8, 8), (3, 3)),
     "t256 c8k p8/4 b3/4": _variant(256, 8192, (8, 4), (3, 4)),
     "t256 c8k p8/4 b2/4": _variant(256, 8192, (8, 4), (2, 4)),
     "t256 c4k p8/4 b3/6": _variant(256, 4096, (8, 4), (3, 6)),
     "t256 c32k p8/8 b3/3": _variant(256, 32768, (8, 8), (3, 3)),
     "t256 c16k p4/4 b4/4 (two reads in float32)": _variant(256, 16384, (4, 4), (4, 4)),
+    "t512 c8k p4/2 b3/4": _variant(512, 8192, (4, 2), (3, 4)),
+    "t512 c8k p4/4 b3/3": _variant(512, 8192, (4, 4), (3, 3)),
     "t512 c16k p8/4 b2/3": _variant(512, 16384, (8, 4), (2, 3)),
-    "t1024 c16k p4/2 b2/2": _variant(1024, 16384, (4, 2), (2, 2)),
+    "t1024 c8k p2/1 b2/2": _variant(1024, 8192, (2, 1), (2, 2)),
 }
 
 

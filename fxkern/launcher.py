@@ -146,6 +146,8 @@ class KernelLauncher:
 
     def __call__(self, function: Any, grid: Tuple[int, int, int], block: Tuple[int, int, int],
                  shared_mem: int, stream: int, values: Sequence[Any], what: str) -> None:
+        if shared_mem and _shared_mem_allowed.get(int(function), 0) < shared_mem:
+            allow_shared_mem(function, shared_mem, what)
         pack = getattr(self._local, "pack", None) or self._buffers()
         self._struct.pack_into(pack[0], 0, *values)
         stream_obj = _streams.get(stream) or _stream(stream)
@@ -154,6 +156,29 @@ class KernelLauncher:
         )
         if err != _SUCCESS:
             _check(err, f"launching {what} with grid {tuple(grid)} and block {tuple(block)}")
+
+
+# A block gets 48 KB of shared memory, static and dynamic together, without asking; more needs the
+# function's dynamic limit raised first, up to the device's opt-in maximum (227 KB on Hopper). A
+# launch that asks for dynamic shared memory raises it once per function and size.
+_shared_mem_allowed: Dict[int, int] = {}
+
+
+def allow_shared_mem(function: Any, nbytes: int, what: str) -> None:
+    """Raise ``function``'s dynamic shared-memory limit to ``nbytes`` (once per function and size), or
+    say what the device allows."""
+    driver = _driver()
+    attr = driver.CUfunction_attribute
+    (err,) = driver.cuFuncSetAttribute(function, attr.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, nbytes)
+    if err != driver.CUresult.CUDA_SUCCESS:
+        _, static = driver.cuFuncGetAttribute(attr.CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES, function)
+        _, dev = driver.cuCtxGetDevice()
+        _, optin = driver.cuDeviceGetAttribute(
+            driver.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN, dev)
+        raise LaunchError(
+            f"{what} asks for {nbytes} bytes of dynamic shared memory; with its {static} bytes of static "
+            f"shared memory this GPU allows at most {optin - static} a block: lower the geometry's shared_mem")
+    _shared_mem_allowed[int(function)] = nbytes
 
 
 _streams: Dict[int, Any] = {}

@@ -254,3 +254,38 @@ def test_backend_dynamic_shapes_on_cuda_compile_once():
     assert counters["stats"]["unique_graphs"] == 1
     assert sum(len(r.matches) for r in be.reports) == 5
     torch._dynamo.reset()
+
+
+TILE_REVERSE = r"""
+#define TILE 25600  // floats: 100 KB of shared memory a block, past the 48 KB a launch gets unasked
+extern "C" __global__ void tile_reverse(const float* x, int n, float* y) {
+    extern __shared__ float tile[];
+    const long long base = (long long)blockIdx.x * TILE;
+    const int len = (int)min((long long)TILE, n - base);
+    for (int i = threadIdx.x; i < len; i += blockDim.x) tile[i] = x[base + i];
+    __syncthreads();
+    for (int i = threadIdx.x; i < len; i += blockDim.x) y[base + i] = tile[len - 1 - i];
+}
+"""
+
+
+def _tile_reverse(name: str, shared_mem: int):
+    def geometry(inputs, outputs):
+        return (fxkern.cdiv(inputs[0].numel(), 25600),), (256,), shared_mem
+
+    spec = fxkern.KernelSpec(TILE_REVERSE, "tile_reverse", inputs=[fxkern.InputDecl("x")],
+                             outputs=[fxkern.OutputDecl("y", fxkern.SameAs("x"))], extras=[fxkern.Numel("x")],
+                             geometry=fxkern.Custom(geometry), dtypes=(torch.float32,))
+    return fxkern.cuda_kernel_op(f"fxkern_test::{name}", spec)
+
+
+def test_shared_memory_past_48k_is_granted_and_past_the_device_limit_refused():
+    op = _tile_reverse("tile_reverse_100k", 25600 * 4)
+    x = torch.randn(3 * 25600 + 77, device="cuda")
+    want = torch.cat([t.flip(0) for t in x.split(25600)])
+    torch.testing.assert_close(op(x), want, rtol=0, atol=0)
+    too_much = _tile_reverse("tile_reverse_300k", 300 * 1024)
+    with pytest.raises(fxkern.LaunchError, match=r"asks for 307200 bytes of dynamic shared memory.*allows at most"):
+        too_much(x)
+    torch.cuda.synchronize()  # nothing sticky: the refused launch never ran
+    torch.testing.assert_close(op(x), want, rtol=0, atol=0)

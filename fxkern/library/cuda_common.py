@@ -140,9 +140,11 @@ EW_BLOCK = 256
 ELEMS_PER_THREAD = 8
 
 
-def row_tuning(blocks_f32: int, blocks_half: int, packs_f32: int = 8, packs_half: int = 8) -> str:
+def row_tuning(blocks_f32: int, blocks_half: int, packs_f32: int = 8, packs_half: int = 8, scalars: int = 4) -> str:
     """A row kernel's tuning as overridable macros (``-DFXK_ROW_BLOCKS_F32=...`` wins): blocks
-    resident per SM (its launch bounds) and 16-byte packs a thread holds, per element size."""
+    resident per SM (its launch bounds) and 16-byte packs a thread holds, per element size, and the
+    elements a thread holds on the scalar path (rows that are not whole packs; more spills registers
+    that the vector path then lacks, measured in benchmarks/row_tuning.py)."""
     values = {"FXK_ROW_BLOCKS_F32": blocks_f32, "FXK_ROW_BLOCKS_HALF": blocks_half,
-              "FXK_ROW_PACKS_F32": packs_f32, "FXK_ROW_PACKS_HALF": packs_half}
+              "FXK_ROW_PACKS_F32": packs_f32, "FXK_ROW_PACKS_HALF": packs_half, "FXK_ROW_SCALARS": scalars}
     return "".join(f"#ifndef {k}\n#define {k} {v}\n#endif\n" for k, v in values.items())

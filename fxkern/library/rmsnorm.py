@@ -180,7 +180,7 @@ __device__ __forceinline__ void rmsnorm(const T* x, const T* res, int nr, const 
         rmsnorm_rows<T, MODE, ADD, V, (sizeof(T) == 4 ? FXK_ROW_PACKS_F32 : FXK_ROW_PACKS_HALF)>(
             x, res, (unsigned)nr, w, eps, D, rows, nw, h, y, red);
     else
-        rmsnorm_rows<T, MODE, ADD, 1, 16>(x, res, (unsigned)nr, w, eps, D, rows, nw, h, y, red);
+        rmsnorm_rows<T, MODE, ADD, 1, FXK_ROW_SCALARS>(x, res, (unsigned)nr, w, eps, D, rows, nw, h, y, red);
 }
 
 }  // namespace fxk

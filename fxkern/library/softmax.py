@@ -172,7 +172,7 @@ __global__ void __launch_bounds__(ROW_THREADS, sizeof(T) == 4 ? FXK_ROW_BLOCKS_F
     if (D % V == 0 && fxk::aligned16(x) && fxk::aligned16(y))
         fxk::softmax_rows<T, V, (sizeof(T) == 4 ? FXK_ROW_PACKS_F32 : FXK_ROW_PACKS_HALF)>(x, D, rows, y, red);
     else
-        fxk::softmax_rows<T, 1, 16>(x, D, rows, y, red);
+        fxk::softmax_rows<T, 1, FXK_ROW_SCALARS>(x, D, rows, y, red);
 }
 """
 
