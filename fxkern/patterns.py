@@ -180,8 +180,14 @@ def trace(fn: Callable[..., Any], ir: str, *, dtype: torch.dtype = torch.float32
     example_inputs = list(example_inputs)
     if len(example_inputs) != len(params):
         raise SpecError(f"pattern {fn.__name__}: example_inputs has {len(example_inputs)} values for {len(params)} parameters")
-    sentinel_to_param = {}
+    sentinel_to_param, tensor_to_param = {}, {}
     for p, v in zip(params, example_inputs):
+        if p.kind == "tensor" and isinstance(v, torch.Tensor):
+            # traced once, a tensor passed twice is one input: the pattern would only match x op x
+            if id(v) in tensor_to_param:
+                raise SpecError(f"pattern {fn.__name__}: tensors {tensor_to_param[id(v)]!r} and {p.name!r} are traced "
+                                f"with the same example tensor; give each parameter its own tensor")
+            tensor_to_param[id(v)] = p.name
         if p.kind == "scalar":
             if p.py_type is bool:
                 raise SpecError(f"pattern {fn.__name__}: bool scalar {p.name!r} cannot be captured yet; make it a constant")

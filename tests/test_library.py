@@ -151,6 +151,20 @@ def test_torch_rmsnorm_module(dtype, eps):
     assert replaced(norm, torch.randn(5, 64), dtype=dtype) == {want: 1}
 
 
+@pytest.mark.parametrize("eps", [1e-6, None], ids=["eps", "default_eps"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
+def test_residual_add_fuses_into_torch_rmsnorm(dtype, eps):
+    """torchtitan's pre-norm block: ``h = x + attention(...)`` then ``ffn_norm(h)``, an nn.RMSNorm."""
+    norm = nn.RMSNorm(64, eps=eps)
+    nn.init.normal_(norm.weight)
+    want = "add_torch_rms_norm" if eps is not None else "add_torch_rms_norm_default_eps"
+    x, r = torch.randn(2, 8, 64), torch.randn(2, 8, 64)
+    assert replaced(PreNorm(norm), x, r, dtype=dtype) == {want: 1}
+    # a residual that broadcasts is not the kernel's x + residual: only the norm is replaced
+    plain = "torch_rms_norm" if eps is not None else "torch_rms_norm_default_eps"
+    assert replaced(PreNorm(norm), x, torch.randn(64), dtype=dtype) == {plain: 1}
+
+
 def test_torch_rmsnorm_near_misses_and_checks():
     # normalised over the last two axes: not a row norm
     assert replaced(nn.RMSNorm([8, 64], eps=1e-6), torch.randn(2, 8, 64)) == {}
@@ -158,6 +172,8 @@ def test_torch_rmsnorm_near_misses_and_checks():
     assert replaced(nn.RMSNorm(64, eps=1e-6, elementwise_affine=False), torch.randn(2, 8, 64)) == {}
     with pytest.raises(RuntimeError, match="normalized_shape"):  # the reference (CPU) checks like F.rms_norm
         lib.op("torch_rms_norm")(torch.randn(3, 64), torch.randn(64), 32, 1e-6)
+    with pytest.raises(RuntimeError, match="normalized_shape"):
+        lib.op("add_torch_rms_norm")(torch.randn(3, 64), torch.randn(3, 64), torch.randn(64), 32, 1e-6)
 
 
 def test_add_rmsnorm_op_returns_norm_then_sum_and_checks_the_residual():

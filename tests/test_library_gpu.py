@@ -70,6 +70,10 @@ CASES = {
     "torch_rms_norm_default_eps": (rmsnorm.torch_rms_norm_default_eps,
                                    lambda rows, d, dtype: (rand(rows, d, dtype=dtype), rand(d, dtype=dtype), d)),
     "add_rms_norm": (rmsnorm.add_llama_rmsnorm, add_row_case(row_case())),
+    "add_torch_rms_norm": (rmsnorm.add_torch_rms_norm, lambda rows, d, dtype: (
+        rand(rows, d, dtype=dtype), rand(rows, d, dtype=dtype), rand(d, dtype=dtype), d, 1e-6)),
+    "add_torch_rms_norm_default_eps": (rmsnorm.add_torch_rms_norm_default_eps, lambda rows, d, dtype: (
+        rand(rows, d, dtype=dtype), rand(rows, d, dtype=dtype), rand(d, dtype=dtype), d)),
     "add_gemma_rms_norm": (rmsnorm.add_gemma_rmsnorm, add_row_case(row_case())),
     "softmax": (softmax.softmax, lambda rows, d, dtype: (rand(rows, d, dtype=dtype, scale=4.0),)),
     "bias_gelu": (gelu.bias_gelu, ew_case(1, True)),
@@ -225,6 +229,8 @@ def test_torch_rms_norm_checks_its_row_length_on_cuda():
     x, w = torch.randn(3, 64, device="cuda"), torch.randn(64, device="cuda")
     with pytest.raises(fxkern.KernelInputError, match="normalized_size=32 must be the last axis"):
         lib.op("torch_rms_norm")(x, w, 32, 1e-6)
+    with pytest.raises(fxkern.KernelInputError, match="add_torch_rms_norm: normalized_size=32 must be the last axis"):
+        lib.op("add_torch_rms_norm")(x, x, w, 32, 1e-6)
 
 
 def test_weight_and_bias_shapes_a_kernel_cannot_index_are_refused():

@@ -144,3 +144,13 @@ def test_rule_limited_to_some_irs():
         fxkern.replace(gelu_add, spec_like(gelu_add), name="fxkern_test_irs::bad", rules=fxkern.RuleSet(),
                        irs=("nope",))
     assert isinstance(gm, fx.GraphModule)
+
+
+def test_one_example_tensor_for_two_parameters_is_refused():
+    # Traced once, the pattern would be ``x + x`` and never match ``x + residual``.
+    def add_then_exp(x, residual):
+        return torch.exp(x + residual)
+
+    t = torch.randn(4)
+    with pytest.raises(SpecError, match="'x' and 'residual' are traced with the same example tensor"):
+        fxkern.replace(add_then_exp, spec_like(add_then_exp), rules=RuleSet(), example_inputs=[t, t])

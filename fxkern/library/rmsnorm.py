@@ -13,7 +13,7 @@ Variants, as the libraries write them (transformers 5.x source):
 * ``torch_rms_norm`` — ``torch.nn.RMSNorm`` / ``F.rms_norm``: one ``aten.rms_norm(x, [D], w, eps)``
   node in the export IR (the only IR that keeps it whole; the pattern captures ``D``).
 
-Each transformers form is also matched with the residual add before it (``h = x + residual`` then the norm of
+Each form is also matched with the residual add before it (``h = x + residual`` then the norm of
 ``h``, as every pre-norm decoder layer writes it): one kernel reads ``x`` and ``residual`` and writes
 both the sum and its norm, 4 passes over memory where the add and the norm take 5.
 
@@ -212,6 +212,19 @@ __global__ void FXK_RMS_BOUNDS add_rms_norm(const T* x, const T* residual, const
                                             int nr, int nw, T* y, T* h) {
     fxk::rmsnorm<T, fxk::RMS_LLAMA, true>(x, residual, nr, weight, eps, D, n, nw, h, y);
 }
+// x + residual, then F.rms_norm(.., [normalized_size], ...): add_rms_norm's numbers (the op checks
+// normalized_size before launch, as for torch_rms_norm).
+template <typename T>
+__global__ void FXK_RMS_BOUNDS add_torch_rms_norm(const T* x, const T* residual, const T* weight, int normalized_size,
+                                                  float eps, int D, int n, int nr, int nw, T* y, T* h) {
+    fxk::rmsnorm<T, fxk::RMS_LLAMA, true>(x, residual, nr, weight, eps, D, n, nw, h, y);
+}
+template <typename T>
+__global__ void FXK_RMS_BOUNDS add_torch_rms_norm_default_eps(const T* x, const T* residual, const T* weight,
+                                                              int normalized_size, int D, int n, int nr, int nw, T* y,
+                                                              T* h) {
+    fxk::rmsnorm<T, fxk::RMS_LLAMA, true>(x, residual, nr, weight, 1.1920928955078125e-07f, D, n, nw, h, y);
+}
 template <typename T>
 __global__ void FXK_RMS_BOUNDS add_gemma_rms_norm(const T* x, const T* residual, const T* weight, float eps, int D,
                                                   int n, int nr, int nw, T* y, T* h) {
@@ -231,13 +244,13 @@ def _spec(kernel: str, x: str) -> KernelSpec:
     )
 
 
-def _add_spec(kernel: str) -> KernelSpec:
+def _add_spec(kernel: str, *scalars: ScalarInput) -> KernelSpec:
     # residual is declared broadcast so the op checks its shape against x's (the kernel reads it
     # at the flat index modulo its size); the rules only match an x + residual of one shape.
     return KernelSpec(
         SOURCE, kernel,
         inputs=[InputDecl("x"), InputDecl("residual", broadcast=True), InputDecl("weight", broadcast=True),
-                ScalarInput("eps", float)],
+                *(scalars or (ScalarInput("eps", float),))],
         outputs=[OutputDecl("y", SameAs("x")), OutputDecl("h", SameAs("x"))],
         extras=[DimSize("x", -1), Numel("x"), Numel("residual"), Numel("weight")],
         geometry=Custom(norm_geometry),
@@ -264,6 +277,8 @@ TORCH_RMS_NORM_DEFAULT_EPS = _torch_spec("torch_rms_norm_default_eps", ScalarInp
 GEMMA_RMS_NORM = _spec("gemma_rms_norm", "x")
 ADD_RMS_NORM = _add_spec("add_rms_norm")
 ADD_GEMMA_RMS_NORM = _add_spec("add_gemma_rms_norm")
+ADD_TORCH_RMS_NORM = _add_spec("add_torch_rms_norm", ScalarInput("normalized_size", int), ScalarInput("eps", float))
+ADD_TORCH_RMS_NORM_DEFAULT_EPS = _add_spec("add_torch_rms_norm_default_eps", ScalarInput("normalized_size", int))
 
 
 def llama_rmsnorm(hidden_states, weight, eps: float):
@@ -303,14 +318,25 @@ def torch_rms_norm_default_eps(x, weight, normalized_size: int):
     return F.rms_norm(x, [normalized_size], weight)
 
 
-def _torch_rms_norm_on_cuda(x, weight, normalized_size, eps=FLOAT32_EPS):
-    """The op on CUDA: the check F.rms_norm makes, then the RMSNorm kernel."""
+def _check_row_length(op: str, x, normalized_size) -> None:
+    """The check F.rms_norm makes, for a kernel that normalises over the last axis only."""
     if x.dim() == 0 or normalized_size != x.shape[-1]:
         raise KernelInputError(
-            f"fxkern_lib::torch_rms_norm: normalized_size={normalized_size} must be the last axis of x "
+            f"{NAMESPACE}::{op}: normalized_size={normalized_size} must be the last axis of x "
             f"{tuple(x.shape)}: the kernel normalises over the last axis only (F.rms_norm(x, [x.shape[-1]], ...))")
+
+
+def _torch_rms_norm_on_cuda(x, weight, normalized_size, eps=FLOAT32_EPS):
+    """The op on CUDA: F.rms_norm's check, then the RMSNorm kernel."""
+    _check_row_length("torch_rms_norm", x, normalized_size)
     # Already inside an op: launch rms_norm's CUDA implementation directly, not through the dispatcher.
     return kernel_op(f"{NAMESPACE}::rms_norm").cuda_impl(x, weight, eps)
+
+
+def _add_torch_rms_norm_on_cuda(x, residual, weight, normalized_size, eps=FLOAT32_EPS):
+    """The op on CUDA: F.rms_norm's check, then the add + RMSNorm kernel."""
+    _check_row_length("add_torch_rms_norm", x, normalized_size)
+    return kernel_op(f"{NAMESPACE}::add_rms_norm").cuda_impl(x, residual, weight, eps)
 
 
 def add_llama_rmsnorm(x, residual, weight, eps: float):
@@ -336,9 +362,23 @@ def add_gemma_rmsnorm(x, residual, weight, eps: float):
     return gemma_rmsnorm(h, weight, eps), h
 
 
-def _row_length(x: str, weight: str, size: str):
-    """A filter: ``weight`` is a row of ``x`` and the captured ``size`` is ``x``'s last axis."""
-    row = row_param(x, weight)
+def add_torch_rms_norm(x, residual, weight, normalized_size: int, eps: float):
+    """A residual add and the next ``nn.RMSNorm`` (torchtitan's Llama: ``h = x + self.attention(...)``,
+    then ``self.ffn_norm(h)``): the norm and the sum."""
+    h = x + residual
+    return F.rms_norm(h, [normalized_size], weight, eps), h
+
+
+def add_torch_rms_norm_default_eps(x, residual, weight, normalized_size: int):
+    """A residual add and the next ``nn.RMSNorm(D)`` (eps=None)."""
+    h = x + residual
+    return F.rms_norm(h, [normalized_size], weight), h
+
+
+def _row_length(x: str, weight: str, size: str, same_shape: str | None = None):
+    """A filter: ``weight`` is a row of ``x`` (and ``same_shape`` has ``x``'s shape) and the
+    captured ``size`` is ``x``'s last axis."""
+    row = row_param(x, weight, same_shape=same_shape)
 
     def accept(match) -> bool:
         val = match.bindings[x].meta.get("val") if row(match) else None
@@ -372,9 +412,16 @@ def register(rules) -> None:
     # torch.export keeps nn.RMSNorm one aten.rms_norm node; the other IRs decompose it into ops whose
     # reduction axis is a positive index (rank-dependent), so the rule runs in the export IR only. The
     # example inputs make the row length an int literal the pattern can capture.
-    example = (torch.randn(4, 8), torch.randn(8), 8, SENTINELS[float])
-    for pattern, spec in ((torch_rms_norm, TORCH_RMS_NORM), (torch_rms_norm_default_eps, TORCH_RMS_NORM_DEFAULT_EPS)):
+    # The residual forms first, as above.
+    x, r, w = torch.randn(4, 8), torch.randn(4, 8), torch.randn(8)  # distinct tensors: one passed twice is one input
+    forms = ((add_torch_rms_norm, ADD_TORCH_RMS_NORM, _add_torch_rms_norm_on_cuda, (x, r, w), "residual"),
+             (add_torch_rms_norm_default_eps, ADD_TORCH_RMS_NORM_DEFAULT_EPS, _add_torch_rms_norm_on_cuda, (x, r, w),
+              "residual"),
+             (torch_rms_norm, TORCH_RMS_NORM, _torch_rms_norm_on_cuda, (x, w), None),
+             (torch_rms_norm_default_eps, TORCH_RMS_NORM_DEFAULT_EPS, _torch_rms_norm_on_cuda, (x, w), None))
+    for pattern, spec, eager_fn, tensors, residual in forms:
         name = pattern.__name__
-        op = cuda_kernel_op(f"{NAMESPACE}::{name}", spec, reference=pattern, eager_fn=_torch_rms_norm_on_cuda)
-        add_rule(rules, pattern, op, name, filter=_row_length("x", "weight", "normalized_size"),
-                 example_inputs=example[:len(spec.inputs)], irs=("export",))
+        op = cuda_kernel_op(f"{NAMESPACE}::{name}", spec, reference=pattern, eager_fn=eager_fn)
+        example = (*tensors, 8, SENTINELS[float])[:len(spec.inputs)]
+        add_rule(rules, pattern, op, name, filter=_row_length("x", "weight", "normalized_size", same_shape=residual),
+                 example_inputs=example, irs=("export",))
