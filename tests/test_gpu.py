@@ -275,7 +275,7 @@ def _tile_reverse(name: str, shared_mem: int):
 
     spec = fxkern.KernelSpec(TILE_REVERSE, "tile_reverse", inputs=[fxkern.InputDecl("x")],
                              outputs=[fxkern.OutputDecl("y", fxkern.SameAs("x"))], extras=[fxkern.Numel("x")],
-                             geometry=fxkern.Custom(geometry), dtypes=(torch.float32,))
+                             geometry=fxkern.Custom(geometry))
     return fxkern.cuda_kernel_op(f"fxkern_test::{name}", spec)
 
 

@@ -292,15 +292,58 @@ def test_swiglu_forms():
     assert replaced(SiLUModule(), g, u, dtype=torch.bfloat16) == {"swiglu": 1}
 
 
-def test_chunked_swiglu_is_left_to_eager():
+def test_chunked_swiglu_reads_the_halves_in_place():
     def chunked(x):
         a, b = x.chunk(2, -1)
         return F.silu(a) * b
 
     ep = torch.export.export(Fn(chunked), (torch.randn(2, 8, 128),))
     report = fxkern.explain(ep, lib.rules())
+    # the plain kernel would need contiguous copies of the halves: it declines them ...
     assert not report["swiglu"].matches
     assert any("filter" in m.reason for m in report["swiglu"].near_misses)
+    # ... and the chunked kernel takes x itself
+    assert len(report["swiglu_chunked"].matches) == 1
+
+
+class DiffusersGLU(nn.Module):
+    """diffusers' ``GEGLU`` / ``SwiGLU`` (diffusers 0.42 ``models/activations.py``), as written there."""
+
+    def __init__(self, act):
+        super().__init__()
+        self.proj = nn.Linear(64, 2 * 48)
+        self.act = act
+
+    def forward(self, hidden_states):
+        hidden_states = self.proj(hidden_states)
+        hidden_states, gate = hidden_states.chunk(2, dim=-1)
+        return hidden_states * self.act(gate)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
+def test_chunked_glu_forms(dtype):
+    from transformers.models.phi3.modeling_phi3 import Phi3MLP
+
+    x = torch.randn(2, 8, 64)
+    phi3 = Phi3MLP(transformers.Phi3Config(hidden_size=64, intermediate_size=96))
+    assert replaced(phi3, x, dtype=dtype) == {"swiglu_chunked": 1}
+    assert replaced(DiffusersGLU(nn.SiLU()), x, dtype=dtype) == {"swiglu_chunked_gate_last": 1}
+    assert replaced(DiffusersGLU(F.gelu), x, dtype=dtype) == {"geglu_chunked": 1}
+
+
+def test_chunked_glu_near_misses_and_checks():
+    def rows_split(x):  # halves of another axis
+        a, b = x.chunk(2, 1)
+        return F.silu(a) * b
+
+    def tanh_gelu(x):  # GEGLU's kernel is the erf GELU
+        h, gate = x.chunk(2, -1)
+        return h * F.gelu(gate, approximate="tanh")
+
+    assert replaced(Fn(rows_split), torch.randn(4, 6, 32)) == {}
+    assert replaced(Fn(tanh_gelu), torch.randn(4, 32)) == {}
+    with pytest.raises(fxkern.KernelInputError, match="two equal halves; x has shape \\(3, 7\\)"):
+        lib.op("swiglu_chunked")(torch.randn(3, 7))
 
 
 # ---- softmax --------------------------------------------------------------------------------------

@@ -85,6 +85,11 @@ CASES = {
     "bias_gelu_new_residual": (gelu.bias_gelu_new_residual, ew_case(2, True)),
     "megatron_bias_gelu": (gelu.megatron_bias_gelu, ew_case(1, True)),
     "swiglu": (swiglu.swiglu, ew_case(2, False)),
+    # d is each half's width: x has rows of 2 * d
+    "swiglu_chunked": (swiglu.swiglu_chunked, lambda rows, d, dtype: (rand(rows, 2 * d, dtype=dtype, scale=2.0),)),
+    "swiglu_chunked_gate_last": (swiglu.swiglu_chunked_gate_last,
+                                 lambda rows, d, dtype: (rand(rows, 2 * d, dtype=dtype, scale=2.0),)),
+    "geglu_chunked": (swiglu.geglu_chunked, lambda rows, d, dtype: (rand(rows, 2 * d, dtype=dtype, scale=2.0),)),
 }
 
 

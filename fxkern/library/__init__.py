@@ -7,9 +7,10 @@ One module per kernel family, each holding its CUDA source, its ``KernelSpec`` o
 pattern functions (each pattern is also its op's CPU reference):
 
 * :mod:`~fxkern.library.rmsnorm` — Llama/Mistral/Qwen2 ``LlamaRMSNorm``, ``T5LayerNorm``, ``GemmaRMSNorm``,
-  each also fused with the residual add before it;
+  ``nn.RMSNorm``, each also fused with the residual add before it;
 * :mod:`~fxkern.library.gelu` — bias + GELU (+ residual) for erf, tanh, ``gelu_new`` and Megatron GELU;
-* :mod:`~fxkern.library.swiglu` — ``silu(gate) * up``;
+* :mod:`~fxkern.library.swiglu` — ``silu(gate) * up``, and SwiGLU/GEGLU over the two halves of one
+  projection (``x.chunk(2, -1)``: Phi-3, diffusers);
 * :mod:`~fxkern.library.softmax` — softmax over the last axis, HF's float32 form too.
 
 Importing this package registers nothing. :func:`rules` registers every op (``fxkern_lib::*``,

@@ -1,29 +1,43 @@
-"""SwiGLU ``silu(gate) * up``: one pass instead of two (three once core ATen splits silu).
+"""Gated linear units: SwiGLU ``silu(gate) * up`` and GEGLU, one pass instead of two (three once
+core ATen splits silu).
 
 Llama, Mistral, Qwen2 and most decoder MLPs write ``act_fn(gate_proj(x)) * up_proj(x)`` with
-``act_fn = nn.SiLU()`` / ``F.silu`` (transformers' ``ACT2FN["silu"]``). The kernel keeps
-``silu(gate)`` in float32 and rounds the product once (eager PyTorch also rounds ``silu(gate)``).
-``up`` may broadcast onto ``gate`` along trailing axes.
+``act_fn = nn.SiLU()`` / ``F.silu`` (transformers' ``ACT2FN["silu"]``): ``swiglu``, where ``up`` may
+broadcast onto ``gate`` along trailing axes. The kernels keep the activation in float32 and round
+the product once (eager PyTorch also rounds the activation).
 
-Inputs that are strided views (``gate, up = x.chunk(2, -1)``) are left alone: making them
-contiguous first would move more bytes than eager PyTorch does.
+Models with one fused projection split its output in half instead, ``a, b = x.chunk(2, dim=-1)``:
+
+* ``swiglu_chunked`` — transformers' ``Phi3MLP``: ``gate, up = x.chunk(2, -1); up * silu(gate)``;
+* ``swiglu_chunked_gate_last`` — diffusers' ``SwiGLU``: ``h, gate = x.chunk(2, -1); h * silu(gate)``;
+* ``geglu_chunked`` — diffusers' ``GEGLU`` (Stable Diffusion's transformer blocks): the same with
+  ``F.gelu(gate)`` (erf).
+
+Their kernels read both halves of ``x``'s rows in place and write the half-width output. ``swiglu``
+itself leaves strided views alone: making ``chunk``'s halves contiguous first would move more bytes
+than eager PyTorch does. The chunked forms are matched in the export IR, where ``aten.chunk(x, 2,
+-1)`` stays one node; the other IRs split at a size-dependent literal.
 """
 
 from __future__ import annotations
 
 import torch.nn.functional as F
+from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 from fxkern.library._rules import (
     COMPILE_FREE_IRS,
     DTYPES,
+    NAMESPACE,
     _shape,
     add_rule,
     elementwise_geometry,
     is_contiguous,
     is_suffix_broadcast,
 )
+from fxkern.errors import KernelInputError
 from fxkern.library.gelu import SOURCE as _GELU_SOURCE
-from fxkern.spec import Custom, InputDecl, KernelSpec, Numel, OutputDecl, SameAs
+from fxkern.ops import cuda_kernel_op
+from fxkern.spec import Custom, DimSize, InputDecl, KernelSpec, Numel, OutputDecl, SameAs
 
 # The elementwise engine (fxk::map) lives with the GELU kernels; SwiGLU adds its functor.
 SOURCE = _GELU_SOURCE + r"""
@@ -39,6 +53,71 @@ template <typename T>
 __global__ void __launch_bounds__(256) swiglu(const T* gate, const T* up, int n, int nu, T* y) {
     fxk::map<T, 2>(gate, up, up, (unsigned)n, (unsigned)nu, 1u, y, fxk::SiluMul());
 }
+
+namespace fxk {
+enum { GLU_SILU = 0, GLU_GELU = 1 };
+
+template <int ACT, bool FAST>
+__device__ __forceinline__ float glu(float g, float u) {
+    if (ACT == GLU_SILU) return __fdividef(g, 1.0f + __expf(-g)) * u;
+    return gelu<GELU_ERF, FAST>(g) * u;
+}
+
+// y = act(gate) * other over rows of x split in half (x.chunk(2, -1)): x has rows of D2 elements,
+// y rows of H = D2 / 2; gate is the first half (GATE_FIRST) or the second. Each thread takes PER
+// elements of y, in 16-byte packs when the halves allow it (a pack then never crosses a row).
+template <typename T, int ACT, bool GATE_FIRST>
+__device__ __forceinline__ void glu_halves(const T* __restrict__ x, unsigned nx, unsigned D2, T* __restrict__ y) {
+    constexpr int V = 16 / sizeof(T), PER = FXK_EW_PER, NV = PER / V;
+    constexpr bool FAST = sizeof(T) == 2;
+    if (D2 < 2) return;
+    const unsigned H = D2 / 2, n = nx / D2 * H;
+    const unsigned g_off = GATE_FIRST ? 0 : H, o_off = GATE_FIRST ? H : 0;
+    const unsigned base = blockIdx.x * (blockDim.x * PER);
+    if (H % V == 0 && aligned16(x) && aligned16(y)) {
+        Pack<T, V> pg[NV], po[NV];
+#pragma unroll
+        for (int k = 0; k < NV; ++k) {
+            const unsigned i = base + (k * blockDim.x + threadIdx.x) * V;
+            if (i < n) {
+                const unsigned r = i / H;
+                const T* xr = x + (size_t)r * D2 + (i - r * H);
+                pg[k] = load<T, V>(xr + g_off);
+                po[k] = load<T, V>(xr + o_off);
+            }
+        }
+#pragma unroll
+        for (int k = 0; k < NV; ++k) {
+            const unsigned i = base + (k * blockDim.x + threadIdx.x) * V;
+            if (i < n) {
+                Pack<T, V> o;
+#pragma unroll
+                for (int j = 0; j < V; ++j) o.v[j] = from_f<T>(glu<ACT, FAST>(to_f<T>(pg[k].v[j]), to_f<T>(po[k].v[j])));
+                store<T, V>(y + i, o);
+            }
+        }
+    } else {
+#pragma unroll 4
+        for (int k = 0; k < PER; ++k) {
+            const unsigned i = base + k * blockDim.x + threadIdx.x;
+            if (i < n) {
+                const unsigned r = i / H;
+                const T* xr = x + (size_t)r * D2 + (i - r * H);
+                y[i] = from_f<T>(glu<ACT, FAST>(to_f<T>(xr[g_off]), to_f<T>(xr[o_off])));
+            }
+        }
+    }
+}
+}  // namespace fxk
+
+#define FXK_GLU_HALVES(NAME, ACT, GATE_FIRST)                                                        \
+template <typename T>                                                                                \
+__global__ void __launch_bounds__(256) NAME(const T* x, int nx, int D2, T* y) {                      \
+    fxk::glu_halves<T, ACT, GATE_FIRST>(x, (unsigned)nx, (unsigned)D2, y);                           \
+}
+FXK_GLU_HALVES(swiglu_chunked, fxk::GLU_SILU, true)
+FXK_GLU_HALVES(swiglu_chunked_gate_last, fxk::GLU_SILU, false)
+FXK_GLU_HALVES(geglu_chunked, fxk::GLU_GELU, false)
 """
 
 SWIGLU = KernelSpec(
@@ -64,8 +143,57 @@ def _contiguous_operands(match) -> bool:
     return is_contiguous(gate) and is_contiguous(up)
 
 
+def swiglu_chunked(x):
+    """transformers' ``Phi3MLP``: the fused ``gate_up_proj`` output split, gate first."""
+    gate, up = x.chunk(2, dim=-1)
+    return up * F.silu(gate)
+
+
+def swiglu_chunked_gate_last(x):
+    """diffusers' ``SwiGLU``: the projection split, gate second."""
+    hidden, gate = x.chunk(2, dim=-1)
+    return hidden * F.silu(gate)
+
+
+def geglu_chunked(x):
+    """diffusers' ``GEGLU``: the projection split, gate second, erf GELU."""
+    hidden, gate = x.chunk(2, dim=-1)
+    return hidden * F.gelu(gate)
+
+
+def _halves_meta(x):
+    """Rows of half the width; an odd last axis has no two equal halves to multiply."""
+    d = x.shape[-1] if x.dim() else None
+    if x.dim() == 0 or (isinstance(d, int) and d % 2):
+        raise KernelInputError(f"a chunked GLU splits x's last axis in two equal halves; x has shape {tuple(x.shape)}: "
+                               f"give it an even last axis")
+    return x.new_empty((*x.shape[:-1], x.shape[-1] // 2))
+
+
+def _halves_spec(kernel: str) -> KernelSpec:
+    return KernelSpec(SOURCE, kernel, inputs=[InputDecl("x")], extras=[Numel("x"), DimSize("x", -1)],
+                      geometry=Custom(elementwise_geometry), dtypes=DTYPES)
+
+
+SWIGLU_CHUNKED = _halves_spec("swiglu_chunked")
+SWIGLU_CHUNKED_GATE_LAST = _halves_spec("swiglu_chunked_gate_last")
+GEGLU_CHUNKED = _halves_spec("geglu_chunked")
+
+
+def _even_contiguous_rows(match) -> bool:
+    x = match.bindings.get("x")
+    shape = _shape(x)
+    return bool(shape) and statically_known_true(shape[-1] % 2 == 0) and is_contiguous(x)
+
+
 def register(rules) -> None:
     # Not inside inductor: there its own silu * mul kernel ran 2% faster than this one in the demo
     # model (the matmul outputs it reads are still in L2), which left the compiled model 0.98-1.01x
     # of plain inductor (benchmarks/demo_model.py --profile). In eager, export and TensorRT it pays.
     add_rule(rules, swiglu, SWIGLU, "swiglu", filter=_contiguous_operands, irs=COMPILE_FREE_IRS)
+    for pattern, spec in ((swiglu_chunked, SWIGLU_CHUNKED), (swiglu_chunked_gate_last, SWIGLU_CHUNKED_GATE_LAST),
+                          (geglu_chunked, GEGLU_CHUNKED)):
+        name = pattern.__name__
+        op = cuda_kernel_op(f"{NAMESPACE}::{name}", spec, meta_fn=_halves_meta, schema="(Tensor x) -> Tensor",
+                            reference=pattern)
+        add_rule(rules, pattern, op, name, filter=_even_contiguous_rows, irs=("export",))
