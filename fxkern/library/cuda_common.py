@@ -43,6 +43,23 @@ template <typename T> __device__ __forceinline__ T from_f(float v) { return Num<
 // A PyTorch op on T tensors computes in float and rounds its result to T.
 template <typename T> __device__ __forceinline__ float rnd(float v) { return to_f<T>(from_f<T>(v)); }
 
+// Pairs of 16-bit values converted together: one packed cvt rounds two floats (cvt.rn.bf16x2.f32),
+// where two single conversions take two instructions. T = float has no pairs.
+template <typename T> struct Pair;
+template <> struct Pair<__half> {
+    using P = __half2;
+    static __device__ __forceinline__ float2 f(P v) { return __half22float2(v); }
+    static __device__ __forceinline__ P t(float a, float b) { return __floats2half2_rn(a, b); }
+};
+template <> struct Pair<__nv_bfloat16> {
+    using P = __nv_bfloat162;
+    static __device__ __forceinline__ float2 f(P v) {  // a bfloat16 is a float's high half: one op each
+        const unsigned u = *reinterpret_cast<const unsigned*>(&v);
+        return make_float2(__uint_as_float(u << 16), __uint_as_float(u & 0xffff0000u));
+    }
+    static __device__ __forceinline__ P t(float a, float b) { return __floats2bfloat162_rn(a, b); }
+};
+
 // N elements of T moved as one access (16 bytes for N = 16 / sizeof(T)).
 template <typename T, int N> struct alignas(sizeof(T) * N) Pack { T v[N]; };
 
@@ -50,6 +67,37 @@ template <typename T, int N>
 __device__ __forceinline__ Pack<T, N> load(const T* p) { return *reinterpret_cast<const Pack<T, N>*>(p); }
 template <typename T, int N>
 __device__ __forceinline__ void store(T* p, const Pack<T, N>& v) { *reinterpret_cast<Pack<T, N>*>(p) = v; }
+
+// A pack's values as floats (16-bit ones unpacked in pairs).
+template <typename T, int N>
+__device__ __forceinline__ void to_floats(const Pack<T, N>& p, float (&f)[N]) {
+    if constexpr (sizeof(T) == 2 && N % 2 == 0) {
+#pragma unroll
+        for (int j = 0; j < N / 2; ++j) {
+            const float2 v = Pair<T>::f(reinterpret_cast<const typename Pair<T>::P*>(p.v)[j]);
+            f[2 * j] = v.x;
+            f[2 * j + 1] = v.y;
+        }
+    } else {
+#pragma unroll
+        for (int j = 0; j < N; ++j) f[j] = to_f<T>(p.v[j]);
+    }
+}
+
+// Floats rounded into a pack (16-bit ones two at a time).
+template <typename T, int N>
+__device__ __forceinline__ Pack<T, N> from_floats(const float (&f)[N]) {
+    Pack<T, N> p;
+    if constexpr (sizeof(T) == 2 && N % 2 == 0) {
+#pragma unroll
+        for (int j = 0; j < N / 2; ++j)
+            reinterpret_cast<typename Pair<T>::P*>(p.v)[j] = Pair<T>::t(f[2 * j], f[2 * j + 1]);
+    } else {
+#pragma unroll
+        for (int j = 0; j < N; ++j) p.v[j] = from_f<T>(f[j]);
+    }
+    return p;
+}
 
 // Hides a pack's 16-bit values from the compiler just before they are converted a second time, so it
 // keeps the packed registers live rather than every element already widened to float (which, for
@@ -79,6 +127,10 @@ __device__ __forceinline__ float warp_max(float v) {
     return v;
 }
 
+// log2 of a power of two, in one instruction (a row kernel's few rows a block pay for every
+// division and loop of its setup, which a block with one row pays once per row).
+__device__ __forceinline__ int log2_of(int pow2) { return 31 - __clz(pow2); }
+
 // Reductions over a group of G consecutive threads of a ROW_THREADS-thread block (G a power of two up
 // to ROW_THREADS, the same for the whole block). Every thread of the block calls them; slot is ROW_WARPS floats of
 // shared memory that no other live reduction uses.
@@ -90,9 +142,11 @@ __device__ __forceinline__ float group_sum(float v, int G, float* slot) {
     v = warp_sum(v);
     if ((threadIdx.x & 31) == 0) slot[threadIdx.x >> 5] = v;
     __syncthreads();
-    const int first = (threadIdx.x / G) * (G >> 5);
-    float s = 0.0f;
-    for (int k = 0; k < (G >> 5); ++k) s += slot[first + k];
+    const int first = (threadIdx.x >> log2_of(G)) * (G >> 5);
+    float s = slot[first];
+#pragma unroll
+    for (int k = 1; k < ROW_WARPS; ++k)  // unrolled to the block's warps: straight-line loads
+        if (k < (G >> 5)) s += slot[first + k];
     return s;
 }
 __device__ __forceinline__ float group_max(float v, int G, float* slot) {
@@ -103,31 +157,35 @@ __device__ __forceinline__ float group_max(float v, int G, float* slot) {
     v = warp_max(v);
     if ((threadIdx.x & 31) == 0) slot[threadIdx.x >> 5] = v;
     __syncthreads();
-    const int first = (threadIdx.x / G) * (G >> 5);
+    const int first = (threadIdx.x >> log2_of(G)) * (G >> 5);
     float m = slot[first];
-    for (int k = 1; k < (G >> 5); ++k) m = fmaxf(m, slot[first + k]);
+#pragma unroll
+    for (int k = 1; k < ROW_WARPS; ++k)
+        if (k < (G >> 5)) m = fmaxf(m, slot[first + k]);
     return m;
 }
 
 // Threads that share one row of D elements when each holds per_thread of them in registers: the
 // fewest, a power of two, up to ROW_THREADS (a row needing more than that is read twice instead).
 __device__ __forceinline__ int row_group(int D, int per_thread) {
-    int G = 1;
-    while (G < ROW_THREADS && G * per_thread < D) G <<= 1;
-    return G;
+    const unsigned need = ((unsigned)D + per_thread - 1) / per_thread;  // per_thread: a constant
+    const int G = need > 1 ? 1 << (32 - __clz(need - 1)) : 1;
+    return G < ROW_THREADS ? G : ROW_THREADS;
 }
 
 // The rows a row-kernel block owns: those starting in its slice of the tensor, the grid's blocks
 // splitting it into equal slices of whole elements (about slice / D rows; none or one when rows are
 // longer than a slice). Work is spread by elements, so blocks are balanced whatever the row length,
-// and the host picks the slice size by the grid it launches (row_geometry in Python).
+// and the host picks the slice size by the grid it launches (row_geometry in Python). D * rows is
+// below 2^31 (fxkern refuses larger sizes before launch), so 32-bit arithmetic cannot wrap here:
+// 64-bit divisions are software routines, and with a row or two a block they cost more
+// instructions than the row itself.
 __device__ __forceinline__ void block_rows(unsigned D, unsigned rows, unsigned& begin, unsigned& end) {
-    const unsigned long long n = (unsigned long long)D * rows;
-    const unsigned long long chunk = (n + gridDim.x - 1) / gridDim.x;
-    const unsigned long long lo = (unsigned long long)blockIdx.x * chunk;
-    const unsigned long long b = (lo + D - 1) / D, e = (lo + chunk + D - 1) / D;
-    begin = (unsigned)(b < rows ? b : rows);
-    end = (unsigned)(e < rows ? e : rows);
+    const unsigned n = D * rows;
+    const unsigned chunk = (n + gridDim.x - 1) / gridDim.x;
+    const unsigned lo = min(blockIdx.x * chunk, n), hi = min(lo + chunk, n);
+    begin = (lo + D - 1) / D;
+    end = (hi + D - 1) / D;
 }
 
 }  // namespace fxk

@@ -55,10 +55,20 @@ namespace fxk {
 
 enum { RMS_LLAMA = 0, RMS_GEMMA = 1 };
 
-template <typename T, int MODE>
-__device__ __forceinline__ float rms_out(float x, float r, float w) {
-    if (MODE == RMS_LLAMA) return w * rnd<T>(x * r);   // weight * (x * r).to(input_dtype)
-    return (x * r) * (1.0f + w);                        // ((x * r) * (1 + weight)).type_as(x)
+// A pack of outputs from a pack of the row and of the weight, r = rsqrt(mean(x^2) + eps); 16-bit
+// values convert in pairs.
+//   Llama: weight * (x * r).to(input_dtype)       Gemma: ((x * r) * (1 + weight)).type_as(x)
+template <typename T, int MODE, int V>
+__device__ __forceinline__ Pack<T, V> rms_pack(const Pack<T, V>& c, const Pack<T, V>& w, float r) {
+    float x[V], wf[V];
+    to_floats(c, x);
+    to_floats(w, wf);
+#pragma unroll
+    for (int j = 0; j < V; ++j) x[j] *= r;
+    if (MODE == RMS_LLAMA) to_floats(from_floats<T, V>(x), x);  // the cast to the input dtype
+#pragma unroll
+    for (int j = 0; j < V; ++j) x[j] = MODE == RMS_LLAMA ? wf[j] * x[j] : x[j] * (1.0f + wf[j]);
+    return from_floats<T, V>(x);
 }
 
 // Thread t's share of one row (NV packs of V elements, G threads a row) into registers. ADD: the
@@ -80,8 +90,12 @@ __device__ __forceinline__ void load_row(Pack<T, V> (&c)[NV], const T* __restric
                 Pack<T, V> r;
                 if (V > 1) r = load<T, V>(res + off + col);
                 else r.v[0] = res[(off + col) % nr];
+                float a[V], b[V];
+                to_floats(c[k], a);
+                to_floats(r, b);
 #pragma unroll
-                for (int j = 0; j < V; ++j) c[k].v[j] = from_f<T>(to_f<T>(c[k].v[j]) + to_f<T>(r.v[j]));
+                for (int j = 0; j < V; ++j) a[j] += b[j];
+                c[k] = from_floats<T, V>(a);
                 store<T, V>(h + off + col, c[k]);
             }
         }
@@ -99,8 +113,9 @@ __device__ __forceinline__ void rmsnorm_rows(const T* __restrict__ x, const T* _
     unsigned begin, end;
     block_rows((unsigned)D, rows, begin, end);
     const int G = row_group(D, V * NV);
+    const float inv_d = __frcp_rn((float)D);  // the mean as sum * (1 / D), as PyTorch's CUDA mean takes it
     if (G * V * NV >= D) {
-        const int groups = ROW_THREADS / G, g = threadIdx.x / G, t = threadIdx.x % G;
+        const int groups = ROW_THREADS >> log2_of(G), g = threadIdx.x >> log2_of(G), t = threadIdx.x & (G - 1);
         for (unsigned first = begin, p = 0; first < end; first += groups, ++p) {
             const unsigned row = first + g;
             const bool live = row < end;
@@ -111,24 +126,23 @@ __device__ __forceinline__ void rmsnorm_rows(const T* __restrict__ x, const T* _
             for (int k = 0; k < NV; ++k) {
                 const int col = (k * G + t) * V;
                 if (live && col < D) {
+                    float f[V];
+                    to_floats(c[k], f);
 #pragma unroll
-                    for (int j = 0; j < V; ++j) { const float f = to_f<T>(c[k].v[j]); ss = fmaf(f, f, ss); }
+                    for (int j = 0; j < V; ++j) ss = fmaf(f[j], f[j], ss);
                 }
             }
-            const float r = rsqrtf(group_sum(ss, G, red[p & 1]) / (float)D + eps);
+            const float r = rsqrtf(group_sum(ss, G, red[p & 1]) * inv_d + eps);
             T* yr = y + (size_t)row * D;
 #pragma unroll
             for (int k = 0; k < NV; ++k) {
                 const int col = (k * G + t) * V;
                 if (live && col < D) {
-                    Pack<T, V> wp, o;
+                    Pack<T, V> wp;
                     if (V > 1) wp = load<T, V>(w + col);
                     else wp.v[0] = w[nw == D ? col : (int)(((size_t)row * D + col) % (size_t)nw)];
                     opaque(c[k]);
-#pragma unroll
-                    for (int j = 0; j < V; ++j)
-                        o.v[j] = from_f<T>(rms_out<T, MODE>(to_f<T>(c[k].v[j]), r, to_f<T>(wp.v[j])));
-                    store<T, V>(yr + col, o);
+                    store<T, V>(yr + col, rms_pack<T, MODE, V>(c[k], wp, r));
                 }
             }
         }
@@ -150,18 +164,15 @@ __device__ __forceinline__ void rmsnorm_rows(const T* __restrict__ x, const T* _
 #pragma unroll
                 for (int j = 0; j < V; ++j) { const float f = to_f<T>(c.v[j]); ss = fmaf(f, f, ss); }
             }
-            const float r = rsqrtf(group_sum(ss, ROW_THREADS, red[p & 1]) / (float)D + eps);
+            const float r = rsqrtf(group_sum(ss, ROW_THREADS, red[p & 1]) * inv_d + eps);
             const T* src = ADD ? h : x;  // each thread reads back only what it wrote itself
 #pragma unroll 4
             for (int col = threadIdx.x * V; col < D; col += ROW_THREADS * V) {
                 const Pack<T, V> c = load<T, V>(src + off + col);
-                Pack<T, V> wp, o;
+                Pack<T, V> wp;
                 if (V > 1) wp = load<T, V>(w + col);
                 else wp.v[0] = w[nw == D ? col : (int)((off + col) % (size_t)nw)];
-#pragma unroll
-                for (int j = 0; j < V; ++j)
-                    o.v[j] = from_f<T>(rms_out<T, MODE>(to_f<T>(c.v[j]), r, to_f<T>(wp.v[j])));
-                store<T, V>(y + off + col, o);
+                store<T, V>(y + off + col, rms_pack<T, MODE, V>(c, wp, r));
             }
         }
     }

@@ -68,10 +68,12 @@ __device__ __forceinline__ void group_max_sum(float& m, float& s, int G, float (
     if (G <= 32) return;
     if ((threadIdx.x & 31) == 0) { slot[0][threadIdx.x >> 5] = m; slot[1][threadIdx.x >> 5] = s; }
     __syncthreads();
-    const int first = (threadIdx.x / G) * (G >> 5);
+    const int first = (threadIdx.x >> log2_of(G)) * (G >> 5);
     m = slot[0][first];
     s = slot[1][first];
-    for (int k = 1; k < (G >> 5); ++k) ms_combine<T>(m, s, slot[0][first + k], slot[1][first + k]);
+#pragma unroll
+    for (int k = 1; k < ROW_WARPS; ++k)
+        if (k < (G >> 5)) ms_combine<T>(m, s, slot[0][first + k], slot[1][first + k]);
 }
 
 template <typename T, int V, int NV>
@@ -81,7 +83,7 @@ __device__ __forceinline__ void softmax_rows(const T* __restrict__ x, int D, uns
     block_rows((unsigned)D, rows, begin, end);
     const int G = row_group(D, V * NV);
     if (G * V * NV >= D) {
-        const int groups = ROW_THREADS / G, g = threadIdx.x / G, t = threadIdx.x % G;
+        const int groups = ROW_THREADS >> log2_of(G), g = threadIdx.x >> log2_of(G), t = threadIdx.x & (G - 1);
         for (unsigned first = begin, p = 0; first < end; first += groups, ++p) {
             const unsigned row = first + g;
             const bool live = row < end;
@@ -97,8 +99,10 @@ __device__ __forceinline__ void softmax_rows(const T* __restrict__ x, int D, uns
             for (int k = 0; k < NV; ++k) {
                 const int col = (k * G + t) * V;
                 if (live && col < D) {
+                    float f[V];
+                    to_floats(c[k], f);
 #pragma unroll
-                    for (int j = 0; j < V; ++j) m = fmaxf(m, to_f<T>(c[k].v[j]));
+                    for (int j = 0; j < V; ++j) m = fmaxf(m, f[j]);
                 }
             }
             // This thread's sum of exp(x - m) (shifted by 0 when its elements are all -inf or NaN:
@@ -109,22 +113,25 @@ __device__ __forceinline__ void softmax_rows(const T* __restrict__ x, int D, uns
             for (int k = 0; k < NV; ++k) {
                 const int col = (k * G + t) * V;
                 if (live && col < D) {
+                    float f[V];
+                    to_floats(c[k], f);
 #pragma unroll
-                    for (int j = 0; j < V; ++j) s += exp_shifted<sizeof(T) == 2>(to_f<T>(c[k].v[j]), sh);
+                    for (int j = 0; j < V; ++j) s += exp_shifted<sizeof(T) == 2>(f[j], sh);
                 }
             }
             group_max_sum<T>(m, s, G, red + 2 * (p & 1));
-            const float inv = 1.0f / s;
+            const float inv = __frcp_rn(s);  // 1.0f / s, without the division's slow path
             T* yr = y + (size_t)row * D;
 #pragma unroll
             for (int k = 0; k < NV; ++k) {
                 const int col = (k * G + t) * V;
                 if (live && col < D) {
-                    Pack<T, V> o;
+                    float f[V];
                     opaque(c[k]);
+                    to_floats(c[k], f);
 #pragma unroll
-                    for (int j = 0; j < V; ++j) o.v[j] = from_f<T>(exp_shifted<sizeof(T) == 2>(to_f<T>(c[k].v[j]), m) * inv);
-                    store<T, V>(yr + col, o);
+                    for (int j = 0; j < V; ++j) f[j] = exp_shifted<sizeof(T) == 2>(f[j], m) * inv;
+                    store<T, V>(yr + col, from_floats<T, V>(f));
                 }
             }
         }
@@ -147,7 +154,7 @@ __device__ __forceinline__ void softmax_rows(const T* __restrict__ x, int D, uns
             }
             const float gm = group_max(m, ROW_THREADS, red[0]);
             s = m == neg_inf() ? 0.0f : s * exp_shifted<sizeof(T) == 2>(m, gm);
-            const float inv = 1.0f / group_sum(s, ROW_THREADS, red[1]);
+            const float inv = __frcp_rn(group_sum(s, ROW_THREADS, red[1]));
             T* yr = y + (size_t)row * D;
 #pragma unroll 4
             for (int col = threadIdx.x * V; col < D; col += ROW_THREADS * V) {
