@@ -101,7 +101,8 @@ def main(argv=None) -> None:
              ("GB/s of useful bytes (each input read once, each output written once), CUDA events around 10 "
               "back-to-back calls, 5 warm-ups, median of 20; inductor (`torch.compile(pattern)`, default mode, which "
               "autotunes its reduction configs) in the same run. Variant: threads a block (t), elements a block "
-              "takes (c), 16-byte packs a thread holds (p) and blocks resident per SM (b), float32/16-bit; "
+              "takes (c), 16-byte packs a thread holds (p) and blocks resident per SM (b), float32/16-bit, and "
+              "elements a thread holds on the scalar path (rows that are not whole packs: 4 unless named); "
               "registers a thread float32/bfloat16, with the driver's local-memory (spill) bytes."), ""]
     for kernel, base, pattern, add in cases:
         shapes = [(r, d, dt) for r, d in SHAPES for dt in DTYPES]
