@@ -50,7 +50,7 @@ from fxkern.spec import (
 
 FLOAT32_EPS = torch.finfo(torch.float32).eps  # F.rms_norm's eps=None, for every input dtype
 
-SOURCE = COMMON + row_tuning(blocks_f32=3, blocks_half=6, packs_f32=8, packs_half=4) + r"""
+SOURCE = COMMON + row_tuning(blocks_f32=4, blocks_half=6, packs_f32=8, packs_half=4) + r"""
 namespace fxk {
 
 enum { RMS_LLAMA = 0, RMS_GEMMA = 1 };
