@@ -142,26 +142,17 @@ def test_residual_add_fuses_into_each_norm_form(dtype):
 
 @pytest.mark.parametrize("eps", [1e-6, None], ids=["eps", "default_eps"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
-def test_torch_rmsnorm_module(dtype, eps):
-    """nn.RMSNorm / F.rms_norm: one aten.rms_norm node in the export IR, the row length a literal."""
+def test_torch_rmsnorm_module_alone_and_after_a_residual_add(dtype, eps):
+    """nn.RMSNorm / F.rms_norm: one aten.rms_norm node in the export IR, the row length a literal;
+    after torchtitan's residual add (``h = x + attention(...)``, then ``ffn_norm(h)``) the two fuse."""
     norm = nn.RMSNorm(64, eps=eps)
     nn.init.normal_(norm.weight)
-    want = "torch_rms_norm" if eps is not None else "torch_rms_norm_default_eps"
-    assert replaced(norm, torch.randn(2, 8, 64), dtype=dtype) == {want: 1}
-    assert replaced(norm, torch.randn(5, 64), dtype=dtype) == {want: 1}
-
-
-@pytest.mark.parametrize("eps", [1e-6, None], ids=["eps", "default_eps"])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
-def test_residual_add_fuses_into_torch_rmsnorm(dtype, eps):
-    """torchtitan's pre-norm block: ``h = x + attention(...)`` then ``ffn_norm(h)``, an nn.RMSNorm."""
-    norm = nn.RMSNorm(64, eps=eps)
-    nn.init.normal_(norm.weight)
-    want = "add_torch_rms_norm" if eps is not None else "add_torch_rms_norm_default_eps"
-    x, r = torch.randn(2, 8, 64), torch.randn(2, 8, 64)
-    assert replaced(PreNorm(norm), x, r, dtype=dtype) == {want: 1}
-    # a residual that broadcasts is not the kernel's x + residual: only the norm is replaced
     plain = "torch_rms_norm" if eps is not None else "torch_rms_norm_default_eps"
+    assert replaced(norm, torch.randn(2, 8, 64), dtype=dtype) == {plain: 1}
+    assert replaced(norm, torch.randn(5, 64), dtype=dtype) == {plain: 1}
+    x, r = torch.randn(2, 8, 64), torch.randn(2, 8, 64)
+    assert replaced(PreNorm(norm), x, r, dtype=dtype) == {f"add_{plain}": 1}
+    # a residual that broadcasts is not the kernel's x + residual: only the norm is replaced
     assert replaced(PreNorm(norm), x, torch.randn(64), dtype=dtype) == {plain: 1}
 
 

@@ -8,7 +8,7 @@ Conventions the kernels follow:
 
 * arithmetic in float32, rounded once to the output dtype, as inductor's
   kernels and PyTorch's own fused CUDA ops do; an explicit cast in the
-  pattern (``.to(input_dtype)``) is kept with ``rnd<T>``. Eager PyTorch
+  pattern (``.to(input_dtype)``) is kept by rounding through the dtype. Eager PyTorch
   also rounds every intermediate half-precision tensor, so results can
   differ from it by about a unit in the last place (closer to exact);
 * 16-byte loads and stores when every pointer is 16-byte aligned and the
@@ -40,9 +40,6 @@ template <> struct Num<__nv_bfloat16> {
 
 template <typename T> __device__ __forceinline__ float to_f(T v) { return Num<T>::f(v); }
 template <typename T> __device__ __forceinline__ T from_f(float v) { return Num<T>::t(v); }
-// A PyTorch op on T tensors computes in float and rounds its result to T.
-template <typename T> __device__ __forceinline__ float rnd(float v) { return to_f<T>(from_f<T>(v)); }
-
 // Pairs of 16-bit values converted together: one packed cvt rounds two floats (cvt.rn.bf16x2.f32),
 // where two single conversions take two instructions. T = float has no pairs.
 template <typename T> struct Pair;
@@ -168,9 +165,9 @@ __device__ __forceinline__ float group_max(float v, int G, float* slot) {
 // Threads that share one row of D elements when each holds per_thread of them in registers: the
 // fewest, a power of two, up to ROW_THREADS (a row needing more than that is read twice instead).
 __device__ __forceinline__ int row_group(int D, int per_thread) {
-    const unsigned need = ((unsigned)D + per_thread - 1) / per_thread;  // per_thread: a constant
-    const int G = need > 1 ? 1 << (32 - __clz(need - 1)) : 1;
-    return G < ROW_THREADS ? G : ROW_THREADS;
+    unsigned need = ((unsigned)D + per_thread - 1) / per_thread;  // per_thread: a constant
+    need = need < ROW_THREADS ? need : ROW_THREADS;                  // so the shift stays small
+    return need > 1 ? 1 << (32 - __clz(need - 1)) : 1;
 }
 
 // The rows a row-kernel block owns: those starting in its slice of the tensor, the grid's blocks

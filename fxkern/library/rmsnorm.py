@@ -71,6 +71,37 @@ __device__ __forceinline__ Pack<T, V> rms_pack(const Pack<T, V>& c, const Pack<T
     return from_floats<T, V>(x);
 }
 
+// A pack of an operand that broadcasts onto x (the residual or the weight): at `at` when it lines up
+// with x (always so with 16-byte packs, which the kernel takes only then), else the element at the
+// flat index modulo its np elements.
+template <typename T, int V>
+__device__ __forceinline__ Pack<T, V> load_operand(const T* p, bool lined_up, size_t at, size_t flat, size_t np) {
+    Pack<T, V> v;
+    if (V > 1 || lined_up) v = load<T, V>(p + at);
+    else v.v[0] = p[flat % np];
+    return v;
+}
+
+// x + residual rounded to T: what `x + residual` holds in the model.
+template <typename T, int V>
+__device__ __forceinline__ Pack<T, V> add_rounded(const Pack<T, V>& a, const Pack<T, V>& b) {
+    float fa[V], fb[V];
+    to_floats(a, fa);
+    to_floats(b, fb);
+#pragma unroll
+    for (int j = 0; j < V; ++j) fa[j] += fb[j];
+    return from_floats<T, V>(fa);
+}
+
+template <typename T, int V>
+__device__ __forceinline__ float sum_squares(const Pack<T, V>& p, float ss) {
+    float f[V];
+    to_floats(p, f);
+#pragma unroll
+    for (int j = 0; j < V; ++j) ss = fmaf(f[j], f[j], ss);
+    return ss;
+}
+
 // Thread t's share of one row (NV packs of V elements, G threads a row) into registers. ADD: the
 // row is x + res rounded to T (what `x + residual` holds in the model), also written to h; res has
 // nr elements, read at the flat index modulo nr (nr is x's size whenever V > 1).
@@ -87,15 +118,7 @@ __device__ __forceinline__ void load_row(Pack<T, V> (&c)[NV], const T* __restric
         for (int k = 0; k < NV; ++k) {
             const int col = (k * G + t) * V;
             if (live && col < D) {
-                Pack<T, V> r;
-                if (V > 1) r = load<T, V>(res + off + col);
-                else r.v[0] = res[(off + col) % nr];
-                float a[V], b[V];
-                to_floats(c[k], a);
-                to_floats(r, b);
-#pragma unroll
-                for (int j = 0; j < V; ++j) a[j] += b[j];
-                c[k] = from_floats<T, V>(a);
+                c[k] = add_rounded(c[k], load_operand<T, V>(res, false, off + col, off + col, nr));
                 store<T, V>(h + off + col, c[k]);
             }
         }
@@ -125,12 +148,7 @@ __device__ __forceinline__ void rmsnorm_rows(const T* __restrict__ x, const T* _
 #pragma unroll
             for (int k = 0; k < NV; ++k) {
                 const int col = (k * G + t) * V;
-                if (live && col < D) {
-                    float f[V];
-                    to_floats(c[k], f);
-#pragma unroll
-                    for (int j = 0; j < V; ++j) ss = fmaf(f[j], f[j], ss);
-                }
+                if (live && col < D) ss = sum_squares(c[k], ss);
             }
             const float r = rsqrtf(group_sum(ss, G, red[p & 1]) * inv_d + eps);
             T* yr = y + (size_t)row * D;
@@ -138,9 +156,7 @@ __device__ __forceinline__ void rmsnorm_rows(const T* __restrict__ x, const T* _
             for (int k = 0; k < NV; ++k) {
                 const int col = (k * G + t) * V;
                 if (live && col < D) {
-                    Pack<T, V> wp;
-                    if (V > 1) wp = load<T, V>(w + col);
-                    else wp.v[0] = w[nw == D ? col : (int)(((size_t)row * D + col) % (size_t)nw)];
+                    const Pack<T, V> wp = load_operand<T, V>(w, nw == D, col, (size_t)row * D + col, nw);
                     opaque(c[k]);
                     store<T, V>(yr + col, rms_pack<T, MODE, V>(c[k], wp, r));
                 }
@@ -154,24 +170,17 @@ __device__ __forceinline__ void rmsnorm_rows(const T* __restrict__ x, const T* _
             for (int col = threadIdx.x * V; col < D; col += ROW_THREADS * V) {
                 Pack<T, V> c = load<T, V>(x + off + col);
                 if (ADD) {
-                    Pack<T, V> rv;
-                    if (V > 1) rv = load<T, V>(res + off + col);
-                    else rv.v[0] = res[(off + col) % nr];
-#pragma unroll
-                    for (int j = 0; j < V; ++j) c.v[j] = from_f<T>(to_f<T>(c.v[j]) + to_f<T>(rv.v[j]));
+                    c = add_rounded(c, load_operand<T, V>(res, false, off + col, off + col, nr));
                     store<T, V>(h + off + col, c);
                 }
-#pragma unroll
-                for (int j = 0; j < V; ++j) { const float f = to_f<T>(c.v[j]); ss = fmaf(f, f, ss); }
+                ss = sum_squares(c, ss);
             }
             const float r = rsqrtf(group_sum(ss, ROW_THREADS, red[p & 1]) * inv_d + eps);
             const T* src = ADD ? h : x;  // each thread reads back only what it wrote itself
 #pragma unroll 4
             for (int col = threadIdx.x * V; col < D; col += ROW_THREADS * V) {
                 const Pack<T, V> c = load<T, V>(src + off + col);
-                Pack<T, V> wp;
-                if (V > 1) wp = load<T, V>(w + col);
-                else wp.v[0] = w[nw == D ? col : (int)((off + col) % (size_t)nw)];
+                const Pack<T, V> wp = load_operand<T, V>(w, nw == D, col, off + col, nw);
                 store<T, V>(y + off + col, rms_pack<T, MODE, V>(c, wp, r));
             }
         }

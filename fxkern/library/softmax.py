@@ -59,7 +59,7 @@ __device__ __forceinline__ void ms_combine(float& m, float& s, float m2, float s
     m = M;
 }
 // The row's max and sum of exp(x - max) in one reduction over a group of G consecutive threads
-// (G as for group_sum); slot holds 2 x 8 floats of shared memory no other live reduction uses.
+// (G as for group_sum); slot holds 2 x ROW_WARPS floats of shared memory no other live reduction uses.
 template <typename T>
 __device__ __forceinline__ void group_max_sum(float& m, float& s, int G, float (*slot)[ROW_WARPS]) {
     const int w = G < 32 ? G : 32;

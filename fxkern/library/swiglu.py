@@ -42,10 +42,17 @@ from fxkern.spec import Custom, DimSize, InputDecl, KernelSpec, Numel, OutputDec
 # The elementwise engine (fxk::map) lives with the GELU kernels; SwiGLU adds its functor.
 SOURCE = _GELU_SOURCE + r"""
 namespace fxk {
+enum { GLU_SILU = 0, GLU_GELU = 1 };
+
+// act(gate) * up in float32, rounded once by the caller.
+template <int ACT, bool FAST>
+__device__ __forceinline__ float glu(float g, float u) {
+    if (ACT == GLU_SILU) return __fdividef(g, 1.0f + __expf(-g)) * u;
+    return gelu<GELU_ERF, FAST>(g) * u;
+}
+
 struct SiluMul {
-    __device__ __forceinline__ float operator()(float g, float u, float) const {
-        return __fdividef(g, 1.0f + __expf(-g)) * u;   // silu(gate) * up, rounded once by the caller
-    }
+    __device__ __forceinline__ float operator()(float g, float u, float) const { return glu<GLU_SILU, false>(g, u); }
 };
 }  // namespace fxk
 
@@ -55,14 +62,6 @@ __global__ void __launch_bounds__(256) swiglu(const T* gate, const T* up, int n,
 }
 
 namespace fxk {
-enum { GLU_SILU = 0, GLU_GELU = 1 };
-
-template <int ACT, bool FAST>
-__device__ __forceinline__ float glu(float g, float u) {
-    if (ACT == GLU_SILU) return __fdividef(g, 1.0f + __expf(-g)) * u;
-    return gelu<GELU_ERF, FAST>(g) * u;
-}
-
 // y = act(gate) * other over rows of x split in half (x.chunk(2, -1)): x has rows of D2 elements,
 // y rows of H = D2 / 2; gate is the first half (GATE_FIRST) or the second. Each thread takes PER
 // elements of y, in 16-byte packs when the halves allow it (a pack then never crosses a row).
