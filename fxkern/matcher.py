@@ -18,6 +18,7 @@ A failed candidate keeps the reason of the deepest point it reached, for
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import Any, Dict, FrozenSet, Iterable, List, Optional, Sequence, Set, Tuple
 
@@ -64,6 +65,9 @@ def value_preserving(node: fx.Node) -> bool:
         return False
 
 
+NOISE_OPS = {"views": VIEW_OPS, "clones": CLONE_OPS, "casts": CAST_OPS}
+
+
 def is_noise(node: fx.Node, policy: FrozenSet[str]) -> bool:
     t = node.target
     kind = "views" if t in VIEW_OPS else "clones" if t in CLONE_OPS else "casts" if t in CAST_OPS else None
@@ -84,26 +88,35 @@ def arguments(node: fx.Node, cache: Optional[Dict[fx.Node, tuple]] = None) -> tu
         hit = cache.get(node)
         if hit is not None:
             return hit
-    schema = getattr(node.target, "_schema", None)
-    if schema is not None and not node.kwargs and len(node.args) == len(schema.arguments):
-        if cache is not None:
-            cache[node] = node.args
-        return node.args
-    if schema is None:
+    params = _schema_params(node.target)
+    if params is None:
         out = tuple(node.args) + tuple(v for _, v in sorted(node.kwargs.items()))
+    elif not node.kwargs and len(node.args) == len(params):
+        out = node.args
     else:
-        vals = []
-        for i, a in enumerate(schema.arguments):
-            if i < len(node.args):
-                vals.append(node.args[i])
-            elif a.name in node.kwargs:
-                vals.append(node.kwargs[a.name])
-            else:
-                vals.append(a.default_value if a.has_default_value() else None)
-        out = tuple(vals)
+        args, kwargs = node.args, node.kwargs
+        out = tuple(args[i] if i < len(args) else kwargs.get(name, default) for i, (name, default) in enumerate(params))
     if cache is not None:
         cache[node] = out
     return out
+
+
+_SCHEMA_PARAMS: Dict[Any, Optional[Tuple[Tuple[str, Any], ...]]] = {}
+
+
+def _schema_params(target: Any) -> Optional[Tuple[Tuple[str, Any], ...]]:
+    """(name, default) of each schema argument, read from the schema once per op (None: no schema)."""
+    try:
+        return _SCHEMA_PARAMS[target]
+    except KeyError:
+        pass
+    except TypeError:  # an unhashable callable
+        return None
+    schema = getattr(target, "_schema", None)
+    params = None if schema is None else tuple(
+        (a.name, a.default_value if a.has_default_value() else None) for a in schema.arguments)
+    _SCHEMA_PARAMS[target] = params
+    return params
 
 
 # ---- the compiled pattern -----------------------------------------------------
@@ -137,6 +150,7 @@ class PNode:
     args: tuple
     name: str
     commutative: bool
+    arity: int = -1  # the schema's argument count: a graph call with exactly these positional args needs no normalising
 
 
 @dataclass
@@ -146,6 +160,9 @@ class CompiledPattern:
     tensor_params: List[str]
     scalar_params: List[str]
     policy: FrozenSet[str]
+    # ops that take only parameters and literals, not other pattern ops: where a value-preserving
+    # op at the match's input edge may stay for its other users
+    leaves: Tuple[int, ...] = ()
 
     @property
     def anchor(self) -> PNode:
@@ -188,14 +205,15 @@ def compile_pattern(pattern: Pattern, policy: FrozenSet[str]) -> CompiledPattern
             args.append(convert(value, site, node.name))
         comm = node.target in COMMUTATIVE and (node.target is not aten.add.Tensor or raw[2] in (1, None))
         index[node] = len(nodes)
-        nodes.append(PNode(node.target, tuple(args), node.name, comm))
+        nodes.append(PNode(node.target, tuple(args), node.name, comm, len(schema.arguments) if schema is not None else -1))
     outputs = []
     for o in pattern.outputs:
         r = resolve(o)
         if not isinstance(r, Ref):
             raise ValueError("a pattern output is an input")
         outputs.append(r.index)
-    return CompiledPattern(nodes, outputs, tensor_params, [p.name for p in pattern.params if p.kind == "scalar"], policy)
+    leaves = tuple(i for i, pn in enumerate(nodes) if i not in outputs and not any(isinstance(a, Ref) for a in _flat(pn.args)))
+    return CompiledPattern(nodes, outputs, tensor_params, [p.name for p in pattern.params if p.kind == "scalar"], policy, leaves)
 
 
 def _capture_for(pattern: Pattern, node_name: str, site: Tuple) -> Optional[str]:
@@ -215,7 +233,7 @@ class Match:
     outputs: List[fx.Node]
     bindings: Dict[str, Any]
 
-    @property
+    @functools.cached_property
     def node_set(self) -> Set[fx.Node]:
         return set(self.nodes)
 
@@ -256,7 +274,11 @@ class _State:
 
 
 class Matcher:
-    """Matches one compiled pattern against one graph (the index by target is built once per graph)."""
+    """Matches one compiled pattern against one graph.
+
+    The index by target, and the set of noise nodes for each noise policy, are built once per
+    graph from that index: the walk then asks "is this node noise?" with one set lookup.
+    """
 
     def __init__(self, graph: fx.Graph, by_target: Optional[Dict[Any, List[fx.Node]]] = None):
         self.graph = graph
@@ -264,6 +286,23 @@ class Matcher:
         if by_target is None:
             by_target = index_by_target(graph)
         self.by_target = by_target
+        self._noise: Dict[FrozenSet[str], Set[fx.Node]] = {}
+
+    def noise(self, policy: FrozenSet[str]) -> Set[fx.Node]:
+        """The graph's nodes that ``policy`` lets a match pass through."""
+        found = self._noise.get(policy)
+        if found is None:
+            found = {n for kind in sorted(policy) for t in NOISE_OPS[kind]
+                     for n in self.by_target.get(t, ()) if value_preserving(n)}
+            self._noise[policy] = found
+        return found
+
+    def _skip(self, node: fx.Node, noise: Set[fx.Node]) -> Tuple[fx.Node, List[fx.Node]]:
+        skipped = []
+        while node in noise:
+            skipped.append(node)
+            node = node.args[0]
+        return node, skipped
 
     def candidates(self, pattern: CompiledPattern) -> List[fx.Node]:
         """Graph nodes with the anchor's op whose arguments include, as ops, every op the anchor
@@ -272,10 +311,10 @@ class Matcher:
         needed = [pattern.nodes[a.index].target for a in pattern.anchor.args if isinstance(a, Ref)]
         if not needed:
             return nodes
-        policy = pattern.policy
+        noise = self.noise(pattern.policy)
         out = []
         for n in nodes:
-            have = [skip_noise(a, policy)[0] for a in n.args if isinstance(a, fx.Node)]
+            have = [self._skip(a, noise)[0] if a in noise else a for a in n.args if isinstance(a, fx.Node)]
             targets = [h.target for h in have if h.op == "call_function"]
             if all(targets.count(t) >= needed.count(t) for t in needed):
                 out.append(n)
@@ -319,11 +358,8 @@ class Matcher:
         if len(st.p2g) != len(pattern.nodes):
             missing = [pattern.nodes[i].name for i in range(len(pattern.nodes)) if i not in st.p2g]
             return None, Failure(anchor, len(st.p2g), f"pattern ops {missing} are not reached from its outputs", list(st.p2g.values()))
-        keep = set()
-        for i, pnode in enumerate(pattern.nodes):
-            g = st.p2g[i]
-            if i not in pattern.outputs and all(not isinstance(a, Ref) for a in _flat(pnode.args)) and value_preserving(g):
-                keep.add(g)
+        preserving = self.noise(ALL_NOISE)
+        keep = {st.p2g[i] for i in pattern.leaves if st.p2g[i] in preserving}
         nodes = [st.p2g[i] for i in range(len(pattern.nodes)) if st.p2g[i] not in keep] + st.absorbed
         return Match(anchor, nodes, keep, [st.p2g[i] for i in pattern.outputs], dict(st.bind)), None
 
@@ -339,7 +375,9 @@ class Matcher:
             return st.failed(lambda: f"graph node {g.name!r} would match two pattern nodes")
         if g.target != pnode.target:
             return st.failed(lambda: f"{g.name!r} is {_op(g.target)} where the pattern has {_op(pnode.target)}")
-        gargs = arguments(g, self.args_cache)
+        gargs = g.args
+        if g.kwargs or len(gargs) != pnode.arity:
+            gargs = arguments(g, self.args_cache)
         orders = [gargs]
         if pnode.commutative and len(gargs) >= 2:
             swapped = (gargs[1], gargs[0]) + tuple(gargs[2:])
@@ -349,37 +387,48 @@ class Matcher:
         if len(orders) == 1:  # a failure here is undone by the caller's snapshot (or the match is dropped)
             st.p2g[pi] = g
             st.used.add(g)
-            return all(self._arg(pat, pa, ga, st, g) for pa, ga in zip(pnode.args, gargs))
+            return self._args(pat, pnode.args, gargs, st, g)
         for gargs_order in orders:
             snap = st.snapshot()
             st.p2g[pi] = g
             st.used.add(g)
-            if all(self._arg(pat, pa, ga, st, g) for pa, ga in zip(pnode.args, gargs_order)):
+            if self._args(pat, pnode.args, gargs_order, st, g):
                 return True
             st.restore(snap)
         return False
 
+    def _args(self, pat: CompiledPattern, pargs: tuple, gargs: tuple, st: _State, where: fx.Node) -> bool:
+        for pa, ga in zip(pargs, gargs):
+            if not self._arg(pat, pa, ga, st, where):
+                return False
+        return True
+
     def _arg(self, pat: CompiledPattern, pa: Any, ga: Any, st: _State, where: fx.Node) -> bool:
-        if isinstance(pa, Ref):
+        kind = type(pa)
+        if kind is Ref:
             if not isinstance(ga, fx.Node):
                 return st.failed(lambda: f"{where.name!r} has the literal {ga!r} where the pattern has op {pat.nodes[pa.index].name!r}")
-            target, skipped = skip_noise(ga, pat.policy)
+            noise = self.noise(pat.policy)
+            if ga not in noise:
+                return self._node(pat, pa.index, ga, st)
+            target, skipped = self._skip(ga, noise)
             n_before = len(st.absorbed)
             st.absorbed.extend(skipped)
             if self._node(pat, pa.index, target, st):
                 return True
             del st.absorbed[n_before:]
             return False
-        if isinstance(pa, Bind):
+        if kind is Bind:
             if not isinstance(ga, fx.Node):
                 return st.failed(lambda: f"{where.name!r} has the literal {ga!r} where the pattern has tensor {pa.name!r}")
-            target, _ = skip_noise(ga, pat.policy)
+            noise = self.noise(pat.policy)
+            target = self._skip(ga, noise)[0] if ga in noise else ga
             bound = st.bind.get(pa.name)
             if bound is None:
                 st.bind[pa.name] = target
                 return True
             return bound is target or st.failed(lambda: f"parameter {pa.name!r} would be both {bound.name!r} and {target.name!r}")
-        if isinstance(pa, Capture):
+        if kind is Capture:
             ok = isinstance(ga, (int, float)) and not isinstance(ga, bool) and (pa.py_type is float or isinstance(ga, int))
             if not ok:
                 return st.failed(lambda: f"{where.name!r} has {_describe(ga)} where the pattern captures {pa.py_type.__name__} {pa.name!r}")
@@ -392,7 +441,7 @@ class Matcher:
         if isinstance(pa, (list, tuple)):
             if not isinstance(ga, (list, tuple)) or len(ga) != len(pa):
                 return st.failed(lambda: f"{where.name!r} has {ga!r} where the pattern has {list(pa)!r}")
-            return all(self._arg(pat, a, b, st, where) for a, b in zip(pa, ga))
+            return self._args(pat, pa, ga, st, where)
         if isinstance(ga, fx.Node):
             return st.failed(lambda: f"{where.name!r} takes {ga.name!r} where the pattern has the literal {pa!r}")
         if type(pa) is not type(ga):  # 8 and 8.0 differ: arange(8) is int64, arange(8.0) float32
