@@ -479,3 +479,37 @@ def test_apply_keeps_a_placeholder_named_like_a_builtin():
     new = fxkern.apply(ep, rules)
     x = torch.randn(4, 8)
     torch.testing.assert_close(new.module()(x), torch.softmax(x, -1))
+
+
+def test_the_pass_leaves_the_garbage_collector_as_it_found_it(bgr):
+    """apply and explain pause Python's collector while they run (it would rescan the live graph
+    for nothing); afterwards it is on again, also after an error, and stays off if it was off."""
+    import gc
+
+    rs, rule = bgr
+    x, b, r = torch.randn(4, 8), torch.randn(8), torch.randn(4, 8)
+    ep = export(Fn(bias_gelu_res), x, b, r)
+    assert gc.isenabled()
+    new = fxkern.apply(ep, rs)
+    assert count_target(new, rule.op) == 1 and gc.isenabled()
+    fxkern.explain(ep, rs)
+    assert gc.isenabled()
+
+    seen = []
+
+    def failing_filter(match):
+        seen.append(gc.isenabled())
+        raise RuntimeError("filter bug")
+
+    bad = RuleSet("bad")
+    fxkern.replace(bias_gelu_res, rule.op, rules=bad, filter=failing_filter)
+    with pytest.raises(RuntimeError, match="filter bug"):
+        fxkern.apply(ep, bad)
+    assert seen == [False] and gc.isenabled()
+
+    gc.disable()
+    try:
+        fxkern.apply(ep, rs)
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
