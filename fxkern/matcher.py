@@ -69,9 +69,7 @@ NOISE_OPS = {"views": VIEW_OPS, "clones": CLONE_OPS, "casts": CAST_OPS}
 
 
 def is_noise(node: fx.Node, policy: FrozenSet[str]) -> bool:
-    t = node.target
-    kind = "views" if t in VIEW_OPS else "clones" if t in CLONE_OPS else "casts" if t in CAST_OPS else None
-    return kind is not None and kind in policy and value_preserving(node)
+    return any(node.target in NOISE_OPS[kind] for kind in policy) and value_preserving(node)
 
 
 def skip_noise(node: Any, policy: FrozenSet[str]) -> Tuple[Any, List[fx.Node]]:
@@ -314,7 +312,7 @@ class Matcher:
         noise = self.noise(pattern.policy)
         out = []
         for n in nodes:
-            have = [self._skip(a, noise)[0] if a in noise else a for a in n.args if isinstance(a, fx.Node)]
+            have = [self._skip(a, noise)[0] for a in n.args if isinstance(a, fx.Node)]
             targets = [h.target for h in have if h.op == "call_function"]
             if all(targets.count(t) >= needed.count(t) for t in needed):
                 out.append(n)
@@ -422,7 +420,7 @@ class Matcher:
             if not isinstance(ga, fx.Node):
                 return st.failed(lambda: f"{where.name!r} has the literal {ga!r} where the pattern has tensor {pa.name!r}")
             noise = self.noise(pat.policy)
-            target = self._skip(ga, noise)[0] if ga in noise else ga
+            target = self._skip(ga, noise)[0]
             bound = st.bind.get(pa.name)
             if bound is None:
                 st.bind[pa.name] = target
