@@ -1,13 +1,15 @@
-"""Sweep the RMSNorm kernels' tuning knobs against inductor: how the shipped defaults were chosen.
+"""Sweep the row kernels' tuning knobs (RMSNorm, or softmax with --softmax) against inductor: how the
+shipped defaults were chosen.
 
 Each variant is the library's own source with its tuning macros set (threads a block, 16-byte packs
 a thread holds, blocks resident per SM) and its own grid (elements a block takes), registered as a
 scratch op and checked against the pattern before it is timed; registers and spill bytes come from
-the driver. Shapes: one that fills the GPU, a 7B model's width and the demo model's norm.
+the driver. Shapes: one that fills the GPU, a 7B model's width and the demo model's norm (softmax:
+one that fills the GPU and the demo model's attention scores).
 
-    python benchmarks/row_tuning.py [--section-out FILE] [--variants A,B] [--dump-inductor DIR]
+    python benchmarks/row_tuning.py [--softmax] [--section-out FILE] [--variants A,B] [--dump-inductor DIR]
 
-Writes the "row_tuning" section of docs/benchmarks.md (or FILE).
+Writes the "row_tuning" (or "softmax_tuning") section of docs/benchmarks.md (or FILE).
 """
 
 from __future__ import annotations
@@ -52,6 +54,18 @@ VARIANTS = {
     "t1024 c8k p2/1 b2/2": _variant(1024, 8192, (2, 1), (2, 2)),
 }
 
+# Softmax (fxkern.library.softmax, `--softmax`): the library's choice first.
+SOFTMAX_VARIANTS = {
+    "t256 c16k p8/8 b3/4 (shipped)": _variant(256, 16384, (8, 8), (3, 4)),
+    "t256 c8k p8/8 b3/4": _variant(256, 8192, (8, 8), (3, 4)),
+    "t256 c32k p8/8 b3/4": _variant(256, 32768, (8, 8), (3, 4)),
+    "t256 c16k p8/8 b4/4": _variant(256, 16384, (8, 8), (4, 4)),
+    "t256 c16k p4/4 b4/6": _variant(256, 16384, (4, 4), (4, 6)),
+    "t256 c8k p4/4 b4/6": _variant(256, 8192, (4, 4), (4, 6)),
+    "t512 c16k p4/4 b2/3": _variant(512, 16384, (4, 4), (2, 3)),
+}
+SOFTMAX_SHAPES = [(16384, 8192), (131072, 512)]
+
 
 def variant_op(index: int, kernel: str, variant: tuple[dict, int, int], base):
     import fxkern
@@ -86,36 +100,47 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--section-out", type=Path, default=None)
     parser.add_argument("--variants", default=",".join(VARIANTS))
+    parser.add_argument("--softmax", action="store_true", help="tune the softmax kernel instead (SOFTMAX_VARIANTS)")
     parser.add_argument("--dump-inductor", type=Path, default=None, help="write inductor's generated code here")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print("no GPU: nothing to tune")
         return
-    from fxkern.library import rmsnorm
+    from fxkern.library import rmsnorm, softmax
 
     torch.manual_seed(0)
+    variants, shapes_run = VARIANTS, SHAPES
     names = args.variants.split(",")
-    cases = [("rms_norm", rmsnorm.RMS_NORM, rmsnorm.llama_rmsnorm, False),
-             ("add_rms_norm", rmsnorm.ADD_RMS_NORM, rmsnorm.add_llama_rmsnorm, True)]
-    lines = ["## RMSNorm tuning (`fxkern.library.rmsnorm`)", "",
-             f"Machine: {common.machine()}. Date: {common.today()}. Command: `python benchmarks/row_tuning.py`.", "",
+    # (kernel, spec, pattern, its arguments from a row x and a weight w, outputs)
+    cases = [("rms_norm", rmsnorm.RMS_NORM, rmsnorm.llama_rmsnorm, lambda x, w: (x, w, 1e-6), 1),
+             ("add_rms_norm", rmsnorm.ADD_RMS_NORM, rmsnorm.add_llama_rmsnorm,
+              lambda x, w: (x, torch.randn_like(x), w, 1e-6), 2)]
+    title, command, section = "RMSNorm tuning (`fxkern.library.rmsnorm`)", "python benchmarks/row_tuning.py", "row_tuning"
+    if args.softmax:
+        variants, shapes_run = SOFTMAX_VARIANTS, SOFTMAX_SHAPES
+        names = [n for n in names if n in variants] or list(variants)
+        cases = [("softmax_last", softmax.SOFTMAX, softmax.softmax_float32, lambda x, w: (3.0 * x,), 1)]
+        title, command, section = ("Softmax tuning (`fxkern.library.softmax`, HF's float32 form)",
+                                   command + " --softmax", "softmax_tuning")
+    lines = [f"## {title}", "",
+             f"Machine: {common.machine()}. Date: {common.today()}. Command: `{command}`.", "",
              ("GB/s of useful bytes (each input read once, each output written once), CUDA events around 10 "
               "back-to-back calls, 5 warm-ups, median of 20; inductor (`torch.compile(pattern)`, default mode, which "
               "autotunes its reduction configs) in the same run. Variant: threads a block (t), elements a block "
               "takes (c), 16-byte packs a thread holds (p) and blocks resident per SM (b), float32/16-bit, and "
               "elements a thread holds on the scalar path (rows that are not whole packs: 4 unless named); "
               "registers a thread float32/bfloat16, with the driver's local-memory (spill) bytes."), ""]
-    for kernel, base, pattern, add in cases:
-        shapes = [(r, d, dt) for r, d in SHAPES for dt in DTYPES]
+    for kernel, base, pattern, arguments, n_out in cases:
+        shapes = [(r, d, dt) for r, d in shapes_run for dt in DTYPES]
         inputs = {}
         for r, d, dt in shapes:
             x = torch.randn(r, d, device="cuda").to(dt)
             w = torch.randn(d, device="cuda").to(dt)
-            inputs[r, d, dt] = (x, torch.randn_like(x), w, 1e-6) if add else (x, w, 1e-6)
+            inputs[r, d, dt] = arguments(x, w)
         header = "| variant | " + " | ".join(f"{r}x{d} {str(dt)[6:]}" for r, d, dt in shapes) + " | regs f32/bf16 |"
         lines += [f"### `{kernel}`", "", header, "| --- |" + " ---: |" * len(shapes) + " --- |"]
         nbytes = {k: sum(a.numel() * a.element_size() for a in v if isinstance(a, torch.Tensor))
-                  + (2 if add else 1) * v[0].numel() * v[0].element_size() for k, v in inputs.items()}
+                  + n_out * v[0].numel() * v[0].element_size() for k, v in inputs.items()}
         compiled = torch.compile(pattern)
         row = []
         for key, a in inputs.items():
@@ -127,11 +152,11 @@ def main(argv=None) -> None:
         lines.append("| inductor | " + " | ".join(f"{v:.0f}" for v in row) + " | |")
         print(lines[-1], flush=True)
         for i, name in enumerate(names):
-            op = variant_op(i, kernel, VARIANTS[name], base)
+            op = variant_op(i, kernel, variants[name], base)
             row = []
             for key, a in inputs.items():
                 got, want = op(*a), pattern(*a)
-                for g, w in zip(got if add else (got,), want if add else (want,)):
+                for g, w in zip(got if n_out > 1 else (got,), want if n_out > 1 else (want,)):
                     err = float((g.float() - w.float()).norm() / w.float().norm())
                     if not err <= TOL[key[2]]:
                         raise AssertionError(f"{name} {kernel} {key}: rel. err {err:.1e}")
@@ -139,7 +164,7 @@ def main(argv=None) -> None:
             lines.append(f"| {name} | " + " | ".join(f"{v:.0f}" for v in row) + f" | {registers(f'fxkern_tune::{kernel}_{i}')} |")
             print(lines[-1], flush=True)
         lines.append("")
-    common.emit("row_tuning", "\n".join(lines), args.section_out)
+    common.emit(section, "\n".join(lines), args.section_out)
 
 
 if __name__ == "__main__":
