@@ -154,3 +154,34 @@ def test_one_example_tensor_for_two_parameters_is_refused():
     t = torch.randn(4)
     with pytest.raises(SpecError, match="'x' and 'residual' are traced with the same example tensor"):
         fxkern.replace(add_then_exp, spec_like(add_then_exp), rules=RuleSet(), example_inputs=[t, t])
+
+
+def _ops(graph):
+    from fxkern.patterns import is_assertion
+
+    return [(n.target, repr(n.args)) for n in graph.nodes if n.op == "call_function" and not is_assertion(n)]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_core_aten_patterns_skip_decomposition_only_where_it_changes_nothing(dtype):
+    # Tracing in the core ATen IR skips run_decompositions for a pattern that is already core ATen
+    # (most of a first apply's time). Each library pattern traced that way must be the graph that
+    # decomposing would have produced, and a pattern with a non-core op must still be decomposed.
+    import fxkern.library as lib
+    from fxkern import patterns
+
+    skipped = decomposed = 0
+    for rule in lib.rules():
+        if rule.irs is not None and "core_aten" not in rule.irs:
+            continue
+        params = patterns.pattern_params(rule.pattern)
+        ex = list(rule.example_inputs or patterns.default_example_inputs(params, dtype))
+        exported = patterns._export_graph(rule.pattern, params, ex, decompose=False)
+        fast = patterns._core_aten_graph(rule.pattern, params, ex)
+        if all(patterns.keeps_core_op(n.target) for n in exported.nodes if n.op == "call_function"):
+            skipped += 1
+            assert _ops(fast) == _ops(exported) == _ops(patterns._export_graph(rule.pattern, params, ex, decompose=True)), rule.name
+        else:  # RMSNorm's casts, softmax, silu: not core ATen as exported
+            decomposed += 1
+            assert _ops(fast) != _ops(exported), rule.name
+    assert skipped >= 5 and decomposed >= 5  # both paths ran: the GELU forms skip, the norms decompose
