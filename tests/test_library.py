@@ -176,6 +176,21 @@ def test_add_rmsnorm_op_returns_norm_then_sum_and_checks_the_residual():
         lib.op("add_rms_norm")(x, torch.randn(5, 1, 64), w, 1e-6)
 
 
+def test_long_float32_rows_take_the_two_read_kernel():
+    take = lib.rmsnorm.takes_two_reads
+    x, w = torch.randn(3, 4096), torch.randn(4096)
+    assert take(x, w) and take(torch.randn(2, 5, 8192), torch.randn(8192)) and take(x, w.view(1, 4096))
+    assert not take(torch.randn(3, 4092), torch.randn(4092))  # shorter rows: the register-resident kernel
+    assert not take(torch.randn(3, 4098), torch.randn(4098))  # not whole 16-byte packs
+    assert not take(x.bfloat16(), w.bfloat16())  # 16-bit rows: the register-resident kernel
+    assert not take(x, w.half())  # mixed dtypes: the register-resident op refuses them
+    assert not take(x, torch.randn(3, 4096))  # a weight that is not one row
+    assert not take(torch.randn(8192, 3).t(), torch.randn(8192))  # strided
+    shifted = torch.randn(3 * 4096 + 1)[1:].view(3, 4096)  # 4 bytes past a 16-byte boundary
+    assert shifted.data_ptr() % 16 and not take(shifted, w)
+    assert not take(torch.tensor(1.0), torch.randn(1))
+
+
 def test_rmsnorm_near_misses_are_left_alone():
     x, w = torch.randn(4, 8, 64), torch.randn(64)
 

@@ -142,6 +142,45 @@ def test_kernel_matches_reference_on_odd_and_long_rows(name, dtype):
     check(name, pattern, make(1000, 64, dtype), dtype)
 
 
+def kernels_run(fn) -> list[str]:
+    """Names of the CUDA kernels ``fn()`` launches."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    return [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+
+
+@pytest.mark.parametrize("name", ["rms_norm", "gemma_rms_norm", "torch_rms_norm"])
+def test_rmsnorm_runs_the_two_read_kernel_on_long_float32_rows(name):
+    pattern, make = CASES[name]
+    torch.manual_seed(2)
+    kernel = "gemma_rms_norm" if name.startswith("gemma") else "rms_norm"
+    for rows, d, dtype, two_read in ((64, 8192, torch.float32, True), (64, 2048, torch.float32, False),
+                                     (64, 8192, torch.bfloat16, False)):
+        args = make(rows, d, dtype)
+        assert rmsnorm.takes_two_reads(args[0], args[1]) == two_read
+        names = kernels_run(lambda: lib.op(name)(*args))
+        assert [n for n in names if kernel in n] and all(("two_read" in n) == two_read for n in names), names
+        check(name, pattern, args, dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).removeprefix("torch."))
+def test_two_read_kernel_alone_is_right_for_calls_the_op_never_sends_it(dtype):
+    # The private ops are callable like any op: short and odd rows, 16-bit types and shifted pointers
+    # take its scalar path, and a call with more blocks than rows or fewer must still be right.
+    torch.manual_seed(3)
+    for name, pattern in (("_rms_norm_two_read", rmsnorm.llama_rmsnorm),
+                          ("_gemma_rms_norm_two_read", rmsnorm.gemma_rmsnorm)):
+        op = getattr(torch.ops.fxkern_lib, name)
+        for rows, d in ((5, 1), (5, 100), (3, 4097), (4, 8192), (2, 20011)):
+            x, w = rand(rows, d, dtype=dtype), rand(d, dtype=dtype)
+            shifted = torch.cat([x.new_zeros(1), x.flatten()])[1:].view(x.shape)
+            for xs in (x, shifted):
+                rtol, atol = TOL[dtype]
+                torch.testing.assert_close(op(xs, w, 1e-6), pattern(*upcast((xs, w, 1e-6), torch.float32)).to(dtype),
+                                           rtol=rtol, atol=atol, msg=lambda m: f"{name} {dtype} {rows}x{d}: {m}")
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).removeprefix("torch."))
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_misaligned_and_strided_inputs(name, dtype):

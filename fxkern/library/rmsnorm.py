@@ -23,10 +23,17 @@ float32, four in 16-bit types) between the reduction and the write; the fewest p
 threads that hold it share it (sub-warp and warp shuffles, one shared-memory step past a warp).
 Longer rows are read twice (the second read mostly from L2). The block size, packs and blocks
 resident per SM were chosen by ``benchmarks/row_tuning.py`` (results in docs/benchmarks.md).
-None of these rules runs inside inductor (see ``register``).
+
+The plain norms on float32 rows of 4096+ elements run a second kernel instead (``takes_two_reads``):
+one 512-thread block a row reading it twice, with cache eviction hints, which holds twice the
+threads an SM and was measured faster there (``row_tuning.py --two-read``). TensorRT plugins carry
+the register-resident kernel, the public op's spec. None of these rules runs inside inductor
+(see ``register``).
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import torch
 import torch.nn.functional as F
@@ -44,13 +51,23 @@ from fxkern.spec import (
     KernelSpec,
     Numel,
     OutputDecl,
+    Reduction,
     SameAs,
     ScalarInput,
 )
 
 FLOAT32_EPS = torch.finfo(torch.float32).eps  # F.rms_norm's eps=None, for every input dtype
 
-SOURCE = COMMON + row_tuning(blocks_f32=4, blocks_half=6, packs_f32=8, packs_half=4) + r"""
+# The two-read kernel's tuning (overridable macros, as row_tuning's): threads a block, 16-byte packs a
+# thread reads a step, blocks resident per SM, and the loads' cache eviction priorities (on or off).
+TWO_READ_THREADS = 512
+TWO_READ_TUNING = "".join(f"#ifndef {k}\n#define {k} {v}\n#endif\n" for k, v in (
+    ("FXK_TWO_READ_THREADS", TWO_READ_THREADS), ("FXK_TWO_READ_PACKS", 2), ("FXK_TWO_READ_BLOCKS", 4),
+    ("FXK_EVICT_HINTS", 1)))
+# The rows it takes: float32 of at least this many elements (benchmarks/row_tuning.py --two-read).
+TWO_READ_MIN_ROW = 4096
+
+SOURCE = COMMON + row_tuning(blocks_f32=4, blocks_half=6, packs_f32=8, packs_half=4) + TWO_READ_TUNING + r"""
 namespace fxk {
 
 enum { RMS_LLAMA = 0, RMS_GEMMA = 1 };
@@ -203,7 +220,119 @@ __device__ __forceinline__ void rmsnorm(const T* x, const T* res, int nr, const 
         rmsnorm_rows<T, MODE, ADD, 1, FXK_ROW_SCALARS>(x, res, (unsigned)nr, w, eps, D, rows, nw, h, y, red);
 }
 
+// ---- two reads: long float32 rows (the op picks this kernel per call, see takes_two_reads) -------------
+// One block a row, FXK_TWO_READ_THREADS threads, each reading a few packs a step: a first pass sums the
+// squares, a second reads the row again (from L1/L2) to write the output. Nothing of the row is held
+// across the reduction, so a thread needs few registers (32) and an SM holds 2048 threads, where the
+// register-resident kernel holds 1024 in float32: the shape of inductor's kernel, measured faster for
+// float32 rows of 4096+ elements (benchmarks/row_tuning.py --two-read).
+
+// A 16-byte load of data the kernel never writes, with cache eviction priorities: KEEP asks L1 and L2
+// to keep the line (the first read of a row, the weight), else to drop it first (the second read).
+// What Triton emits for inductor's eviction_policy; sm_80 and newer, a plain load before.
+template <typename T, int V, bool KEEP>
+__device__ __forceinline__ Pack<T, V> load_evict(const T* p, unsigned long long policy) {
+#if __CUDA_ARCH__ >= 800 && FXK_EVICT_HINTS
+    if constexpr (V * sizeof(T) == 16) {
+        Pack<T, V> out;
+        unsigned* r = reinterpret_cast<unsigned*>(out.v);
+        if (KEEP)
+            asm("ld.global.L1::evict_last.L2::cache_hint.v4.b32 {%0,%1,%2,%3}, [%4], %5;"
+                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "l"(p), "l"(policy));
+        else
+            asm("ld.global.L1::evict_first.L2::cache_hint.v4.b32 {%0,%1,%2,%3}, [%4], %5;"
+                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "l"(p), "l"(policy));
+        return out;
+    }
+#endif
+    return load<T, V>(p);
+}
+
+template <bool KEEP>
+__device__ __forceinline__ unsigned long long l2_policy() {
+    unsigned long long policy = 0;
+#if __CUDA_ARCH__ >= 800 && FXK_EVICT_HINTS
+    if (KEEP)
+        asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(policy));
+    else
+        asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
+#endif
+    return policy;
+}
+
+// Rows of D elements, one block each (any grid: blocks stride over rows); V elements an access (16
+// bytes, or 1 when the data does not allow it), U accesses a thread a step; w has nw elements, read
+// at the flat index modulo nw.
+template <typename T, int MODE, int V, int U>
+__device__ __forceinline__ void rmsnorm_two_read_rows(const T* __restrict__ x, const T* __restrict__ w, float eps,
+                                                      int D, unsigned rows, int nw, T* __restrict__ y,
+                                                      float (*red)[FXK_TWO_READ_THREADS / 32]) {
+    constexpr int STEP = FXK_TWO_READ_THREADS * V;
+    const unsigned long long keep = l2_policy<true>(), drop = l2_policy<false>();
+    const float inv_d = __frcp_rn((float)D);
+#pragma unroll 1
+    for (unsigned row = blockIdx.x, p = 0; row < rows; row += gridDim.x, ++p) {
+        const size_t off = (size_t)row * D;
+        const T* xr = x + off;
+        float ss = 0.0f;
+#pragma unroll 1
+        for (int col = threadIdx.x * V; col < D; col += STEP * U) {
+            Pack<T, V> c[U];
+#pragma unroll
+            for (int u = 0; u < U; ++u)
+                if (col + u * STEP < D) c[u] = load_evict<T, V, true>(xr + col + u * STEP, keep);
+#pragma unroll
+            for (int u = 0; u < U; ++u)
+                if (col + u * STEP < D) ss = sum_squares(c[u], ss);
+        }
+        ss = warp_sum(ss);
+        if ((threadIdx.x & 31) == 0) red[p & 1][threadIdx.x >> 5] = ss;
+        __syncthreads();  // red alternates between two slots, so one barrier a row suffices
+        float total = 0.0f;
+#pragma unroll
+        for (int k = 0; k < FXK_TWO_READ_THREADS / 32; ++k) total += red[p & 1][k];
+        const float r = rsqrtf(total * inv_d + eps);
+        T* yr = y + off;
+#pragma unroll 1
+        for (int col = threadIdx.x * V; col < D; col += STEP * U) {
+#pragma unroll
+            for (int u = 0; u < U; ++u) {
+                const int at = col + u * STEP;
+                if (at < D) {
+                    const Pack<T, V> wp = V > 1 ? load_evict<T, V, true>(w + at, keep)
+                                                : load_operand<T, V>(w, nw == D, at, off + at, nw);
+                    store<T, V>(yr + at, rms_pack<T, MODE, V>(load_evict<T, V, false>(xr + at, drop), wp, r));
+                }
+            }
+        }
+    }
+}
+
+template <typename T, int MODE>
+__device__ __forceinline__ void rmsnorm_two_read(const T* x, const T* w, float eps, int D, int n, int nw, T* y) {
+    __shared__ float red[2][FXK_TWO_READ_THREADS / 32];
+    if (D <= 0 || nw <= 0) return;
+    const unsigned rows = (unsigned)n / (unsigned)D;
+    constexpr int V = 16 / sizeof(T);
+    if (D % V == 0 && nw == D && aligned16(x) && aligned16(w) && aligned16(y))
+        rmsnorm_two_read_rows<T, MODE, V, FXK_TWO_READ_PACKS>(x, w, eps, D, rows, nw, y, red);
+    else  // any other call is still right, only slower (the op sends only calls that fit the fast path)
+        rmsnorm_two_read_rows<T, MODE, 1, 1>(x, w, eps, D, rows, nw, y, red);
+}
+
 }  // namespace fxk
+
+#define FXK_TWO_READ_BOUNDS __launch_bounds__(FXK_TWO_READ_THREADS, FXK_TWO_READ_BLOCKS)
+template <typename T>
+__global__ void FXK_TWO_READ_BOUNDS rms_norm_two_read(const T* x, const T* weight, float eps, int D, int n, int nw,
+                                                      T* y) {
+    fxk::rmsnorm_two_read<T, fxk::RMS_LLAMA>(x, weight, eps, D, n, nw, y);
+}
+template <typename T>
+__global__ void FXK_TWO_READ_BOUNDS gemma_rms_norm_two_read(const T* x, const T* weight, float eps, int D, int n,
+                                                            int nw, T* y) {
+    fxk::rmsnorm_two_read<T, fxk::RMS_GEMMA>(x, weight, eps, D, n, nw, y);
+}
 
 #define FXK_RMS_BOUNDS __launch_bounds__(ROW_THREADS, sizeof(T) == 4 ? FXK_ROW_BLOCKS_F32 : FXK_ROW_BLOCKS_HALF)
 template <typename T>
@@ -281,6 +410,38 @@ def _add_spec(kernel: str, *scalars: ScalarInput) -> KernelSpec:
 RMS_NORM = _spec("rms_norm", "hidden_states")
 
 
+def _two_read_spec(kernel: str, x: str) -> KernelSpec:
+    """The two-read kernel for the same call as ``_spec``'s: one block a row (a Reduction's grid). It is
+    right in every dtype; the public op sends it float32 calls only (``takes_two_reads``)."""
+    return dataclasses.replace(_spec(kernel, x), geometry=Reduction((-1,), block_size=TWO_READ_THREADS))
+
+
+RMS_NORM_TWO_READ = _two_read_spec("rms_norm_two_read", "hidden_states")
+GEMMA_RMS_NORM_TWO_READ = _two_read_spec("gemma_rms_norm_two_read", "x")
+
+
+def takes_two_reads(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether a call runs the two-read kernel rather than the register-resident one: float32 rows of
+    at least TWO_READ_MIN_ROW elements in whole 16-byte packs, a contiguous (D,) weight, both
+    16-byte aligned. There it was measured faster (in step with inductor at 16384x8192, ahead at
+    8192x4096); the register-resident kernel is faster for shorter rows and 16-bit types."""
+    d = x.shape[-1] if x.dim() else 0
+    return (x.dtype == torch.float32 and weight.dtype == torch.float32 and d >= TWO_READ_MIN_ROW and d % 4 == 0
+            and weight.numel() == d and x.is_contiguous() and weight.is_contiguous()
+            and x.data_ptr() % 16 == 0 and weight.data_ptr() % 16 == 0)
+
+
+def _pick_kernel(rows: str, two_read: str):
+    """An op's CUDA implementation that runs ``two_read``'s kernel where ``takes_two_reads``, else
+    ``rows``'s (both ops private to the library, launched directly, not through the dispatcher)."""
+    rows_impl, two_read_impl = kernel_op(rows).cuda_impl, kernel_op(two_read).cuda_impl
+
+    def on_cuda(x, weight, eps):
+        return (two_read_impl if takes_two_reads(x, weight) else rows_impl)(x, weight, eps)
+
+    return on_cuda
+
+
 def _torch_spec(kernel: str, *scalars: ScalarInput) -> KernelSpec:
     return KernelSpec(
         SOURCE, kernel,
@@ -347,9 +508,9 @@ def _check_row_length(op: str, x, normalized_size) -> None:
 
 
 def _torch_rms_norm_on_cuda(x, weight, normalized_size, eps=FLOAT32_EPS):
-    """The op on CUDA: F.rms_norm's check, then the RMSNorm kernel."""
+    """The op on CUDA: F.rms_norm's check, then the RMSNorm kernels."""
     _check_row_length("torch_rms_norm", x, normalized_size)
-    # Already inside an op: launch rms_norm's CUDA implementation directly, not through the dispatcher.
+    # Already inside an op: run rms_norm's CUDA implementation directly, not through the dispatcher.
     return kernel_op(f"{NAMESPACE}::rms_norm").cuda_impl(x, weight, eps)
 
 
@@ -424,8 +585,18 @@ def register(rules) -> None:
                    filter=row_param("x", "weight", same_shape="residual"), irs=irs)
     add_rule(rules, add_t5_layer_norm, add.op, "add_t5_layer_norm", filter=row_param("x", "weight", same_shape="residual"),
              irs=irs)
-    add_rule(rules, gemma_rmsnorm, GEMMA_RMS_NORM, "gemma_rms_norm", filter=row_param("x", "weight"), irs=irs)
-    llama = add_rule(rules, llama_rmsnorm, RMS_NORM, "rms_norm", filter=row_param("hidden_states", "weight"), irs=irs)
+    # The plain norms run one of two kernels per call (takes_two_reads), each a private op; the public
+    # op's spec is the register-resident kernel's, which TensorRT plugins carry.
+    plain = {}
+    for name, pattern, spec, two_read in (("gemma_rms_norm", gemma_rmsnorm, GEMMA_RMS_NORM, GEMMA_RMS_NORM_TWO_READ),
+                                          ("rms_norm", llama_rmsnorm, RMS_NORM, RMS_NORM_TWO_READ)):
+        rows, two = f"{NAMESPACE}::_{name}_rows", f"{NAMESPACE}::_{name}_two_read"
+        cuda_kernel_op(rows, spec, reference=pattern)
+        cuda_kernel_op(two, two_read, reference=pattern)
+        plain[name] = cuda_kernel_op(f"{NAMESPACE}::{name}", spec, reference=pattern, eager_fn=_pick_kernel(rows, two))
+    add_rule(rules, gemma_rmsnorm, plain["gemma_rms_norm"], "gemma_rms_norm", filter=row_param("x", "weight"), irs=irs)
+    llama = add_rule(rules, llama_rmsnorm, plain["rms_norm"], "rms_norm", filter=row_param("hidden_states", "weight"),
+                     irs=irs)
     # T5's form computes Llama's numbers whenever weight and input share a dtype (the op's own
     # dtype check refuses the rest), so it is another way of finding the same op.
     add_rule(rules, t5_layer_norm, llama.op, "t5_layer_norm", filter=row_param("hidden_states", "weight"), irs=irs)
