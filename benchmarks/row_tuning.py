@@ -7,9 +7,11 @@ scratch op and checked against the pattern before it is timed; registers and spi
 the driver. Shapes: one that fills the GPU, a 7B model's width and the demo model's norm (softmax:
 one that fills the GPU and the demo model's attention scores).
 
-    python benchmarks/row_tuning.py [--softmax] [--section-out FILE] [--variants A,B] [--dump-inductor DIR]
+    python benchmarks/row_tuning.py [--softmax | --two-read] [--section-out FILE] [--variants A,B]
+                                    [--dump-inductor DIR]
 
-Writes the "row_tuning" (or "softmax_tuning") section of docs/benchmarks.md (or FILE).
+Writes the "row_tuning" (or "softmax_tuning", or with --two-read "row_tuning_two_read") section of
+docs/benchmarks.md (or FILE).
 """
 
 from __future__ import annotations
@@ -67,6 +69,27 @@ SOFTMAX_VARIANTS = {
 SOFTMAX_SHAPES = [(16384, 8192), (131072, 512)]
 
 
+def _two_read(threads: int, packs: int, blocks: int, hints: bool = True) -> tuple[dict, int, int]:
+    """A variant of the two-read RMSNorm kernel (fxkern.library.rmsnorm, float32 rows of 4096+ in the
+    library): threads a block (one block a row), 16-byte packs a thread reads a step, blocks resident
+    per SM, and whether its loads carry cache eviction priorities. (macros, 0, threads a block)."""
+    return ({"FXK_TWO_READ_THREADS": threads, "FXK_TWO_READ_PACKS": packs, "FXK_TWO_READ_BLOCKS": blocks,
+             "FXK_EVICT_HINTS": int(hints)}, 0, threads)
+
+
+# `--two-read`: the register-resident kernel against the two-read kernel, in every dtype; the library's
+# choice first. Also measured (2026-11-23, H200): one kernel taking 4 packs for rows of 8192+ and 2
+# below, at 3 blocks an SM (40 registers): 4165 GB/s at 16384x8192 float32 but 3693 at 8192x4096.
+TWO_READ_VARIANTS = {
+    "two-read t512 p2 b4 (shipped for float32 rows of 4096+)": _two_read(512, 2, 4),
+    "two-read t512 p2 b4, no eviction hints": _two_read(512, 2, 4, hints=False),
+    "two-read t512 p2 b3": _two_read(512, 2, 3),
+    "two-read t512 p4 b3": _two_read(512, 4, 3),
+    "two-read t512 p1 b4": _two_read(512, 1, 4),
+    "two-read t256 p4 b6": _two_read(256, 4, 6),
+}
+
+
 def variant_op(index: int, kernel: str, variant: tuple[dict, int, int], base):
     import fxkern
 
@@ -76,6 +99,12 @@ def variant_op(index: int, kernel: str, variant: tuple[dict, int, int], base):
         return (fxkern.cdiv(inputs[0].numel(), chunk),), (threads,)
 
     prefix = "".join(f"#define {k} {v}\n" for k, v in macros.items())
+    if "FXK_TWO_READ_THREADS" in macros:  # the two-read kernel
+        from fxkern.library import rmsnorm
+
+        spec = dataclasses.replace(rmsnorm.RMS_NORM_TWO_READ, kernel_source=prefix + rmsnorm.SOURCE,
+                                   geometry=fxkern.Reduction((-1,), block_size=threads))
+        return fxkern.cuda_kernel_op(f"fxkern_tune::{kernel}_{index}", spec)
     spec = dataclasses.replace(base, kernel_source=prefix + base.kernel_source, geometry=fxkern.Custom(geometry))
     return fxkern.cuda_kernel_op(f"fxkern_tune::{kernel}_{index}", spec)
 
@@ -96,12 +125,32 @@ def registers(qualname: str) -> str:
     return "/".join(out)
 
 
+def inductor_configs(seen: set) -> list[str]:
+    """The configs inductor's autotuner chose (with registers a thread) for the Triton kernels compiled
+    since ``seen`` was last updated (for --dump-inductor)."""
+    import gc
+
+    out = []
+    for obj in gc.get_objects():
+        if type(obj).__name__ != "CachingAutotuner" or id(obj) in seen:
+            continue
+        seen.add(id(obj))
+        name = getattr(getattr(obj, "fn", None), "__name__", "?")
+        out += [f"{name}: {launcher.config} n_regs={getattr(launcher, 'n_regs', None)}"
+                for launcher in getattr(obj, "launchers", ())]
+    return out
+
+
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     parser.add_argument("--section-out", type=Path, default=None)
     parser.add_argument("--variants", default=",".join(VARIANTS))
-    parser.add_argument("--softmax", action="store_true", help="tune the softmax kernel instead (SOFTMAX_VARIANTS)")
-    parser.add_argument("--dump-inductor", type=Path, default=None, help="write inductor's generated code here")
+    which = parser.add_mutually_exclusive_group()
+    which.add_argument("--two-read", action="store_true",
+                       help="the register-resident RMSNorm against the two-read kernel (TWO_READ_VARIANTS)")
+    which.add_argument("--softmax", action="store_true", help="tune the softmax kernel instead (SOFTMAX_VARIANTS)")
+    parser.add_argument("--dump-inductor", type=Path, default=None,
+                        help="write inductor's generated code, and the configs its autotuner chose, here")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print("no GPU: nothing to tune")
@@ -111,11 +160,24 @@ def main(argv=None) -> None:
     torch.manual_seed(0)
     variants, shapes_run = VARIANTS, SHAPES
     names = args.variants.split(",")
+    if args.two_read:
+        variants = {**VARIANTS, **TWO_READ_VARIANTS}
+        names = [n for n in names if n in VARIANTS][:1] + list(TWO_READ_VARIANTS)
     # (kernel, spec, pattern, its arguments from a row x and a weight w, outputs)
     cases = [("rms_norm", rmsnorm.RMS_NORM, rmsnorm.llama_rmsnorm, lambda x, w: (x, w, 1e-6), 1),
              ("add_rms_norm", rmsnorm.ADD_RMS_NORM, rmsnorm.add_llama_rmsnorm,
               lambda x, w: (x, torch.randn_like(x), w, 1e-6), 2)]
     title, command, section = "RMSNorm tuning (`fxkern.library.rmsnorm`)", "python benchmarks/row_tuning.py", "row_tuning"
+    legend = ""
+    if args.two_read:
+        cases = cases[:1]  # the two-read kernel is the plain norm's
+        title, command, section = ("RMSNorm: the register-resident kernel against the two-read kernel",
+                                   command + " --two-read", "row_tuning_two_read")
+        legend = (" Two-read variants (the library runs the first for float32 rows of 4096 elements and more, "
+                  "the register-resident kernel otherwise): one block a row, threads a block (t), 16-byte packs a "
+                  "thread reads a step (p), blocks resident per SM (b, both dtypes); the first read of a row asks "
+                  "L1 and L2 to keep it (`ld.global.L1::evict_last.L2::cache_hint`, an evict-last policy) and the "
+                  "second to drop it, as Triton emits for inductor's `eviction_policy`, unless named.")
     if args.softmax:
         variants, shapes_run = SOFTMAX_VARIANTS, SOFTMAX_SHAPES
         names = [n for n in names if n in variants] or list(variants)
@@ -129,7 +191,8 @@ def main(argv=None) -> None:
               "autotunes its reduction configs) in the same run. Variant: threads a block (t), elements a block "
               "takes (c), 16-byte packs a thread holds (p) and blocks resident per SM (b), float32/16-bit, and "
               "elements a thread holds on the scalar path (rows that are not whole packs: 4 unless named); "
-              "registers a thread float32/bfloat16, with the driver's local-memory (spill) bytes."), ""]
+              "registers a thread float32/bfloat16, with the driver's local-memory (spill) bytes.") + legend, ""]
+    seen: set = set()  # inductor's kernels already dumped
     for kernel, base, pattern, arguments, n_out in cases:
         shapes = [(r, d, dt) for r, d in shapes_run for dt in DTYPES]
         inputs = {}
@@ -147,7 +210,9 @@ def main(argv=None) -> None:
             _, code = run_and_get_code(compiled, *a)
             if args.dump_inductor:
                 args.dump_inductor.mkdir(parents=True, exist_ok=True)
-                (args.dump_inductor / f"{kernel}_{key[0]}x{key[1]}_{str(key[2])[6:]}.py").write_text("\n".join(code))
+                stem = args.dump_inductor / f"{kernel}_{key[0]}x{key[1]}_{str(key[2])[6:]}"
+                stem.with_suffix(".py").write_text("\n".join(code))
+                stem.with_suffix(".config").write_text("\n".join(inductor_configs(seen)) + "\n")
             row.append(nbytes[key] / common.cuda_time_ms(lambda a=a: compiled(*a)) / 1e6)
         lines.append("| inductor | " + " | ".join(f"{v:.0f}" for v in row) + " | |")
         print(lines[-1], flush=True)
