@@ -70,8 +70,8 @@ SOFTMAX_SHAPES = [(16384, 8192), (131072, 512)]
 
 
 def _two_read(threads: int, packs: int, blocks: int, hints: bool = True) -> tuple[dict, int, int]:
-    """A variant of the two-read RMSNorm kernel (fxkern.library.rmsnorm, float32 rows of 4096+ in the
-    library): threads a block (one block a row), 16-byte packs a thread reads a step, blocks resident
+    """A variant of the two-read RMSNorm kernel (fxkern.library.rmsnorm: float32 rows of 4096+ and 16-bit
+    rows of 8192+ in the library): threads a block (one block a row), 16-byte packs a thread reads a step, blocks resident
     per SM, and whether its loads carry cache eviction priorities. (macros, 0, threads a block)."""
     return ({"FXK_TWO_READ_THREADS": threads, "FXK_TWO_READ_PACKS": packs, "FXK_TWO_READ_BLOCKS": blocks,
              "FXK_EVICT_HINTS": int(hints)}, 0, threads)
@@ -86,7 +86,7 @@ TWO_READ_VARIANTS = {
     "two-read t512 p2 b3": _two_read(512, 2, 3),
     "two-read t512 p4 b3": _two_read(512, 4, 3),
     "two-read t512 p1 b4": _two_read(512, 1, 4),
-    "two-read t256 p4 b6": _two_read(256, 4, 6),
+    "two-read t256 p4 b6 (shipped for 16-bit rows of 8192+)": _two_read(256, 4, 6),
 }
 
 
@@ -102,7 +102,8 @@ def variant_op(index: int, kernel: str, variant: tuple[dict, int, int], base):
     if "FXK_TWO_READ_THREADS" in macros:  # the two-read kernel
         from fxkern.library import rmsnorm
 
-        spec = dataclasses.replace(rmsnorm.RMS_NORM_TWO_READ, kernel_source=prefix + rmsnorm.SOURCE,
+        spec = dataclasses.replace(rmsnorm.RMS_NORM, kernel_name="rms_norm_two_read",
+                                   kernel_source=prefix + rmsnorm.SOURCE,
                                    geometry=fxkern.Reduction((-1,), block_size=threads))
         return fxkern.cuda_kernel_op(f"fxkern_tune::{kernel}_{index}", spec)
     spec = dataclasses.replace(base, kernel_source=prefix + base.kernel_source, geometry=fxkern.Custom(geometry))
@@ -173,8 +174,8 @@ def main(argv=None) -> None:
         cases = cases[:1]  # the two-read kernel is the plain norm's
         title, command, section = ("RMSNorm: the register-resident kernel against the two-read kernel",
                                    command + " --two-read", "row_tuning_two_read")
-        legend = (" Two-read variants (the library runs the first for float32 rows of 4096 elements and more, "
-                  "the register-resident kernel otherwise): one block a row, threads a block (t), 16-byte packs a "
+        legend = (" Two-read variants (the library runs the one named so for float32 rows of 4096 elements and "
+                  "more and for 16-bit rows of 8192 and more, the register-resident kernel otherwise): one block a row, threads a block (t), 16-byte packs a "
                   "thread reads a step (p), blocks resident per SM (b, both dtypes); the first read of a row asks "
                   "L1 and L2 to keep it (`ld.global.L1::evict_last.L2::cache_hint`, an evict-last policy) and the "
                   "second to drop it, as Triton emits for inductor's `eviction_policy`, unless named.")

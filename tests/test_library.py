@@ -176,19 +176,24 @@ def test_add_rmsnorm_op_returns_norm_then_sum_and_checks_the_residual():
         lib.op("add_rms_norm")(x, torch.randn(5, 1, 64), w, 1e-6)
 
 
-def test_long_float32_rows_take_the_two_read_kernel():
-    take = lib.rmsnorm.takes_two_reads
+def test_long_rows_take_the_two_read_kernel():
+    tuning = lib.rmsnorm.two_read_tuning
+    f32, half = lib.rmsnorm.TWO_READ[4], lib.rmsnorm.TWO_READ[2]
     x, w = torch.randn(3, 4096), torch.randn(4096)
-    assert take(x, w) and take(torch.randn(2, 5, 8192), torch.randn(8192)) and take(x, w.view(1, 4096))
-    assert not take(torch.randn(3, 4092), torch.randn(4092))  # shorter rows: the register-resident kernel
-    assert not take(torch.randn(3, 4098), torch.randn(4098))  # not whole 16-byte packs
-    assert not take(x.bfloat16(), w.bfloat16())  # 16-bit rows: the register-resident kernel
-    assert not take(x, w.half())  # mixed dtypes: the register-resident op refuses them
-    assert not take(x, torch.randn(3, 4096))  # a weight that is not one row
-    assert not take(torch.randn(8192, 3).t(), torch.randn(8192))  # strided
+    assert tuning(x, w) is f32 and tuning(torch.randn(2, 5, 8192), torch.randn(8192)) is f32
+    assert tuning(x, w.view(1, 4096)) is f32  # a (1, D) weight is one row too
+    for dtype in (torch.bfloat16, torch.float16):  # 16-bit rows from 8192 elements
+        assert tuning(torch.randn(3, 8192, dtype=dtype), torch.randn(8192, dtype=dtype)) is half
+        assert tuning(x.to(dtype), w.to(dtype)) is None
+    assert tuning(torch.randn(3, 4092), torch.randn(4092)) is None  # shorter rows: the register-resident kernel
+    assert tuning(torch.randn(3, 4098), torch.randn(4098)) is None  # not whole 16-byte packs
+    assert tuning(x, w.half()) is None  # mixed dtypes: the register-resident op refuses them
+    assert tuning(x.double(), w.double()) is None
+    assert tuning(x, torch.randn(3, 4096)) is None  # a weight that is not one row
+    assert tuning(torch.randn(4096, 3).t(), w) is None  # strided
     shifted = torch.randn(3 * 4096 + 1)[1:].view(3, 4096)  # 4 bytes past a 16-byte boundary
-    assert shifted.data_ptr() % 16 and not take(shifted, w)
-    assert not take(torch.tensor(1.0), torch.randn(1))
+    assert shifted.data_ptr() % 16 and tuning(shifted, w) is None
+    assert tuning(torch.tensor(1.0), torch.randn(1)) is None
 
 
 def test_rmsnorm_near_misses_are_left_alone():

@@ -151,14 +151,15 @@ def kernels_run(fn) -> list[str]:
 
 
 @pytest.mark.parametrize("name", ["rms_norm", "gemma_rms_norm", "torch_rms_norm"])
-def test_rmsnorm_runs_the_two_read_kernel_on_long_float32_rows(name):
+def test_rmsnorm_runs_the_two_read_kernel_on_long_rows(name):
     pattern, make = CASES[name]
     torch.manual_seed(2)
     kernel = "gemma_rms_norm" if name.startswith("gemma") else "rms_norm"
     for rows, d, dtype, two_read in ((64, 8192, torch.float32, True), (64, 2048, torch.float32, False),
-                                     (64, 8192, torch.bfloat16, False)):
+                                     (64, 8192, torch.bfloat16, True), (64, 4096, torch.bfloat16, False),
+                                     (64, 8192, torch.float16, True)):
         args = make(rows, d, dtype)
-        assert rmsnorm.takes_two_reads(args[0], args[1]) == two_read
+        assert (rmsnorm.two_read_tuning(args[0], args[1]) is not None) == two_read
         names = kernels_run(lambda: lib.op(name)(*args))
         assert [n for n in names if kernel in n] and all(("two_read" in n) == two_read for n in names), names
         check(name, pattern, args, dtype)
@@ -166,11 +167,11 @@ def test_rmsnorm_runs_the_two_read_kernel_on_long_float32_rows(name):
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).removeprefix("torch."))
 def test_two_read_kernel_alone_is_right_for_calls_the_op_never_sends_it(dtype):
-    # The private ops are callable like any op: short and odd rows, 16-bit types and shifted pointers
-    # take its scalar path, and a call with more blocks than rows or fewer must still be right.
+    # The private ops are callable like any op, and each tuning is right in every dtype: short and odd
+    # rows and shifted pointers take the kernel's scalar path.
     torch.manual_seed(3)
-    for name, pattern in (("_rms_norm_two_read", rmsnorm.llama_rmsnorm),
-                          ("_gemma_rms_norm_two_read", rmsnorm.gemma_rmsnorm)):
+    forms = (("rms_norm", rmsnorm.llama_rmsnorm), ("gemma_rms_norm", rmsnorm.gemma_rmsnorm))
+    for name, pattern in [(f"_{kernel}_two_read_{bits}bit", p) for kernel, p in forms for bits in (16, 32)]:
         op = getattr(torch.ops.fxkern_lib, name)
         for rows, d in ((5, 1), (5, 100), (3, 4097), (4, 8192), (2, 20011)):
             x, w = rand(rows, d, dtype=dtype), rand(d, dtype=dtype)

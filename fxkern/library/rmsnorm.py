@@ -24,11 +24,11 @@ threads that hold it share it (sub-warp and warp shuffles, one shared-memory ste
 Longer rows are read twice (the second read mostly from L2). The block size, packs and blocks
 resident per SM were chosen by ``benchmarks/row_tuning.py`` (results in docs/benchmarks.md).
 
-The plain norms on float32 rows of 4096+ elements run a second kernel instead (``takes_two_reads``):
-one 512-thread block a row reading it twice, with cache eviction hints, which holds twice the
-threads an SM and was measured faster there (``row_tuning.py --two-read``). TensorRT plugins carry
-the register-resident kernel, the public op's spec. None of these rules runs inside inductor
-(see ``register``).
+The plain norms on float32 rows of 4096+ elements and 16-bit rows of 8192+ run a second kernel
+instead (``two_read_tuning``): one block a row, reading it twice, with cache eviction hints; it
+holds more threads an SM and was measured faster there (``row_tuning.py --two-read``). TensorRT
+plugins carry the register-resident kernel, the public op's spec. None of these rules runs inside
+inductor (see ``register``).
 """
 
 from __future__ import annotations
@@ -58,16 +58,33 @@ from fxkern.spec import (
 
 FLOAT32_EPS = torch.finfo(torch.float32).eps  # F.rms_norm's eps=None, for every input dtype
 
-# The two-read kernel's tuning (overridable macros, as row_tuning's): threads a block, 16-byte packs a
-# thread reads a step, blocks resident per SM, and the loads' cache eviction priorities (on or off).
-TWO_READ_THREADS = 512
-TWO_READ_TUNING = "".join(f"#ifndef {k}\n#define {k} {v}\n#endif\n" for k, v in (
-    ("FXK_TWO_READ_THREADS", TWO_READ_THREADS), ("FXK_TWO_READ_PACKS", 2), ("FXK_TWO_READ_BLOCKS", 4),
-    ("FXK_EVICT_HINTS", 1)))
-# The rows it takes: float32 of at least this many elements (benchmarks/row_tuning.py --two-read).
-TWO_READ_MIN_ROW = 4096
+@dataclasses.dataclass(frozen=True)
+class TwoRead:
+    """A tuning of the two-read kernel: threads a block (one block a row), 16-byte packs a thread reads
+    a step, blocks resident per SM, and the shortest row it takes (benchmarks/row_tuning.py
+    --two-read measured each against the register-resident kernel)."""
 
-SOURCE = COMMON + row_tuning(blocks_f32=4, blocks_half=6, packs_f32=8, packs_half=4) + TWO_READ_TUNING + r"""
+    threads: int
+    packs: int
+    blocks: int
+    min_row: int
+
+    def macros(self, define: str = "#define {k} {v}\n") -> str:
+        return "".join(define.format(k=k, v=v) for k, v in (
+            ("FXK_TWO_READ_THREADS", self.threads), ("FXK_TWO_READ_PACKS", self.packs),
+            ("FXK_TWO_READ_BLOCKS", self.blocks)))
+
+
+# By element size: float32 rows of 4096+ and 16-bit rows of 8192+ (16 KB and more) were faster read
+# twice; shorter rows keep the register-resident kernel.
+TWO_READ = {4: TwoRead(threads=512, packs=2, blocks=4, min_row=4096),
+            2: TwoRead(threads=256, packs=4, blocks=6, min_row=8192)}
+# Defaults for the source alone (a spec prefixes its own tuning), and the loads' cache eviction
+# priorities, on unless a variant turns them off.
+TWO_READ_DEFAULTS = TWO_READ[4].macros("#ifndef {k}\n#define {k} {v}\n#endif\n") + (
+    "#ifndef FXK_EVICT_HINTS\n#define FXK_EVICT_HINTS 1\n#endif\n")
+
+SOURCE = COMMON + row_tuning(blocks_f32=4, blocks_half=6, packs_f32=8, packs_half=4) + TWO_READ_DEFAULTS + r"""
 namespace fxk {
 
 enum { RMS_LLAMA = 0, RMS_GEMMA = 1 };
@@ -220,12 +237,12 @@ __device__ __forceinline__ void rmsnorm(const T* x, const T* res, int nr, const 
         rmsnorm_rows<T, MODE, ADD, 1, FXK_ROW_SCALARS>(x, res, (unsigned)nr, w, eps, D, rows, nw, h, y, red);
 }
 
-// ---- two reads: long float32 rows (the op picks this kernel per call, see takes_two_reads) -------------
+// ---- two reads: long rows (the op picks this kernel per call, see two_read_tuning) ---------------------
 // One block a row, FXK_TWO_READ_THREADS threads, each reading a few packs a step: a first pass sums the
 // squares, a second reads the row again (from L1/L2) to write the output. Nothing of the row is held
-// across the reduction, so a thread needs few registers (32) and an SM holds 2048 threads, where the
-// register-resident kernel holds 1024 in float32: the shape of inductor's kernel, measured faster for
-// float32 rows of 4096+ elements (benchmarks/row_tuning.py --two-read).
+// across the reduction, so a thread needs few registers and an SM holds more threads (float32: 2048,
+// where the register-resident kernel holds 1024): the shape of inductor's kernel, measured faster for
+// float32 rows of 4096+ elements and 16-bit rows of 8192+ (benchmarks/row_tuning.py --two-read).
 
 // A 16-byte load of data the kernel never writes, with cache eviction priorities: KEEP asks L1 and L2
 // to keep the line (the first read of a row, the weight), else to drop it first (the second read).
@@ -410,34 +427,37 @@ def _add_spec(kernel: str, *scalars: ScalarInput) -> KernelSpec:
 RMS_NORM = _spec("rms_norm", "hidden_states")
 
 
-def _two_read_spec(kernel: str, x: str) -> KernelSpec:
-    """The two-read kernel for the same call as ``_spec``'s: one block a row (a Reduction's grid). It is
-    right in every dtype; the public op sends it float32 calls only (``takes_two_reads``)."""
-    return dataclasses.replace(_spec(kernel, x), geometry=Reduction((-1,), block_size=TWO_READ_THREADS))
+def _two_read_spec(kernel: str, x: str, tuning: TwoRead) -> KernelSpec:
+    """The two-read kernel, tuned, for the same call as ``_spec``'s: one block a row (a Reduction's
+    grid). It is right in every dtype; the public op sends it the calls of its element size only."""
+    return dataclasses.replace(_spec(kernel, x), kernel_source=tuning.macros() + SOURCE,
+                               geometry=Reduction((-1,), block_size=tuning.threads))
 
 
-RMS_NORM_TWO_READ = _two_read_spec("rms_norm_two_read", "hidden_states")
-GEMMA_RMS_NORM_TWO_READ = _two_read_spec("gemma_rms_norm_two_read", "x")
-
-
-def takes_two_reads(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    """Whether a call runs the two-read kernel rather than the register-resident one: float32 rows of
-    at least TWO_READ_MIN_ROW elements in whole 16-byte packs, a contiguous (D,) weight, both
-    16-byte aligned. There it was measured faster (in step with inductor at 16384x8192, ahead at
-    8192x4096); the register-resident kernel is faster for shorter rows and 16-bit types."""
+def two_read_tuning(x: torch.Tensor, weight: torch.Tensor) -> TwoRead | None:
+    """The two-read kernel's tuning a call runs, or None for the register-resident kernel: rows at
+    least its ``min_row`` long in whole 16-byte packs, one dtype for both, a contiguous (D,) weight,
+    both 16-byte aligned. There the two-read kernel was measured faster (in step with inductor at
+    16384x8192, ahead of it at 8192x4096 in float32); shorter rows are faster held in registers."""
+    tuning = TWO_READ.get(x.element_size()) if x.dtype.is_floating_point else None
     d = x.shape[-1] if x.dim() else 0
-    return (x.dtype == torch.float32 and weight.dtype == torch.float32 and d >= TWO_READ_MIN_ROW and d % 4 == 0
-            and weight.numel() == d and x.is_contiguous() and weight.is_contiguous()
-            and x.data_ptr() % 16 == 0 and weight.data_ptr() % 16 == 0)
+    if (tuning is None or d < tuning.min_row or d % (16 // x.element_size()) or weight.dtype != x.dtype
+            or weight.numel() != d or not x.is_contiguous() or not weight.is_contiguous()
+            or x.data_ptr() % 16 or weight.data_ptr() % 16):
+        return None
+    return tuning
 
 
-def _pick_kernel(rows: str, two_read: str):
-    """An op's CUDA implementation that runs ``two_read``'s kernel where ``takes_two_reads``, else
-    ``rows``'s (both ops private to the library, launched directly, not through the dispatcher)."""
-    rows_impl, two_read_impl = kernel_op(rows).cuda_impl, kernel_op(two_read).cuda_impl
+def _pick_kernel(rows: str, two_read: dict[int, str]):
+    """An op's CUDA implementation that runs the two-read kernel tuned for the call's element size
+    where ``two_read_tuning`` says so, else ``rows``'s register-resident one (all ops private to the
+    library, launched directly, not through the dispatcher)."""
+    rows_impl = kernel_op(rows).cuda_impl
+    two_read_impls = {size: kernel_op(name).cuda_impl for size, name in two_read.items()}
 
     def on_cuda(x, weight, eps):
-        return (two_read_impl if takes_two_reads(x, weight) else rows_impl)(x, weight, eps)
+        tuning = two_read_tuning(x, weight)
+        return (rows_impl if tuning is None else two_read_impls[x.element_size()])(x, weight, eps)
 
     return on_cuda
 
@@ -585,15 +605,19 @@ def register(rules) -> None:
                    filter=row_param("x", "weight", same_shape="residual"), irs=irs)
     add_rule(rules, add_t5_layer_norm, add.op, "add_t5_layer_norm", filter=row_param("x", "weight", same_shape="residual"),
              irs=irs)
-    # The plain norms run one of two kernels per call (takes_two_reads), each a private op; the public
+    # The plain norms run one of their kernels per call (two_read_tuning), each a private op; the public
     # op's spec is the register-resident kernel's, which TensorRT plugins carry.
     plain = {}
-    for name, pattern, spec, two_read in (("gemma_rms_norm", gemma_rmsnorm, GEMMA_RMS_NORM, GEMMA_RMS_NORM_TWO_READ),
-                                          ("rms_norm", llama_rmsnorm, RMS_NORM, RMS_NORM_TWO_READ)):
-        rows, two = f"{NAMESPACE}::_{name}_rows", f"{NAMESPACE}::_{name}_two_read"
+    for name, x, pattern, spec in (("gemma_rms_norm", "x", gemma_rmsnorm, GEMMA_RMS_NORM),
+                                   ("rms_norm", "hidden_states", llama_rmsnorm, RMS_NORM)):
+        rows = f"{NAMESPACE}::_{name}_rows"
         cuda_kernel_op(rows, spec, reference=pattern)
-        cuda_kernel_op(two, two_read, reference=pattern)
-        plain[name] = cuda_kernel_op(f"{NAMESPACE}::{name}", spec, reference=pattern, eager_fn=_pick_kernel(rows, two))
+        two_read = {}
+        for size, tuning in TWO_READ.items():
+            two_read[size] = f"{NAMESPACE}::_{name}_two_read_{8 * size}bit"
+            cuda_kernel_op(two_read[size], _two_read_spec(f"{name}_two_read", x, tuning), reference=pattern)
+        plain[name] = cuda_kernel_op(f"{NAMESPACE}::{name}", spec, reference=pattern,
+                                     eager_fn=_pick_kernel(rows, two_read))
     add_rule(rules, gemma_rmsnorm, plain["gemma_rms_norm"], "gemma_rms_norm", filter=row_param("x", "weight"), irs=irs)
     llama = add_rule(rules, llama_rmsnorm, plain["rms_norm"], "rms_norm", filter=row_param("hidden_states", "weight"),
                      irs=irs)
