@@ -161,9 +161,10 @@ def main(argv=None) -> None:
     torch.manual_seed(0)
     variants, shapes_run = VARIANTS, SHAPES
     names = args.variants.split(",")
-    if args.two_read:
+    if args.two_read:  # the register-resident kernel's first variant named, then the two-read ones named
         variants = {**VARIANTS, **TWO_READ_VARIANTS}
-        names = [n for n in names if n in VARIANTS][:1] + list(TWO_READ_VARIANTS)
+        names = ([n for n in names if n in VARIANTS][:1]
+                 + ([n for n in names if n in TWO_READ_VARIANTS] or list(TWO_READ_VARIANTS)))
     # (kernel, spec, pattern, its arguments from a row x and a weight w, outputs)
     cases = [("rms_norm", rmsnorm.RMS_NORM, rmsnorm.llama_rmsnorm, lambda x, w: (x, w, 1e-6), 1),
              ("add_rms_norm", rmsnorm.ADD_RMS_NORM, rmsnorm.add_llama_rmsnorm,

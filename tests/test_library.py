@@ -190,9 +190,10 @@ def test_long_rows_take_the_two_read_kernel():
     assert tuning(x, w.half()) is None  # mixed dtypes: the register-resident op refuses them
     assert tuning(x.double(), w.double()) is None
     assert tuning(x, torch.randn(3, 4096)) is None  # a weight that is not one row
-    assert tuning(torch.randn(4096, 3).t(), w) is None  # strided
     shifted = torch.randn(3 * 4096 + 1)[1:].view(3, 4096)  # 4 bytes past a 16-byte boundary
-    assert shifted.data_ptr() % 16 and tuning(shifted, w) is None
+    assert shifted.data_ptr() % 16 and tuning(shifted, w) is None and tuning(x, torch.randn(4097)[1:]) is None
+    strided = torch.randn(3 * 4096 + 1)[1:].view(4096, 3).t()  # copied to a fresh buffer before launch
+    assert strided.data_ptr() % 16 and tuning(strided, w) is f32
     assert tuning(torch.tensor(1.0), torch.randn(1)) is None
 
 

@@ -12,6 +12,8 @@ result is compared, elementwise (``torch.testing.assert_close``), with
 * for float32, a float64 run of the pattern: relative norm error under 1e-5.
 """
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -25,7 +27,8 @@ DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 TOL = {torch.float32: (1e-5, 1e-5), torch.float16: (2e-3, 2e-3), torch.bfloat16: (1.6e-2, 1e-2)}
 EAGER_TOL = {torch.float32: (1e-5, 1e-5), torch.float16: (1e-2, 5e-3), torch.bfloat16: (5e-2, 3e-2)}
 # Row lengths: 1 and 7 (no 16-byte access fits), a warp's worth, not a multiple of the vector
-# width, the register path's limits, and rows long enough for the two-read path.
+# width, the register-resident kernel's limits, and rows long enough for its long-row branch (read
+# twice) and for the plain norms' two-read kernel.
 ROW_LENGTHS = (1, 7, 32, 100, 1023, 1024, 4097, 8192, 8200, 20011, 32768)
 ROWS = 5
 
@@ -107,9 +110,10 @@ def outputs(value):
     return value if isinstance(value, tuple) else (value,)
 
 
-def check(name, pattern, args, dtype):
-    """Each of the op's outputs against the pattern's (see the module docstring for tolerances)."""
-    op = lib.op(name)
+def check(name, pattern, args, dtype, op=None):
+    """Each of the op's outputs (the library op ``name``, or ``op``) against the pattern's (see the
+    module docstring for tolerances)."""
+    op = op or lib.op(name)
     poison()
     gots = outputs(op(*args))
     wants = outputs(pattern(*args))
@@ -165,21 +169,49 @@ def test_rmsnorm_runs_the_two_read_kernel_on_long_rows(name):
         check(name, pattern, args, dtype)
 
 
+PLAIN_NORMS = (("rms_norm", rmsnorm.llama_rmsnorm), ("gemma_rms_norm", rmsnorm.gemma_rmsnorm))
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).removeprefix("torch."))
+def test_register_resident_kernel_on_every_row_length(dtype):
+    # The plain norms send long rows to the two-read kernel; their register-resident kernel (what
+    # TensorRT plugins carry) must still be right on all of them, its long-row branch included.
+    torch.manual_seed(4)
+    for name, pattern in PLAIN_NORMS:
+        op = getattr(torch.ops.fxkern_lib, f"_{name}_rows")
+        for d in ROW_LENGTHS:
+            check(f"_{name}_rows", pattern, row_case()(ROWS, d, dtype), dtype, op=op)
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).removeprefix("torch."))
 def test_two_read_kernel_alone_is_right_for_calls_the_op_never_sends_it(dtype):
     # The private ops are callable like any op, and each tuning is right in every dtype: short and odd
-    # rows and shifted pointers take the kernel's scalar path.
+    # rows, shifted pointers and a weight that is not one row take the kernel's scalar path.
     torch.manual_seed(3)
-    forms = (("rms_norm", rmsnorm.llama_rmsnorm), ("gemma_rms_norm", rmsnorm.gemma_rmsnorm))
-    for name, pattern in [(f"_{kernel}_two_read_{bits}bit", p) for kernel, p in forms for bits in (16, 32)]:
-        op = getattr(torch.ops.fxkern_lib, name)
-        for rows, d in ((5, 1), (5, 100), (3, 4097), (4, 8192), (2, 20011)):
-            x, w = rand(rows, d, dtype=dtype), rand(d, dtype=dtype)
-            shifted = torch.cat([x.new_zeros(1), x.flatten()])[1:].view(x.shape)
-            for xs in (x, shifted):
-                rtol, atol = TOL[dtype]
-                torch.testing.assert_close(op(xs, w, 1e-6), pattern(*upcast((xs, w, 1e-6), torch.float32)).to(dtype),
-                                           rtol=rtol, atol=atol, msg=lambda m: f"{name} {dtype} {rows}x{d}: {m}")
+    for kernel, pattern in PLAIN_NORMS:
+        for bits in (16, 32):
+            name = f"_{kernel}_two_read_{bits}bit"
+            op = getattr(torch.ops.fxkern_lib, name)
+            for rows, d in ((5, 1), (5, 100), (3, 4097), (4, 8192), (2, 20011)):
+                x, w = rand(rows, d, dtype=dtype), rand(d, dtype=dtype)
+                shifted = torch.cat([x.new_zeros(1), x.flatten()])[1:].view(x.shape)
+                for args in ((x, w, 1e-6), (shifted, w, 1e-6), (x, rand(rows, d, dtype=dtype), 1e-6)):
+                    check(name, pattern, args, dtype, op=op)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).removeprefix("torch."))
+def test_two_read_blocks_striding_over_rows(dtype):
+    # The library launches one block a row; the kernel also takes any grid, each block striding over
+    # rows and alternating its two reduction slots: 1, 3 and 7 blocks over 10 rows.
+    torch.manual_seed(5)
+    tuning = rmsnorm.TWO_READ[torch.empty((), dtype=dtype).element_size()]
+    for blocks in (1, 3, 7):
+        spec = dataclasses.replace(
+            rmsnorm.RMS_NORM, kernel_name="rms_norm_two_read", kernel_source=tuning.macros() + rmsnorm.SOURCE,
+            geometry=fxkern.Custom(lambda inputs, outputs, b=blocks: ((b,), (tuning.threads,))))
+        op = fxkern.cuda_kernel_op(f"fxkern_test::two_read_{str(dtype)[6:]}_{blocks}_blocks", spec)
+        for d in (8192, 100):  # the vector path and the scalar path
+            check(f"two-read kernel, {blocks} blocks", rmsnorm.llama_rmsnorm, row_case()(10, d, dtype), dtype, op=op)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).removeprefix("torch."))

@@ -89,7 +89,7 @@ def test_replay_example(example_ops, case, dtype):
 def spec_launch(entry):
     """fxkern's eager launch of the op's own spec, the kernel the plugin carries: the op itself, unless
     its eager_fn may pick another kernel for some calls (the library's plain RMSNorms take a two-read
-    kernel for long float32 rows)."""
+    kernel for long rows, rmsnorm.two_read_tuning)."""
     if entry.eager_fn is None:
         return entry.op
     return fxkern.cuda_kernel_op("fxkern_replay::" + entry.qualname.replace("::", "__"), entry.spec,

@@ -25,8 +25,9 @@ Longer rows are read twice (the second read mostly from L2). The block size, pac
 resident per SM were chosen by ``benchmarks/row_tuning.py`` (results in docs/benchmarks.md).
 
 The plain norms on float32 rows of 4096+ elements and 16-bit rows of 8192+ run a second kernel
-instead (``two_read_tuning``): one block a row, reading it twice, with cache eviction hints; it
-holds more threads an SM and was measured faster there (``row_tuning.py --two-read``). TensorRT
+instead (``two_read_tuning``): one block a row, reading it twice, with cache eviction hints, holding
+nothing of the row through the reduction (in float32, twice the threads an SM); it was measured
+faster there (``row_tuning.py --two-read``). TensorRT
 plugins carry the register-resident kernel, the public op's spec. None of these rules runs inside
 inductor (see ``register``).
 """
@@ -240,9 +241,11 @@ __device__ __forceinline__ void rmsnorm(const T* x, const T* res, int nr, const 
 // ---- two reads: long rows (the op picks this kernel per call, see two_read_tuning) ---------------------
 // One block a row, FXK_TWO_READ_THREADS threads, each reading a few packs a step: a first pass sums the
 // squares, a second reads the row again (from L1/L2) to write the output. Nothing of the row is held
-// across the reduction, so a thread needs few registers and an SM holds more threads (float32: 2048,
-// where the register-resident kernel holds 1024): the shape of inductor's kernel, measured faster for
-// float32 rows of 4096+ elements and 16-bit rows of 8192+ (benchmarks/row_tuning.py --two-read).
+// across the reduction, so a thread needs few registers: in float32 an SM holds 2048 threads where the
+// register-resident kernel holds 1024; in 16-bit both hold 1536, and what differs is the second read
+// from L1/L2 (with eviction hints) in place of the row kept in registers through the reduction. The
+// shape of inductor's kernel, measured faster for float32 rows of 4096+ elements and 16-bit rows of
+// 8192+ (benchmarks/row_tuning.py --two-read).
 
 // A 16-byte load of data the kernel never writes, with cache eviction priorities: KEEP asks L1 and L2
 // to keep the line (the first read of a row, the weight), else to drop it first (the second read).
@@ -284,7 +287,8 @@ template <typename T, int MODE, int V, int U>
 __device__ __forceinline__ void rmsnorm_two_read_rows(const T* __restrict__ x, const T* __restrict__ w, float eps,
                                                       int D, unsigned rows, int nw, T* __restrict__ y,
                                                       float (*red)[FXK_TWO_READ_THREADS / 32]) {
-    constexpr int STEP = FXK_TWO_READ_THREADS * V;
+    constexpr unsigned STEP = FXK_TWO_READ_THREADS * V;
+    const unsigned len = (unsigned)D;  // unsigned columns: col + STEP * U cannot wrap below 2^32
     const unsigned long long keep = l2_policy<true>(), drop = l2_policy<false>();
     const float inv_d = __frcp_rn((float)D);
 #pragma unroll 1
@@ -293,14 +297,14 @@ __device__ __forceinline__ void rmsnorm_two_read_rows(const T* __restrict__ x, c
         const T* xr = x + off;
         float ss = 0.0f;
 #pragma unroll 1
-        for (int col = threadIdx.x * V; col < D; col += STEP * U) {
+        for (unsigned col = threadIdx.x * V; col < len; col += STEP * U) {
             Pack<T, V> c[U];
 #pragma unroll
             for (int u = 0; u < U; ++u)
-                if (col + u * STEP < D) c[u] = load_evict<T, V, true>(xr + col + u * STEP, keep);
+                if (col + u * STEP < len) c[u] = load_evict<T, V, true>(xr + col + u * STEP, keep);
 #pragma unroll
             for (int u = 0; u < U; ++u)
-                if (col + u * STEP < D) ss = sum_squares(c[u], ss);
+                if (col + u * STEP < len) ss = sum_squares(c[u], ss);
         }
         ss = warp_sum(ss);
         if ((threadIdx.x & 31) == 0) red[p & 1][threadIdx.x >> 5] = ss;
@@ -311,11 +315,11 @@ __device__ __forceinline__ void rmsnorm_two_read_rows(const T* __restrict__ x, c
         const float r = rsqrtf(total * inv_d + eps);
         T* yr = y + off;
 #pragma unroll 1
-        for (int col = threadIdx.x * V; col < D; col += STEP * U) {
+        for (unsigned col = threadIdx.x * V; col < len; col += STEP * U) {
 #pragma unroll
             for (int u = 0; u < U; ++u) {
-                const int at = col + u * STEP;
-                if (at < D) {
+                const unsigned at = col + u * STEP;
+                if (at < len) {
                     const Pack<T, V> wp = V > 1 ? load_evict<T, V, true>(w + at, keep)
                                                 : load_operand<T, V>(w, nw == D, at, off + at, nw);
                     store<T, V>(yr + at, rms_pack<T, MODE, V>(load_evict<T, V, false>(xr + at, drop), wp, r));
@@ -436,16 +440,20 @@ def _two_read_spec(kernel: str, x: str, tuning: TwoRead) -> KernelSpec:
 
 def two_read_tuning(x: torch.Tensor, weight: torch.Tensor) -> TwoRead | None:
     """The two-read kernel's tuning a call runs, or None for the register-resident kernel: rows at
-    least its ``min_row`` long in whole 16-byte packs, one dtype for both, a contiguous (D,) weight,
-    both 16-byte aligned. There the two-read kernel was measured faster (in step with inductor at
-    16384x8192, ahead of it at 8192x4096 in float32); shorter rows are faster held in registers."""
+    least its ``min_row`` long in whole 16-byte packs, one dtype for both, a (D,) weight, both
+    16-byte aligned (a non-contiguous one is copied to a fresh, aligned buffer before launch). There
+    the two-read kernel was measured faster (in step with inductor at 16384x8192, ahead of it at
+    8192x4096 in float32); shorter rows are faster held in registers."""
     tuning = TWO_READ.get(x.element_size()) if x.dtype.is_floating_point else None
     d = x.shape[-1] if x.dim() else 0
     if (tuning is None or d < tuning.min_row or d % (16 // x.element_size()) or weight.dtype != x.dtype
-            or weight.numel() != d or not x.is_contiguous() or not weight.is_contiguous()
-            or x.data_ptr() % 16 or weight.data_ptr() % 16):
+            or weight.numel() != d or not _aligned_at_launch(x) or not _aligned_at_launch(weight)):
         return None
     return tuning
+
+
+def _aligned_at_launch(t: torch.Tensor) -> bool:
+    return not t.is_contiguous() or t.data_ptr() % 16 == 0
 
 
 def _pick_kernel(rows: str, two_read: dict[int, str]):
