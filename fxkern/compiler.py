@@ -197,8 +197,15 @@ def _nvrtc_compile(source: str, names: Sequence[str], options: List[str], arch: 
 
 
 def format_compile_error(filename: str, source: str, build_log: str) -> str:
-    """NVRTC's log, followed by each source line it complains about, with context."""
+    """NVRTC's log, followed by each source line it complains about, with context.
+
+    Line numbers count from a ``#line 1 "<filename>"`` directive where the source has one (fxkern puts
+    the fp16/bf16 headers before the user's code), so the lines shown are the ones NVRTC means.
+    """
     lines = source.splitlines()
+    marker = f'#line 1 "{filename}"'
+    if marker in lines:
+        lines = lines[lines.index(marker) + 1:]
     shown = []
     for m in re.finditer(rf"{re.escape(filename)}\((\d+)\)", build_log):
         n = int(m.group(1))

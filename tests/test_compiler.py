@@ -4,6 +4,7 @@ import multiprocessing as mp
 import os
 
 import pytest
+import torch
 
 import fxkern
 import seven_cases
@@ -101,6 +102,19 @@ def test_compile_error_shows_log_and_source_lines(fresh_cache):
     msg = str(info.value)
     assert "undefined_name" in msg and "identifier" in msg
     assert ">>    3 |   x[i] = undefined_name;" in msg
+
+
+def test_compile_error_lines_are_the_users_behind_the_half_headers(fresh_cache):
+    # A spec declaring float16/bfloat16 gets their headers put before its source: the lines shown
+    # must still be the ones NVRTC names, counted in the user's source.
+    src = ("template <typename T>\n__global__ void broken(const T* a, int n, T* c) {\n"
+           "  int i = threadIdx.x;\n  c[i] = undefined_name;\n}\n")
+    spec = KernelSpec(src, "broken", inputs=[InputDecl("a")], outputs=[OutputDecl("c", SameAs("a"))],
+                      extras=[Numel("a")], geometry=Elementwise(), dtypes=(torch.float16, torch.bfloat16))
+    with pytest.raises(CompileError) as info:
+        fxkern.cuda_kernel_op("fxkern_test::broken_behind_headers", spec)
+    msg = str(info.value)
+    assert "broken.cu(4)" in msg and ">>    4 |   c[i] = undefined_name;" in msg
 
 
 def _plan(src, name, **kw):
