@@ -31,11 +31,12 @@ SHAPES = [(16384, 8192), (8192, 4096), (4096, 2048)]
 DTYPES = [torch.float32, torch.bfloat16]
 TOL = {torch.float32: 1e-5, torch.bfloat16: 1e-2}
 
-def _variant(threads: int, chunk: int, packs: tuple[int, int], blocks: tuple[int, int],
-             scalars: int = 4) -> tuple[dict, int, int]:
+def _variant(threads: int, chunk: int | tuple[int, int], packs: tuple[int, int], blocks: tuple[int, int],
+             scalars: int = 4) -> tuple[dict, int | tuple[int, int], int]:
     """(macros, elements a block takes, threads a block): 16-byte packs a thread holds and blocks
-    resident per SM are each given as (float32, 16-bit); scalars: elements a thread holds on the
-    scalar path (rows that are not whole packs), whose registers the vector path shares."""
+    resident per SM are each given as (float32, 16-bit), and so may the elements a block takes;
+    scalars: elements a thread holds on the scalar path (rows that are not whole packs), whose
+    registers the vector path shares."""
     return ({"ROW_THREADS": threads, "FXK_ROW_PACKS_F32": packs[0], "FXK_ROW_PACKS_HALF": packs[1],
              "FXK_ROW_BLOCKS_F32": blocks[0], "FXK_ROW_BLOCKS_HALF": blocks[1], "FXK_ROW_SCALARS": scalars},
             chunk, threads)
@@ -56,17 +57,22 @@ VARIANTS = {
     "t1024 c8k p2/1 b2/2": _variant(1024, 8192, (2, 1), (2, 2)),
 }
 
-# Softmax (fxkern.library.softmax, `--softmax`): the library's choice first.
+# Softmax (fxkern.library.softmax, `--softmax`): the library's choice first. Blocks of 32 to 128 threads
+# only hold short rows (longer ones take the second read): they are for rows of 512 and 1024.
 SOFTMAX_VARIANTS = {
-    "t256 c16k p8/8 b3/4 (shipped)": _variant(256, 16384, (8, 8), (3, 4)),
-    "t256 c8k p8/8 b3/4": _variant(256, 8192, (8, 8), (3, 4)),
+    "t256 c8k/16k p8/8 b3/4 (shipped)": _variant(256, (8192, 16384), (8, 8), (3, 4)),
+    "t256 c16k p8/8 b3/4 (before)": _variant(256, 16384, (8, 8), (3, 4)),
+    "t256 c8k/16k p8/8 b4/4": _variant(256, (8192, 16384), (8, 8), (4, 4)),
+    "t256 c4k/16k p4/8 b6/4": _variant(256, (4096, 16384), (4, 8), (6, 4)),
+    "t32 c1k/2k p8/8 b32/32": _variant(32, (1024, 2048), (8, 8), (32, 32)),
+    "t64 c2k/4k p8/8 b16/16": _variant(64, (2048, 4096), (8, 8), (16, 16)),
+    "t128 c4k/8k p8/8 b8/8": _variant(128, (4096, 8192), (8, 8), (8, 8)),
     "t256 c32k p8/8 b3/4": _variant(256, 32768, (8, 8), (3, 4)),
-    "t256 c16k p8/8 b4/4": _variant(256, 16384, (8, 8), (4, 4)),
     "t256 c16k p4/4 b4/6": _variant(256, 16384, (4, 4), (4, 6)),
     "t256 c8k p4/4 b4/6": _variant(256, 8192, (4, 4), (4, 6)),
     "t512 c16k p4/4 b2/3": _variant(512, 16384, (4, 4), (2, 3)),
 }
-SOFTMAX_SHAPES = [(16384, 8192), (131072, 512)]
+SOFTMAX_SHAPES = [(16384, 8192), (131072, 512), (65536, 1024)]
 
 
 def _two_read(threads: int, packs: int, blocks: int, hints: bool = True) -> tuple[dict, int, int]:
@@ -90,24 +96,33 @@ TWO_READ_VARIANTS = {
 }
 
 
-def variant_op(index: int, kernel: str, variant: tuple[dict, int, int], base):
+def variant_op(index: int, kernel: str, variant: tuple[dict, int | tuple[int, int], int], base):
+    """The variant as a callable op: a scratch op (``fxkern_tune::<kernel>_<index>``), or two where the
+    elements a block takes differ by dtype (the float32 one suffixed ``_32bit``), picked per call."""
     import fxkern
 
     macros, chunk, threads = variant
-
-    def geometry(inputs, outputs):
-        return (fxkern.cdiv(inputs[0].numel(), chunk),), (threads,)
-
     prefix = "".join(f"#define {k} {v}\n" for k, v in macros.items())
+    name = f"fxkern_tune::{kernel}_{index}"
     if "FXK_TWO_READ_THREADS" in macros:  # the two-read kernel
         from fxkern.library import rmsnorm
 
         spec = dataclasses.replace(rmsnorm.RMS_NORM, kernel_name="rms_norm_two_read",
                                    kernel_source=prefix + rmsnorm.SOURCE,
                                    geometry=fxkern.Reduction((-1,), block_size=threads))
-        return fxkern.cuda_kernel_op(f"fxkern_tune::{kernel}_{index}", spec)
-    spec = dataclasses.replace(base, kernel_source=prefix + base.kernel_source, geometry=fxkern.Custom(geometry))
-    return fxkern.cuda_kernel_op(f"fxkern_tune::{kernel}_{index}", spec)
+        return fxkern.cuda_kernel_op(name, spec)
+
+    def op_taking(elements: int, qualname: str):
+        def geometry(inputs, outputs):
+            return (fxkern.cdiv(inputs[0].numel(), elements),), (threads,)
+
+        spec = dataclasses.replace(base, kernel_source=prefix + base.kernel_source, geometry=fxkern.Custom(geometry))
+        return fxkern.cuda_kernel_op(qualname, spec)
+
+    if isinstance(chunk, int):
+        return op_taking(chunk, name)
+    op_32bit, op_16bit = op_taking(chunk[0], name + "_32bit"), op_taking(chunk[1], name)
+    return lambda x, *rest: (op_32bit if x.element_size() == 4 else op_16bit)(x, *rest)
 
 
 def registers(qualname: str) -> str:
@@ -192,7 +207,8 @@ def main(argv=None) -> None:
               "back-to-back calls, 5 warm-ups, median of 20; inductor (`torch.compile(pattern)`, default mode, which "
               "autotunes its reduction configs) in the same run. Variant: threads a block (t), elements a block "
               "takes (c), 16-byte packs a thread holds (p) and blocks resident per SM (b), float32/16-bit, and "
-              "elements a thread holds on the scalar path (rows that are not whole packs: 4 unless named); "
+              "elements a thread holds on the scalar path (rows that are not whole packs: 4 unless named), with c "
+              "given as float32/16-bit where it differs by dtype; "
               "registers a thread float32/bfloat16, with the driver's local-memory (spill) bytes.") + legend, ""]
     seen: set = set()  # inductor's kernels already dumped
     for kernel, base, pattern, arguments, n_out in cases:

@@ -13,6 +13,7 @@ from torch import nn
 
 import fxkern
 import fxkern.library as lib
+from fxkern import symbolic
 
 transformers = pytest.importorskip("transformers", reason="transformers is not installed (pip install '.[test]')")
 from transformers.activations import GELUActivation, GELUTanh, NewGELUActivation
@@ -195,6 +196,21 @@ def test_long_rows_take_the_two_read_kernel():
     strided = torch.randn(3 * 4096 + 1)[1:].view(4096, 3).t()  # copied to a fresh buffer before launch
     assert strided.data_ptr() % 16 and tuning(strided, w) is f32
     assert tuning(torch.tensor(1.0), torch.randn(1)) is None
+
+
+def test_float32_softmax_rows_held_in_registers_take_the_finer_grid():
+    grid_for, fine, coarse = lib.softmax.grid_for, lib.softmax.ROWS_32BIT, lib.softmax.ROWS
+    assert grid_for(torch.randn(3, 512)) == fine and grid_for(torch.randn(2, 4, 8192)) == fine
+    assert grid_for(torch.randn(3, 8193)) == coarse  # longer rows: a block a row, not blocks without one
+    for dtype in (torch.bfloat16, torch.float16):  # a 16-bit block holds 16384 elements
+        assert grid_for(torch.randn(3, 512, dtype=dtype)) == coarse
+    assert grid_for(torch.tensor(1.0)) == coarse  # the op's own check refuses it
+
+    def blocks(name, shape):  # the grid each private op launches for x of this shape
+        (grid_x, *_) = [symbolic.compile_expr(g) for g in fxkern.kernel_op(name).plan.grid]
+        return grid_x(([shape], [shape]))
+
+    assert blocks(fine, (131072, 512)) == 8192 and blocks(coarse, (131072, 512)) == 4096
 
 
 def test_rmsnorm_near_misses_are_left_alone():

@@ -184,6 +184,18 @@ def test_register_resident_kernel_on_every_row_length(dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).removeprefix("torch."))
+def test_softmax_on_both_grids_for_every_row_length(dtype):
+    # The softmax op launches one of two grids per call (softmax.grid_for); each private op is right
+    # on every row length in every dtype, calls the public op never sends it included.
+    torch.manual_seed(5)
+    make = CASES["softmax"][1]
+    for name in (softmax.ROWS, softmax.ROWS_32BIT):
+        op = getattr(torch.ops.fxkern_lib, name.split("::")[1])
+        for rows, d in [(ROWS, d) for d in ROW_LENGTHS] + [(1000, 64), (4096, 512)]:
+            check(name, softmax.softmax, make(rows, d, dtype), dtype, op=op)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).removeprefix("torch."))
 def test_two_read_kernel_alone_is_right_for_calls_the_op_never_sends_it(dtype):
     # The private ops are callable like any op, and each tuning is right in every dtype: short and odd
     # rows, shifted pointers and a weight that is not one row take the kernel's scalar path.

@@ -24,14 +24,18 @@ def elementwise_geometry(inputs, outputs):
     return (cdiv(outputs[0].numel(), EW_BLOCK * ELEMS_PER_THREAD),), (EW_BLOCK,)
 
 
-def row_geometry(inputs, outputs):
-    """One 256-thread block per 16384 elements of input 0; it takes the rows that start there."""
+def row_geometry_16k(inputs, outputs):
+    """One 256-thread block per 16384 elements of input 0; it takes the rows that start there. 16384
+    is a register-full of a 16-bit softmax block (256 threads, 8 packs of 8 elements each), so a
+    block runs one pass of whole rows at the row lengths attention has."""
     return (cdiv(inputs[0].numel(), 16384),), (ROW_BLOCK,)
 
 
-def norm_geometry(inputs, outputs):
-    """One 256-thread block per 8192 elements of input 0: a row or a few at the sizes models use,
-    which measured faster for RMSNorm than 16384 (benchmarks/row_tuning.py)."""
+def row_geometry_8k(inputs, outputs):
+    """One 256-thread block per 8192 elements of input 0: a register-full of the float32 row kernels
+    (8 packs of 4 a thread) and of RMSNorm's 16-bit one (4 packs of 8). A float32 softmax block given
+    two (16384) runs two passes, so the last wave of blocks is twice as long: 0-5% slower
+    (benchmarks/row_tuning.py --softmax)."""
     return (cdiv(inputs[0].numel(), 8192),), (ROW_BLOCK,)
 
 

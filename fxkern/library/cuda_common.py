@@ -173,7 +173,7 @@ __device__ __forceinline__ int row_group(int D, int per_thread) {
 // The rows a row-kernel block owns: those starting in its slice of the tensor, the grid's blocks
 // splitting it into equal slices of whole elements (about slice / D rows; none or one when rows are
 // longer than a slice). Work is spread by elements, so blocks are balanced whatever the row length,
-// and the host picks the slice size by the grid it launches (row_geometry in Python). D * rows is
+// and the host picks the slice size by the grid it launches (row_geometry_8k/16k in Python). D * rows is
 // below 2^31 (fxkern refuses larger sizes before launch), so 32-bit arithmetic cannot wrap here:
 // 64-bit divisions are software routines, and with a row or two a block they cost more
 // instructions than the row itself.

@@ -35,8 +35,10 @@ from fxkern.library._rules import (
 from fxkern.library.cuda_common import COMMON, ELEMS_PER_THREAD
 from fxkern.spec import Custom, InputDecl, KernelSpec, Numel, OutputDecl, SameAs
 
-# Elements a thread: the kernel's tile and the launch geometry must agree.
-SOURCE = COMMON + f"#define FXK_EW_PER {ELEMS_PER_THREAD}\n" + r"""
+# Elements a thread (the kernel's tile and the launch geometry must agree), and blocks resident per
+# SM (launch bounds) per element size: float32's 6 leave erff 40 registers.
+SOURCE = COMMON + "".join(f"#ifndef {k}\n#define {k} {v}\n#endif\n" for k, v in (
+    ("FXK_EW_PER", ELEMS_PER_THREAD), ("FXK_EW_BLOCKS_F32", 6), ("FXK_EW_BLOCKS_HALF", 8))) + r"""
 namespace fxk {
 
 enum { GELU_ERF = 0, GELU_TANH = 1, GELU_NEW = 2, GELU_MEGATRON = 3 };
@@ -153,19 +155,20 @@ template <int ACT, bool FAST> struct BiasActRes {
 
 }  // namespace fxk
 
+#define FXK_EW_BOUNDS(T) __launch_bounds__(256, sizeof(T) == 4 ? FXK_EW_BLOCKS_F32 : FXK_EW_BLOCKS_HALF)
 #define FXK_GELU(NAME, ACT)                                                                              \
 template <typename T>                                                                                    \
-__global__ void __launch_bounds__(256, sizeof(T) == 4 ? 6 : 8) NAME(const T* x, int n, T* y) {                                   \
+__global__ void FXK_EW_BOUNDS(T) NAME(const T* x, int n, T* y) {                                   \
     fxk::map<T, 1>(x, x, x, (unsigned)n, 1u, 1u, y, fxk::Act<ACT, sizeof(T) == 2>());                                 \
 }
 #define FXK_BIAS_GELU(NAME, ACT)                                                                         \
 template <typename T>                                                                                    \
-__global__ void __launch_bounds__(256, sizeof(T) == 4 ? 6 : 8) NAME(const T* x, const T* bias, int n, int nb, T* y) {            \
+__global__ void FXK_EW_BOUNDS(T) NAME(const T* x, const T* bias, int n, int nb, T* y) {            \
     fxk::map<T, 2>(x, bias, bias, (unsigned)n, (unsigned)nb, 1u, y, fxk::BiasAct<ACT, sizeof(T) == 2>());             \
 }
 #define FXK_BIAS_GELU_RES(NAME, ACT)                                                                     \
 template <typename T>                                                                                    \
-__global__ void __launch_bounds__(256, sizeof(T) == 4 ? 6 : 8) NAME(const T* x, const T* bias, const T* residual,                \
+__global__ void FXK_EW_BOUNDS(T) NAME(const T* x, const T* bias, const T* residual,                \
                                             int n, int nb, int nr, T* y) {                               \
     fxk::map<T, 3>(x, bias, residual, (unsigned)n, (unsigned)nb, (unsigned)nr, y,                        \
                    fxk::BiasActRes<ACT, sizeof(T) == 2>());                                                           \

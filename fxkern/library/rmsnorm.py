@@ -41,7 +41,7 @@ import torch.nn.functional as F
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 from fxkern.errors import KernelInputError
-from fxkern.library._rules import COMPILE_FREE_IRS, DTYPES, NAMESPACE, add_rule, norm_geometry, row_param
+from fxkern.library._rules import COMPILE_FREE_IRS, DTYPES, NAMESPACE, add_rule, row_geometry_8k, row_param
 from fxkern.library.cuda_common import COMMON, row_tuning
 from fxkern.ops import cuda_kernel_op, kernel_op
 from fxkern.patterns import SENTINELS
@@ -409,7 +409,7 @@ def _spec(kernel: str, x: str) -> KernelSpec:
         inputs=[InputDecl(x), InputDecl("weight", broadcast=True), ScalarInput("eps", float)],
         outputs=[OutputDecl("y", SameAs(x))],
         extras=[DimSize(x, -1), Numel(x), Numel("weight")],
-        geometry=Custom(norm_geometry),
+        geometry=Custom(row_geometry_8k),
         dtypes=DTYPES,
     )
 
@@ -423,7 +423,7 @@ def _add_spec(kernel: str, *scalars: ScalarInput) -> KernelSpec:
                 *(scalars or (ScalarInput("eps", float),))],
         outputs=[OutputDecl("y", SameAs("x")), OutputDecl("h", SameAs("x"))],
         extras=[DimSize("x", -1), Numel("x"), Numel("residual"), Numel("weight")],
-        geometry=Custom(norm_geometry),
+        geometry=Custom(row_geometry_8k),
         dtypes=DTYPES,
     )
 
@@ -476,7 +476,7 @@ def _torch_spec(kernel: str, *scalars: ScalarInput) -> KernelSpec:
         inputs=[InputDecl("x"), InputDecl("weight", broadcast=True), *scalars],
         outputs=[OutputDecl("y", SameAs("x"))],
         extras=[DimSize("x", -1), Numel("x"), Numel("weight")],
-        geometry=Custom(norm_geometry),
+        geometry=Custom(row_geometry_8k),
         dtypes=DTYPES,
     )
 

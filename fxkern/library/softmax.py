@@ -6,18 +6,30 @@ Forms matched: ``F.softmax(x, dim=-1)``, ``x.softmax(-1)``, ``torch.softmax(x, -
 Both compute in float32 and round once, so they share one kernel; a softmax over another axis
 (``dim=0``, or a positive index of the last axis) is not matched.
 
-Kernel: the row layout of :mod:`fxkern.library.rmsnorm` (a 256-thread block per 16384 elements,
-1 to 256 threads a row, the row in registers); one reduction of (max, sum of ``exp(x - max)``)
-pairs, then the write. Rows too long for registers take an online max/sum pass and a second read.
+Kernel: the row layout of :mod:`fxkern.library.rmsnorm` (a 256-thread block per register-full of
+elements, 8192 in float32 and 16384 in 16-bit, 1 to 256 threads a row, the row in registers); one
+reduction of (max, sum of ``exp(x - max)``) pairs, then the write. Rows too long for registers take
+an online max/sum pass and a second read.
 """
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 import torch.nn.functional as F
 
-from fxkern.library._rules import COMPILE_FREE_IRS, DTYPES, add_rule, has_rows, row_geometry
+from fxkern.library._rules import (
+    COMPILE_FREE_IRS,
+    DTYPES,
+    NAMESPACE,
+    add_rule,
+    has_rows,
+    row_geometry_8k,
+    row_geometry_16k,
+)
 from fxkern.library.cuda_common import COMMON, row_tuning
+from fxkern.ops import cuda_kernel_op, kernel_op
 from fxkern.spec import (
     Custom,
     DimSize,
@@ -188,9 +200,32 @@ SOFTMAX = KernelSpec(
     inputs=[InputDecl("x")],
     outputs=[OutputDecl("y", SameAs("x"))],
     extras=[DimSize("x", -1), Numel("x")],
-    geometry=Custom(row_geometry),
+    geometry=Custom(row_geometry_16k),
     dtypes=DTYPES,
 )
+# The same kernel, a block per 8192 elements: a float32 block's register-full (16384 is a 16-bit
+# one's). The public op sends it float32 rows that fit in registers; longer ones keep SOFTMAX's
+# grid, one block a row up to 16384 elements rather than blocks left without a row.
+SOFTMAX_32BIT = dataclasses.replace(SOFTMAX, geometry=Custom(row_geometry_8k))
+ROWS, ROWS_32BIT = f"{NAMESPACE}::_softmax_rows", f"{NAMESPACE}::_softmax_rows_32bit"
+
+
+def grid_for(x: torch.Tensor) -> str:
+    """The private op a call runs: ``ROWS_32BIT`` (a block per 8192 elements) for float32 rows of up
+    to 8192 elements, which a block holds in registers, else ``ROWS`` (a block per 16384)."""
+    small = x.dtype == torch.float32 and x.dim() > 0 and x.shape[-1] <= 8192
+    return ROWS_32BIT if small else ROWS
+
+
+def _on_cuda():
+    """The public op's CUDA implementation: each call launches the private op ``grid_for`` names
+    (directly, not through the dispatcher)."""
+    impls = {name: kernel_op(name).cuda_impl for name in (ROWS, ROWS_32BIT)}
+
+    def on_cuda(x):
+        return impls[grid_for(x)](x)
+
+    return on_cuda
 
 
 def softmax(x):
@@ -209,6 +244,11 @@ def register(rules) -> None:
     # where inductor's graph exposes the plain softmax inside the HF form). Replacing the softmax
     # alone then adds a write and a read of the scores: the demo model ran at 0.81x of plain
     # inductor with it (docs/benchmarks.md, "demo_model"). In eager, export and TensorRT it pays.
-    op = add_rule(rules, softmax, SOFTMAX, "softmax", filter=has_rows("x"), irs=COMPILE_FREE_IRS).op
+    #
+    # The op picks its grid per call (grid_for); its spec, which TensorRT plugins carry, is SOFTMAX's.
+    cuda_kernel_op(ROWS, SOFTMAX, reference=softmax)
+    cuda_kernel_op(ROWS_32BIT, SOFTMAX_32BIT, reference=softmax)
+    public = cuda_kernel_op(f"{NAMESPACE}::softmax", SOFTMAX, reference=softmax, eager_fn=_on_cuda())
+    op = add_rule(rules, softmax, public, "softmax", filter=has_rows("x"), irs=COMPILE_FREE_IRS).op
     # Same numbers (float32 arithmetic, one rounding): another way of finding the same op.
     add_rule(rules, softmax_float32, op, "softmax_float32", filter=has_rows("x"), irs=COMPILE_FREE_IRS)

@@ -1,0 +1,118 @@
+"""Sweep the GELU kernels' elementwise tuning (elements a thread, blocks resident per SM) against
+inductor: how fxkern.library.gelu's launch bounds were chosen.
+
+Each variant is the library's own source with its tuning macros set and the grid to match,
+registered as a scratch op and checked against the pattern before it is timed; registers and
+spill bytes come from the driver. ``gelu_new`` reads one tensor and writes one, the residual form
+reads two: with one stream in, fewer bytes are in flight a thread, so resident threads matter more.
+
+    python benchmarks/ew_tuning.py [--section-out FILE] [--variants A,B]
+
+Writes the "ew_tuning" section of docs/benchmarks.md (or FILE).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import common
+import torch
+from library import copy_bandwidth
+from row_tuning import registers
+
+SHAPE = (16384, 8192)
+DTYPES = [torch.float32, torch.bfloat16]
+TOL = {torch.float32: 1e-5, torch.bfloat16: 1e-2}
+
+
+def _variant(per: int, blocks: tuple[int, int]) -> dict:
+    """Elements a thread (both dtypes) and blocks resident per SM (float32, 16-bit)."""
+    return {"FXK_EW_PER": per, "FXK_EW_BLOCKS_F32": blocks[0], "FXK_EW_BLOCKS_HALF": blocks[1]}
+
+
+# The library's choice first.
+VARIANTS = {
+    "e8 b6/8 (shipped)": _variant(8, (6, 8)),
+    "e8 b8/8": _variant(8, (8, 8)),
+    "e16 b6/8": _variant(16, (6, 8)),
+    "e16 b4/4": _variant(16, (4, 4)),
+    "e16 b8/8": _variant(16, (8, 8)),
+}
+
+
+def variant_op(index: int, kernel: str, macros: dict, base):
+    import fxkern
+    from fxkern.library.cuda_common import EW_BLOCK
+
+    elements = EW_BLOCK * macros["FXK_EW_PER"]
+
+    def geometry(inputs, outputs):
+        return (fxkern.cdiv(outputs[0].numel(), elements),), (EW_BLOCK,)
+
+    prefix = "".join(f"#define {k} {v}\n" for k, v in macros.items())
+    spec = dataclasses.replace(base, kernel_source=prefix + base.kernel_source, geometry=fxkern.Custom(geometry))
+    return fxkern.cuda_kernel_op(f"fxkern_tune::{kernel}_{index}", spec)
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
+    parser.add_argument("--section-out", type=Path, default=None)
+    parser.add_argument("--variants", default=",".join(VARIANTS))
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("no GPU: nothing to tune")
+        return
+    from fxkern.library import gelu
+
+    torch.manual_seed(0)
+    rows, d = SHAPE
+    names = [n for n in args.variants.split(",") if n in VARIANTS] or list(VARIANTS)
+    cases = [("gelu_new", gelu.GELU_NEW, gelu.gelu_new, lambda x: (x,)),
+             ("bias_gelu_tanh_residual", gelu.BIAS_GELU_TANH_RESIDUAL, gelu.bias_gelu_tanh_residual,
+              lambda x: (x, torch.randn(d, device="cuda").to(x.dtype), torch.randn_like(x)))]
+    copy = copy_bandwidth()
+    lines = ["## Elementwise tuning (`fxkern.library.gelu`)", "",
+             f"Machine: {common.machine()}. Date: {common.today()}. Command: `python benchmarks/ew_tuning.py`.", "",
+             (f"GB/s of useful bytes at {rows}x{d} (each input read once, each output written once; the bias "
+              "is a row), CUDA events around 10 back-to-back calls, 5 warm-ups, median of 20; inductor "
+              f"(`torch.compile(pattern)`, default mode) in the same run; device-to-device copy {copy:.0f} GB/s. Variant: elements a thread (e, 256-thread blocks) and blocks resident per SM (b, the "
+              "launch bounds), float32/16-bit; registers a thread float32/bfloat16 for each kernel in turn, with the "
+              "driver's local-memory (spill) bytes."), "",
+             "| variant | " + " | ".join(f"{k} {str(dt)[6:]}" for k, *_ in cases for dt in DTYPES) + " | regs f32/bf16 |",
+             "| --- |" + " ---: |" * (len(cases) * len(DTYPES)) + " --- |"]
+    inputs = {(k, dt): make(torch.randn(rows, d, device="cuda").to(dt)) for k, _, _, make in cases for dt in DTYPES}
+    nbytes = {key: sum(a.numel() * a.element_size() for a in v) + v[0].numel() * v[0].element_size()
+              for key, v in inputs.items()}
+    row = []
+    for kernel, _, pattern, _ in cases:
+        compiled = torch.compile(pattern)
+        for dt in DTYPES:
+            a = inputs[kernel, dt]
+            compiled(*a)
+            row.append(nbytes[kernel, dt] / common.cuda_time_ms(lambda a=a: compiled(*a)) / 1e6)
+    lines.append("| inductor | " + " | ".join(f"{v:.0f}" for v in row) + " | |")
+    print(lines[-1], flush=True)
+    for i, name in enumerate(names):
+        row, regs = [], []
+        for kernel, base, pattern, _ in cases:
+            op = variant_op(i, kernel, VARIANTS[name], base)
+            regs.append(registers(f"fxkern_tune::{kernel}_{i}"))
+            for dt in DTYPES:
+                a = inputs[kernel, dt]
+                got, want = op(*a), pattern(*a)
+                err = float((got.float() - want.float()).norm() / want.float().norm())
+                if not err <= TOL[dt]:
+                    raise AssertionError(f"{name} {kernel} {dt}: rel. err {err:.1e}")
+                row.append(nbytes[kernel, dt] / common.cuda_time_ms(lambda a=a: op(*a)) / 1e6)
+        lines.append(f"| {name} | " + " | ".join(f"{v:.0f}" for v in row) + f" | {', '.join(regs)} |")
+        print(lines[-1], flush=True)
+    common.emit("ew_tuning", "\n".join(lines) + "\n", args.section_out)
+
+
+if __name__ == "__main__":
+    main()
