@@ -14,7 +14,6 @@ Writes the "ew_tuning" section of docs/benchmarks.md (or FILE).
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import sys
 from pathlib import Path
 
@@ -23,6 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common
 import torch
 from library import copy_bandwidth
+import row_tuning
 from row_tuning import registers
 
 SHAPE = (16384, 8192)
@@ -46,17 +46,10 @@ VARIANTS = {
 
 
 def variant_op(index: int, kernel: str, macros: dict, base):
-    import fxkern
+    """The variant as a scratch op (row_tuning's, with the elementwise grid to match its tile)."""
     from fxkern.library.cuda_common import EW_BLOCK
 
-    elements = EW_BLOCK * macros["FXK_EW_PER"]
-
-    def geometry(inputs, outputs):
-        return (fxkern.cdiv(outputs[0].numel(), elements),), (EW_BLOCK,)
-
-    prefix = "".join(f"#define {k} {v}\n" for k, v in macros.items())
-    spec = dataclasses.replace(base, kernel_source=prefix + base.kernel_source, geometry=fxkern.Custom(geometry))
-    return fxkern.cuda_kernel_op(f"fxkern_tune::{kernel}_{index}", spec)
+    return row_tuning.variant_op(index, kernel, (macros, EW_BLOCK * macros["FXK_EW_PER"], EW_BLOCK), base)
 
 
 def main(argv=None) -> None:
@@ -80,8 +73,9 @@ def main(argv=None) -> None:
              f"Machine: {common.machine()}. Date: {common.today()}. Command: `python benchmarks/ew_tuning.py`.", "",
              (f"GB/s of useful bytes at {rows}x{d} (each input read once, each output written once; the bias "
               "is a row), CUDA events around 10 back-to-back calls, 5 warm-ups, median of 20; inductor "
-              f"(`torch.compile(pattern)`, default mode) in the same run; device-to-device copy {copy:.0f} GB/s. Variant: elements a thread (e, 256-thread blocks) and blocks resident per SM (b, the "
-              "launch bounds), float32/16-bit; registers a thread float32/bfloat16 for each kernel in turn, with the "
+              f"(`torch.compile(pattern)`, default mode) in the same run; device-to-device copy {copy:.0f} GB/s. "
+              "Variant: elements a thread (e, 256-thread blocks) and blocks resident per SM (b, the launch "
+              "bounds), float32/16-bit; registers a thread float32/bfloat16 for each kernel in turn, with the "
               "driver's local-memory (spill) bytes."), "",
              "| variant | " + " | ".join(f"{k} {str(dt)[6:]}" for k, *_ in cases for dt in DTYPES) + " | regs f32/bf16 |",
              "| --- |" + " ---: |" * (len(cases) * len(DTYPES)) + " --- |"]

@@ -9,6 +9,7 @@ import torch
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 from fxkern.library.cuda_common import ELEMS_PER_THREAD, EW_BLOCK, ROW_BLOCK
+from fxkern.ops import kernel_op
 from fxkern.patterns import TRACERS
 from fxkern.rules import Rule, RuleSet, replace
 from fxkern.symbolic import cdiv
@@ -37,6 +38,18 @@ def row_geometry_8k(inputs, outputs):
     two (16384) runs two passes, so the last wave of blocks is twice as long: 0-5% slower
     (benchmarks/row_tuning.py --softmax)."""
     return (cdiv(inputs[0].numel(), 8192),), (ROW_BLOCK,)
+
+
+def per_call(pick: Callable[..., str], names: Sequence[str]) -> Callable[..., Any]:
+    """A public op's CUDA implementation that runs, each call, the private op ``pick(*args)`` names
+    (one of ``names``, all registered), launched directly rather than through the dispatcher: the
+    library's way of choosing a kernel or a grid by the call's dtype and sizes."""
+    impls = {name: kernel_op(name).cuda_impl for name in names}
+
+    def on_cuda(*args, **kwargs):
+        return impls[pick(*args, **kwargs)](*args, **kwargs)
+
+    return on_cuda
 
 
 def add_rule(rules: RuleSet, pattern: Callable[..., Any], target: Any, name: str,

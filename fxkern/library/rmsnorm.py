@@ -41,7 +41,15 @@ import torch.nn.functional as F
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 from fxkern.errors import KernelInputError
-from fxkern.library._rules import COMPILE_FREE_IRS, DTYPES, NAMESPACE, add_rule, row_geometry_8k, row_param
+from fxkern.library._rules import (
+    COMPILE_FREE_IRS,
+    DTYPES,
+    NAMESPACE,
+    add_rule,
+    per_call,
+    row_geometry_8k,
+    row_param,
+)
 from fxkern.library.cuda_common import COMMON, row_tuning
 from fxkern.ops import cuda_kernel_op, kernel_op
 from fxkern.patterns import SENTINELS
@@ -458,16 +466,12 @@ def _aligned_at_launch(t: torch.Tensor) -> bool:
 
 def _pick_kernel(rows: str, two_read: dict[int, str]):
     """An op's CUDA implementation that runs the two-read kernel tuned for the call's element size
-    where ``two_read_tuning`` says so, else ``rows``'s register-resident one (all ops private to the
-    library, launched directly, not through the dispatcher)."""
-    rows_impl = kernel_op(rows).cuda_impl
-    two_read_impls = {size: kernel_op(name).cuda_impl for size, name in two_read.items()}
+    where ``two_read_tuning`` says so, else ``rows``'s register-resident one (private ops)."""
 
-    def on_cuda(x, weight, eps):
-        tuning = two_read_tuning(x, weight)
-        return (rows_impl if tuning is None else two_read_impls[x.element_size()])(x, weight, eps)
+    def pick(x, weight, eps):
+        return rows if two_read_tuning(x, weight) is None else two_read[x.element_size()]
 
-    return on_cuda
+    return per_call(pick, (rows, *two_read.values()))
 
 
 def _torch_spec(kernel: str, *scalars: ScalarInput) -> KernelSpec:

@@ -25,11 +25,12 @@ from fxkern.library._rules import (
     NAMESPACE,
     add_rule,
     has_rows,
+    per_call,
     row_geometry_8k,
     row_geometry_16k,
 )
 from fxkern.library.cuda_common import COMMON, row_tuning
-from fxkern.ops import cuda_kernel_op, kernel_op
+from fxkern.ops import cuda_kernel_op
 from fxkern.spec import (
     Custom,
     DimSize,
@@ -217,17 +218,6 @@ def grid_for(x: torch.Tensor) -> str:
     return ROWS_32BIT if small else ROWS
 
 
-def _on_cuda():
-    """The public op's CUDA implementation: each call launches the private op ``grid_for`` names
-    (directly, not through the dispatcher)."""
-    impls = {name: kernel_op(name).cuda_impl for name in (ROWS, ROWS_32BIT)}
-
-    def on_cuda(x):
-        return impls[grid_for(x)](x)
-
-    return on_cuda
-
-
 def softmax(x):
     """``F.softmax(x, dim=-1)`` (``x.softmax(-1)``, ``torch.softmax(x, -1)``, ``nn.Softmax(-1)``)."""
     return F.softmax(x, dim=-1)
@@ -248,7 +238,7 @@ def register(rules) -> None:
     # The op picks its grid per call (grid_for); its spec, which TensorRT plugins carry, is SOFTMAX's.
     cuda_kernel_op(ROWS, SOFTMAX, reference=softmax)
     cuda_kernel_op(ROWS_32BIT, SOFTMAX_32BIT, reference=softmax)
-    public = cuda_kernel_op(f"{NAMESPACE}::softmax", SOFTMAX, reference=softmax, eager_fn=_on_cuda())
+    public = cuda_kernel_op(f"{NAMESPACE}::softmax", SOFTMAX, reference=softmax, eager_fn=per_call(grid_for, (ROWS, ROWS_32BIT)))
     op = add_rule(rules, softmax, public, "softmax", filter=has_rows("x"), irs=COMPILE_FREE_IRS).op
     # Same numbers (float32 arithmetic, one rounding): another way of finding the same op.
     add_rule(rules, softmax_float32, op, "softmax_float32", filter=has_rows("x"), irs=COMPILE_FREE_IRS)
