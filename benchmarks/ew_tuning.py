@@ -1,10 +1,12 @@
-"""Sweep the GELU kernels' elementwise tuning (elements a thread, blocks resident per SM) against
-inductor: how fxkern.library.gelu's launch bounds were chosen.
+"""Sweep the GELU kernels' elementwise tuning (elements a thread, threads and blocks resident per SM,
+how exp and reciprocals are evaluated) against inductor: how fxkern.library.gelu's launch bounds
+and math were chosen.
 
 Each variant is the library's own source with its tuning macros set and the grid to match,
 registered as a scratch op and checked against the pattern before it is timed; registers and
-spill bytes come from the driver. ``gelu_new`` reads one tensor and writes one, the residual form
-reads two: with one stream in, fewer bytes are in flight a thread, so resident threads matter more.
+spill bytes come from the driver. ``gelu_new`` and the bias forms read one tensor and write one,
+the residual form reads two: with one stream in, fewer bytes are in flight a thread, so resident
+threads matter more, and a 16-bit erf GELU has the most arithmetic a byte.
 
     python benchmarks/ew_tuning.py [--section-out FILE] [--variants A,B]
 
@@ -30,26 +32,29 @@ DTYPES = [torch.float32, torch.bfloat16]
 TOL = {torch.float32: 1e-5, torch.bfloat16: 1e-2}
 
 
-def _variant(per: int, blocks: tuple[int, int]) -> dict:
-    """Elements a thread (both dtypes) and blocks resident per SM (float32, 16-bit)."""
-    return {"FXK_EW_PER": per, "FXK_EW_BLOCKS_F32": blocks[0], "FXK_EW_BLOCKS_HALF": blocks[1]}
+def _variant(per: int, blocks: tuple[int, int], threads: int = 128, ftz: bool = True) -> tuple[dict, int]:
+    """Elements a thread (both dtypes), blocks resident per SM (float32, 16-bit), threads a block,
+    and whether exp and reciprocals flush subnormals (FXK_FTZ: cuda_common's exp_sfu/rcp_sfu)."""
+    return {"FXK_EW_PER": per, "FXK_EW_THREADS": threads, "FXK_EW_BLOCKS_F32": blocks[0],
+            "FXK_EW_BLOCKS_HALF": blocks[1], "FXK_FTZ": int(ftz)}, threads
 
 
-# The library's choice first.
+# The library's choice first. Names hold no commas (--variants is a comma-separated list).
 VARIANTS = {
-    "e8 b6/8 (shipped)": _variant(8, (6, 8)),
-    "e8 b8/8": _variant(8, (8, 8)),
-    "e16 b6/8": _variant(16, (6, 8)),
-    "e16 b4/4": _variant(16, (4, 4)),
-    "e16 b8/8": _variant(16, (8, 8)),
+    "t128 e8 b12/16 (shipped)": _variant(8, (12, 16)),
+    "t128 e8 b12/16 no .ftz": _variant(8, (12, 16), ftz=False),
+    "t256 e8 b6/8": _variant(8, (6, 8), threads=256),
+    "t256 e8 b6/8 no .ftz (before)": _variant(8, (6, 8), threads=256, ftz=False),
+    "t128 e8 b10/16": _variant(8, (10, 16)),
+    "t128 e8 b16/16": _variant(8, (16, 16)),
+    "t128 e16 b8/8": _variant(16, (8, 8)),
 }
 
 
-def variant_op(index: int, kernel: str, macros: dict, base):
+def variant_op(index: int, kernel: str, variant: tuple[dict, int], base):
     """The variant as a scratch op (row_tuning's, with the elementwise grid to match its tile)."""
-    from fxkern.library.cuda_common import EW_BLOCK
-
-    return row_tuning.variant_op(index, kernel, (macros, EW_BLOCK * macros["FXK_EW_PER"], EW_BLOCK), base)
+    macros, threads = variant
+    return row_tuning.variant_op(index, kernel, (macros, threads * macros["FXK_EW_PER"], threads), base)
 
 
 def main(argv=None) -> None:
@@ -65,17 +70,21 @@ def main(argv=None) -> None:
     torch.manual_seed(0)
     rows, d = SHAPE
     names = [n for n in args.variants.split(",") if n in VARIANTS] or list(VARIANTS)
+    bias = lambda x: torch.randn(d, device="cuda").to(x.dtype)  # noqa: E731
     cases = [("gelu_new", gelu.GELU_NEW, gelu.gelu_new, lambda x: (x,)),
+             ("bias_gelu", gelu.BIAS_GELU, gelu.bias_gelu, lambda x: (x, bias(x))),
+             ("bias_gelu_tanh", gelu.BIAS_GELU_TANH, gelu.bias_gelu_tanh, lambda x: (x, bias(x))),
              ("bias_gelu_tanh_residual", gelu.BIAS_GELU_TANH_RESIDUAL, gelu.bias_gelu_tanh_residual,
-              lambda x: (x, torch.randn(d, device="cuda").to(x.dtype), torch.randn_like(x)))]
+              lambda x: (x, bias(x), torch.randn_like(x)))]
     copy = copy_bandwidth()
     lines = ["## Elementwise tuning (`fxkern.library.gelu`)", "",
              f"Machine: {common.machine()}. Date: {common.today()}. Command: `python benchmarks/ew_tuning.py`.", "",
              (f"GB/s of useful bytes at {rows}x{d} (each input read once, each output written once; the bias "
               "is a row), CUDA events around 10 back-to-back calls, 5 warm-ups, median of 20; inductor "
               f"(`torch.compile(pattern)`, default mode) in the same run; device-to-device copy {copy:.0f} GB/s. "
-              "Variant: elements a thread (e, 256-thread blocks) and blocks resident per SM (b, the launch "
-              "bounds), float32/16-bit; registers a thread float32/bfloat16 for each kernel in turn, with the "
+              "Variant: threads a block (t), elements a thread (e) and blocks resident per SM (b, "
+              "the launch bounds), float32/16-bit; \"no .ftz\": exp and reciprocals through __expf and "
+              "__fdividef, which keep subnormals at four more instructions each; registers a thread float32/bfloat16 for each kernel in turn, with the "
               "driver's local-memory (spill) bytes."), "",
              "| variant | " + " | ".join(f"{k} {str(dt)[6:]}" for k, *_ in cases for dt in DTYPES) + " | regs f32/bf16 |",
              "| --- |" + " ---: |" * (len(cases) * len(DTYPES)) + " --- |"]

@@ -279,6 +279,35 @@ def test_special_values_follow_pytorch():
     torch.testing.assert_close(lib.op("softmax")(big), softmax.softmax(big))
 
 
+ACTIVATIONS = ["bias_gelu", "bias_gelu_tanh", "bias_gelu_residual", "gelu_new", "megatron_bias_gelu", "swiglu",
+               "geglu_chunked"]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).removeprefix("torch."))
+@pytest.mark.parametrize("name", ACTIVATIONS)
+def test_activations_at_extreme_inputs_follow_pytorch(name, dtype):
+    """The activations' exp and reciprocal flush subnormals (cuda_common's exp_sfu, rcp_sfu): at
+    magnitudes where exp over- or underflows, at infinities and NaN, the kernels give what the
+    pattern gives in float32 (NaN where it is NaN, the same infinities, and values within the
+    dtype's tolerance), on the vector path and the scalar one."""
+    pattern, make = CASES[name]
+    big = torch.finfo(dtype).max
+    values = torch.tensor([0.0, -0.0, 1e-30, -1e-30, 3.0, -3.0, 9.0, -9.0, 13.3, -13.3, 14.5, -14.5, 44.0, -44.0,
+                           89.0, -89.0, 300.0, -300.0, big, -big, float("inf"), float("-inf"), float("nan"), 0.5],
+                          device="cuda")
+    for d in (24, 23):  # whole 16-byte packs, and not
+        args = list(make(4, d, dtype))
+        x = args[0].view(4, -1)
+        x[:2, :] = values[torch.arange(x.shape[1], device="cuda") % values.numel()].to(dtype)  # finite in dtype or +-inf
+        x[2:, :] = x[:2, :].flip(-1)
+        poison()
+        got = lib.op(name)(*args)
+        ref = pattern(*upcast(args, torch.float32)).to(dtype)
+        assert torch.equal(got.isnan(), ref.isnan()), f"{name} {dtype} d={d}: NaN where PyTorch has none, or not"
+        rtol, atol = TOL[dtype]
+        torch.testing.assert_close(got, ref, rtol=rtol, atol=atol, equal_nan=True, msg=lambda m: f"{name} {dtype} d={d}: {m}")
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=lambda d: str(d)[6:])
 @pytest.mark.parametrize("keys", [512, 4096, 20000])
 def test_softmax_of_causally_masked_scores(dtype, keys):

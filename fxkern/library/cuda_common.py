@@ -40,6 +40,36 @@ template <> struct Num<__nv_bfloat16> {
 
 template <typename T> __device__ __forceinline__ float to_f(T v) { return Num<T>::f(v); }
 template <typename T> __device__ __forceinline__ T from_f(float v) { return Num<T>::t(v); }
+
+// exp(x), 2^x and 1 / x on the special-function unit at its own precision (relative error about 2^-22),
+// flushing subnormal inputs and results to zero (.ftz). Without --use_fast_math, __expf and
+// __fdividef wrap the same two instructions in range checks and rescaling that keep subnormals:
+// four more instructions each, a third of a 16-bit erf GELU's work an element. The kernels take
+// reciprocals of values of at least 1 and add an exp to 1 or multiply it into a result below
+// float's normal range (1e-38) where it flushes, so their outputs are those of __expf/__fdividef but
+// for subnormal results. FXK_FTZ=0 (benchmarks/ew_tuning.py's baseline) keeps the wrapped forms.
+#ifndef FXK_FTZ
+#define FXK_FTZ 1
+#endif
+__device__ __forceinline__ float exp2_sfu(float x) {  // 2^x
+#if FXK_FTZ
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+#else
+    return __expf(x * 0.69314718055994531f);  // ex2.approx of x * log2(e) * ln(2): x, give or take an ulp
+#endif
+}
+__device__ __forceinline__ float exp_sfu(float x) { return exp2_sfu(x * 1.4426950408889634f); }
+__device__ __forceinline__ float rcp_sfu(float x) {
+#if FXK_FTZ
+    float y;
+    asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+#else
+    return __fdividef(1.0f, x);
+#endif
+}
 // Pairs of 16-bit values converted together: one packed cvt rounds two floats (cvt.rn.bf16x2.f32),
 // where two single conversions take two instructions. T = float has no pairs.
 template <typename T> struct Pair;
@@ -190,8 +220,11 @@ __device__ __forceinline__ void block_rows(unsigned D, unsigned rows, unsigned& 
 
 # Row kernels: ROW_BLOCK threads a block (ROW_THREADS in CUDA); the grid sets the elements a block takes.
 ROW_BLOCK = 256
-# Elementwise kernels: each thread handles ELEMS_PER_THREAD consecutive-by-warp elements.
-EW_BLOCK = 256
+# Elementwise kernels: EW_BLOCK threads a block, each handling ELEMS_PER_THREAD consecutive-by-warp
+# elements. 128-thread blocks (the shape of inductor's pointwise kernels) at twice the blocks an SM
+# moved the kernels that read one tensor 1-3% faster in float32 than 256-thread blocks did
+# (benchmarks/ew_tuning.py, 2026-11-24).
+EW_BLOCK = 128
 ELEMS_PER_THREAD = 8
 
 

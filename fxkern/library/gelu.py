@@ -32,13 +32,14 @@ from fxkern.library._rules import (
     elementwise_geometry,
     suffix_broadcast,
 )
-from fxkern.library.cuda_common import COMMON, ELEMS_PER_THREAD
+from fxkern.library.cuda_common import COMMON, ELEMS_PER_THREAD, EW_BLOCK
 from fxkern.spec import Custom, InputDecl, KernelSpec, Numel, OutputDecl, SameAs
 
-# Elements a thread (the kernel's tile and the launch geometry must agree), and blocks resident per
-# SM (launch bounds) per element size: float32's 6 leave erff 40 registers.
+# Elements and threads a block (the kernel's tile and the launch geometry must agree), and blocks
+# resident per SM (launch bounds) per element size: float32's 12 of 128 threads leave erff 40 registers.
 SOURCE = COMMON + "".join(f"#ifndef {k}\n#define {k} {v}\n#endif\n" for k, v in (
-    ("FXK_EW_PER", ELEMS_PER_THREAD), ("FXK_EW_BLOCKS_F32", 6), ("FXK_EW_BLOCKS_HALF", 8))) + r"""
+    ("FXK_EW_PER", ELEMS_PER_THREAD), ("FXK_EW_THREADS", EW_BLOCK), ("FXK_EW_BLOCKS_F32", 12),
+    ("FXK_EW_BLOCKS_HALF", 16))) + r"""
 namespace fxk {
 
 enum { GELU_ERF = 0, GELU_TANH = 1, GELU_NEW = 2, GELU_MEGATRON = 3 };
@@ -46,21 +47,24 @@ enum { GELU_ERF = 0, GELU_TANH = 1, GELU_NEW = 2, GELU_MEGATRON = 3 };
 // 0.5 * x * (1 + tanh(u)) == x * sigmoid(2u) == x / (1 + exp(-2u)), exactly. Evaluated that way it
 // costs one exp2 and one reciprocal (MUFU) instead of tanhf's polynomial and branches, and has no
 // cancellation where tanh(u) nears -1 (relative error about 1e-6 in float32 for any x; infinities
-// and NaN come out as PyTorch's: gelu(-inf) = NaN there too, since 0.5 * -inf * 0 is NaN).
-__device__ __forceinline__ float x_sigmoid2(float x, float u) {
-    return __fdividef(x, 1.0f + __expf(-2.0f * u));
+// and NaN come out as PyTorch's: gelu(-inf) = NaN there too, since 0.5 * -inf * 0 is NaN). The
+// caller passes v = -2u * log2(e), its own constant factor of u folded into that one (a multiply
+// fewer or two: float arithmetic is not associative, so the compiler cannot fold them itself).
+__device__ __forceinline__ float x_sigmoid2(float x, float v) {
+    return x * rcp_sfu(1.0f + exp2_sfu(v));
 }
+constexpr float NEG_2_LOG2E = -2.0f * 1.4426950408889634f;
 
 // x * Phi(x) = x * 0.5 * (1 + erf(x / sqrt(2))) with Abramowitz & Stegun 7.1.26 for erf (absolute
 // error under 1.5e-7 everywhere, so at most 0.5 * |x| * 1.5e-7 in the result): one exp2 and one
 // reciprocal, no branches. Used for float16/bfloat16, whose rounding is 4 to 5 orders coarser;
 // float32 keeps erff.
 __device__ __forceinline__ float gelu_erf_fast(float x) {
-    const float z = fabsf(x) * 0.70710678118654752f;
-    const float t = __fdividef(1.0f, fmaf(0.3275911f, z, 1.0f));
+    // z = |x| / sqrt(2) enters as its constant, folded: t = 1 / (1 + p z), e^(-z^2) = 2^(x * x * -log2(e) / 2)
+    const float t = rcp_sfu(fmaf(0.3275911f * 0.70710678118654752f, fabsf(x), 1.0f));
     const float poly = t * fmaf(t, fmaf(t, fmaf(t, fmaf(t, 1.061405429f, -1.453152027f), 1.421413741f),
                                         -0.284496736f), 0.254829592f);
-    const float tail = 0.5f * poly * __expf(-z * z);   // Phi(-|x|) = 0.5 * erfc(|x| / sqrt(2))
+    const float tail = 0.5f * poly * exp2_sfu(x * (x * (-0.5f * 1.4426950408889634f)));  // Phi(-|x|) = erfc(|x| / sqrt(2)) / 2
     return x * (x < 0.0f ? tail : 1.0f - tail);
 }
 
@@ -72,11 +76,11 @@ __device__ __forceinline__ float gelu(float x) {
         if (FAST) return gelu_erf_fast(x);
         return x * 0.5f * (1.0f + erff(x * 0.70710678118654752f));
     } else if (ACT == GELU_TANH) {  // aten.gelu(approximate="tanh"): 0.5 * x * (1 + tanh(inner))
-        return x_sigmoid2(x, 0.7978845608028654f * (x + 0.044715f * (x * x * x)));
+        return x_sigmoid2(x, (0.7978845608028654f * NEG_2_LOG2E) * (x + 0.044715f * (x * x * x)));
     } else if (ACT == GELU_NEW) {  // 0.5 * x * (1.0 + tanh(sqrt(2/pi) * (x + 0.044715 * pow(x, 3.0))))
-        return x_sigmoid2(x, 0.7978845608028654f * (x + 0.044715f * (x * x * x)));
+        return x_sigmoid2(x, (0.7978845608028654f * NEG_2_LOG2E) * (x + 0.044715f * (x * x * x)));
     } else {  // x * 0.5 * (1.0 + tanh(0.79788456 * x * (1 + 0.044715 * x * x)))
-        return x_sigmoid2(x, (0.79788456f * x) * (1.0f + (0.044715f * x) * x));
+        return x_sigmoid2(x, ((0.79788456f * NEG_2_LOG2E) * x) * (1.0f + (0.044715f * x) * x));
     }
 }
 
@@ -155,7 +159,7 @@ template <int ACT, bool FAST> struct BiasActRes {
 
 }  // namespace fxk
 
-#define FXK_EW_BOUNDS(T) __launch_bounds__(256, sizeof(T) == 4 ? FXK_EW_BLOCKS_F32 : FXK_EW_BLOCKS_HALF)
+#define FXK_EW_BOUNDS(T) __launch_bounds__(FXK_EW_THREADS, sizeof(T) == 4 ? FXK_EW_BLOCKS_F32 : FXK_EW_BLOCKS_HALF)
 #define FXK_GELU(NAME, ACT)                                                                              \
 template <typename T>                                                                                    \
 __global__ void FXK_EW_BOUNDS(T) NAME(const T* x, int n, T* y) {                                   \

@@ -47,7 +47,7 @@ enum { GLU_SILU = 0, GLU_GELU = 1 };
 // act(gate) * up in float32, rounded once by the caller.
 template <int ACT, bool FAST>
 __device__ __forceinline__ float glu(float g, float u) {
-    if (ACT == GLU_SILU) return __fdividef(g, 1.0f + __expf(-g)) * u;
+    if (ACT == GLU_SILU) return g * rcp_sfu(1.0f + exp_sfu(-g)) * u;
     return gelu<GELU_ERF, FAST>(g) * u;
 }
 
