@@ -45,6 +45,7 @@ if [[ $parts == *bench* ]]; then
   python3 benchmarks/library.py --section-out "$OUT/library.md" 2>&1 | tee "$OUT/library.log" || status=1
   python3 benchmarks/demo_model.py --profile --section-out "$OUT/demo_model.md" 2>&1 | tee "$OUT/demo_model.log" || status=1
   python3 benchmarks/row_tuning.py --section-out "$OUT/row_tuning.md" 2>&1 | tee "$OUT/row_tuning.log" || status=1
+  python3 benchmarks/ew_tuning.py --section-out "$OUT/ew_tuning.md" 2>&1 | tee "$OUT/ew_tuning.log" || status=1
   python3 benchmarks/kernel_ops.py --section-out "$OUT/kernel_ops.md" 2>&1 | tee "$OUT/bench.log" || status=1
   python3 benchmarks/compile_backend.py --section-out "$OUT/compile_backend.md" 2>&1 | tee -a "$OUT/bench.log" || status=1
 fi
