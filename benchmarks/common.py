@@ -17,9 +17,10 @@ from fxkern.demo import cuda_time_ms as _cuda_time_ms
 DOC = Path(__file__).resolve().parents[1] / "docs" / "benchmarks.md"
 
 
-def cuda_time_ms(fn: Callable[[], object], *, warmup: int = 5, reps: int = 20, inner: int = 10) -> float:
+def cuda_time_ms(fn: Callable[[], object], *, warmup: int = 5, reps: int = 20, inner: int = 10,
+                 lead: bool = True) -> float:
     """Median milliseconds per call of ``fn`` with CUDA events: fxkern.demo's timer, with more samples."""
-    return _cuda_time_ms(fn, warmup=warmup, reps=reps, inner=inner)
+    return _cuda_time_ms(fn, warmup=warmup, reps=reps, inner=inner, lead=lead)
 
 
 def host_us(fn: Callable[[], object], burst: int = 200, rounds: int = 200) -> float:

@@ -84,57 +84,80 @@ __device__ __forceinline__ float gelu(float x) {
     }
 }
 
-// y = f(a, b, c) over n elements; b and c (when NIN says they exist) broadcast onto a by
-// suffix: element i reads b[i % nb]. Each thread handles PER elements, a warp's accesses are
-// consecutive 16-byte packs.
-template <typename T, int NIN, typename Fn>
-__device__ __forceinline__ void map(const T* __restrict__ a, const T* __restrict__ b, const T* __restrict__ c,
-                                    unsigned n, unsigned nb, unsigned nc, T* __restrict__ y, Fn f) {
+// Where a broadcast operand's element i is: itself when it is as large as a (m == n), else
+// i % m, a mask when m is a power of two (P2): the division is 14 instructions a pack, 8% of a
+// 16-bit bias + erf GELU's.
+template <bool P2>
+__device__ __forceinline__ unsigned wrap(unsigned i, unsigned m, bool full) {
+    return full ? i : P2 ? (i & (m - 1)) : i % m;
+}
+
+// The 16-byte path of map (below): every pointer aligned, every broadcast length a multiple of V.
+template <typename T, int NIN, bool P2, typename Fn>
+__device__ __forceinline__ void map_packs(const T* __restrict__ a, const T* __restrict__ b, const T* __restrict__ c,
+                                          unsigned n, unsigned nb, unsigned nc, T* __restrict__ y, Fn f) {
     constexpr int V = 16 / sizeof(T);
     constexpr int PER = FXK_EW_PER;             // elements a thread
     constexpr int NVT = PER / V;                // 16-byte packs a thread, per tensor
     constexpr int NV = NVT < 4 ? NVT : 4;       // packs in flight at once, per tensor
-    if ((NIN >= 2 && nb == 0) || (NIN >= 3 && nc == 0)) return;
     const unsigned base = blockIdx.x * (blockDim.x * PER);
+    const bool full_b = nb == n, full_c = nc == n;
+#pragma unroll
+    for (int it = 0; it < NVT / NV; ++it) {
+        Pack<T, V> pa[NV], pb[NV], pc[NV];
+#pragma unroll
+        for (int k = 0; k < NV; ++k) {
+            const unsigned i = base + ((it * NV + k) * blockDim.x + threadIdx.x) * V;
+            if (i + V <= n) {
+                pa[k] = load<T, V>(a + i);
+                if (NIN >= 2) pb[k] = load<T, V>(b + wrap<P2>(i, nb, full_b));
+                if (NIN >= 3) pc[k] = load<T, V>(c + wrap<P2>(i, nc, full_c));
+            }
+        }
+#pragma unroll
+        for (int k = 0; k < NV; ++k) {
+            const unsigned i = base + ((it * NV + k) * blockDim.x + threadIdx.x) * V;
+            if (i + V <= n) {
+                Pack<T, V> o;
+#pragma unroll
+                for (int j = 0; j < V; ++j) {
+                    const float bv = NIN >= 2 ? to_f<T>(pb[k].v[j]) : 0.0f;
+                    const float cv = NIN >= 3 ? to_f<T>(pc[k].v[j]) : 0.0f;
+                    o.v[j] = from_f<T>(f(to_f<T>(pa[k].v[j]), bv, cv));
+                }
+                store<T, V>(y + i, o);
+            } else {
+                for (unsigned e = i; e < n; ++e) {  // the ragged end, when n % V != 0
+                    const float bv = NIN >= 2 ? to_f<T>(b[e % nb]) : 0.0f;
+                    const float cv = NIN >= 3 ? to_f<T>(c[e % nc]) : 0.0f;
+                    y[e] = from_f<T>(f(to_f<T>(a[e]), bv, cv));
+                }
+            }
+        }
+    }
+}
+
+// y = f(a, b, c) over n elements; b and c (when NIN says they exist) broadcast onto a by
+// suffix: element i reads b[i % nb]. Each thread handles PER elements, a warp's accesses are
+// consecutive 16-byte packs when the pointers and lengths allow, else single elements.
+template <typename T, int NIN, typename Fn>
+__device__ __forceinline__ void map(const T* __restrict__ a, const T* __restrict__ b, const T* __restrict__ c,
+                                    unsigned n, unsigned nb, unsigned nc, T* __restrict__ y, Fn f) {
+    constexpr int V = 16 / sizeof(T);
+    constexpr int PER = FXK_EW_PER;
+    if ((NIN >= 2 && nb == 0) || (NIN >= 3 && nc == 0)) return;
     const bool full_b = nb == n, full_c = nc == n;
     bool vec = aligned16(a) && aligned16(y);
     if (NIN >= 2) vec = vec && aligned16(b) && nb % V == 0;
     if (NIN >= 3) vec = vec && aligned16(c) && nc % V == 0;
     if (vec) {
-#pragma unroll
-        for (int it = 0; it < NVT / NV; ++it) {
-            Pack<T, V> pa[NV], pb[NV], pc[NV];
-#pragma unroll
-            for (int k = 0; k < NV; ++k) {
-                const unsigned i = base + ((it * NV + k) * blockDim.x + threadIdx.x) * V;
-                if (i + V <= n) {
-                    pa[k] = load<T, V>(a + i);
-                    if (NIN >= 2) pb[k] = load<T, V>(b + (full_b ? i : i % nb));
-                    if (NIN >= 3) pc[k] = load<T, V>(c + (full_c ? i : i % nc));
-                }
-            }
-#pragma unroll
-            for (int k = 0; k < NV; ++k) {
-                const unsigned i = base + ((it * NV + k) * blockDim.x + threadIdx.x) * V;
-                if (i + V <= n) {
-                    Pack<T, V> o;
-#pragma unroll
-                    for (int j = 0; j < V; ++j) {
-                        const float bv = NIN >= 2 ? to_f<T>(pb[k].v[j]) : 0.0f;
-                        const float cv = NIN >= 3 ? to_f<T>(pc[k].v[j]) : 0.0f;
-                        o.v[j] = from_f<T>(f(to_f<T>(pa[k].v[j]), bv, cv));
-                    }
-                    store<T, V>(y + i, o);
-                } else {
-                    for (unsigned e = i; e < n; ++e) {  // the ragged end, when n % V != 0
-                        const float bv = NIN >= 2 ? to_f<T>(b[e % nb]) : 0.0f;
-                        const float cv = NIN >= 3 ? to_f<T>(c[e % nc]) : 0.0f;
-                        y[e] = from_f<T>(f(to_f<T>(a[e]), bv, cv));
-                    }
-                }
-            }
-        }
+        const bool p2 = (NIN < 2 || full_b || (nb & (nb - 1)) == 0) && (NIN < 3 || full_c || (nc & (nc - 1)) == 0);
+        if (p2)
+            map_packs<T, NIN, true>(a, b, c, n, nb, nc, y, f);
+        else
+            map_packs<T, NIN, false>(a, b, c, n, nb, nc, y, f);
     } else {
+        const unsigned base = blockIdx.x * (blockDim.x * PER);
 #pragma unroll 4
         for (int k = 0; k < PER; ++k) {
             const unsigned e = base + k * blockDim.x + threadIdx.x;
