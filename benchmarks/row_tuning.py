@@ -88,7 +88,7 @@ def _two_read(threads: int, packs: int, blocks: int, hints: bool = True) -> tupl
 # below, at 3 blocks an SM (40 registers): 4165 GB/s at 16384x8192 float32 but 3693 at 8192x4096.
 TWO_READ_VARIANTS = {
     "two-read t512 p2 b4 (shipped for float32 rows of 4096+)": _two_read(512, 2, 4),
-    "two-read t512 p2 b4, no eviction hints": _two_read(512, 2, 4, hints=False),
+    "two-read t512 p2 b4 no eviction hints": _two_read(512, 2, 4, hints=False),
     "two-read t512 p2 b3": _two_read(512, 2, 3),
     "two-read t512 p4 b3": _two_read(512, 4, 3),
     "two-read t512 p1 b4": _two_read(512, 1, 4),
