@@ -78,7 +78,8 @@ def main(argv=None) -> None:
               lambda x: (x, bias(x), torch.randn_like(x)))]
     copy = copy_bandwidth()
     lines = ["## Elementwise tuning (`fxkern.library.gelu`)", "",
-             f"Machine: {common.machine()}. Date: {common.today()}. Command: `python benchmarks/ew_tuning.py`.", "",
+             f"Machine: {common.machine()}. Date: {common.today()}. Command: `python benchmarks/ew_tuning.py"
+             + (f' --variants "{args.variants}"' if args.variants != ",".join(VARIANTS) else "") + "`.", "",
              (f"GB/s of useful bytes at {rows}x{d} (each input read once, each output written once; the bias "
               "is a row), CUDA events around 10 back-to-back calls, 5 warm-ups, median of 20; inductor "
               f"(`torch.compile(pattern)`, default mode) in the same run; device-to-device copy {copy:.0f} GB/s. "

@@ -117,15 +117,14 @@ __device__ __forceinline__ void map_packs(const T* __restrict__ a, const T* __re
 #pragma unroll
         for (int k = 0; k < NV; ++k) {
             const unsigned i = base + ((it * NV + k) * blockDim.x + threadIdx.x) * V;
-            if (i + V <= n) {
-                Pack<T, V> o;
+            if (i + V <= n) {  // 16-bit values widened and rounded in pairs (to_floats, from_floats)
+                float fa[V], fb[V], fc[V];
+                to_floats(pa[k], fa);
+                if (NIN >= 2) to_floats(pb[k], fb);
+                if (NIN >= 3) to_floats(pc[k], fc);
 #pragma unroll
-                for (int j = 0; j < V; ++j) {
-                    const float bv = NIN >= 2 ? to_f<T>(pb[k].v[j]) : 0.0f;
-                    const float cv = NIN >= 3 ? to_f<T>(pc[k].v[j]) : 0.0f;
-                    o.v[j] = from_f<T>(f(to_f<T>(pa[k].v[j]), bv, cv));
-                }
-                store<T, V>(y + i, o);
+                for (int j = 0; j < V; ++j) fa[j] = f(fa[j], NIN >= 2 ? fb[j] : 0.0f, NIN >= 3 ? fc[j] : 0.0f);
+                store<T, V>(y + i, from_floats<T, V>(fa));
             } else {
                 for (unsigned e = i; e < n; ++e) {  // the ragged end, when n % V != 0
                     const float bv = NIN >= 2 ? to_f<T>(b[e % nb]) : 0.0f;
