@@ -44,7 +44,7 @@ VARIANTS = {
     "t128 e8 b12/16 (shipped)": _variant(8, (12, 16)),
     "t128 e8 b12/16 no .ftz": _variant(8, (12, 16), ftz=False),
     "t256 e8 b6/8": _variant(8, (6, 8), threads=256),
-    "t256 e8 b6/8 no .ftz (before)": _variant(8, (6, 8), threads=256, ftz=False),
+    "t256 e8 b6/8 no .ftz": _variant(8, (6, 8), threads=256, ftz=False),
     "t128 e8 b10/16": _variant(8, (10, 16)),
     "t128 e8 b16/16": _variant(8, (16, 16)),
     "t128 e16 b8/8": _variant(16, (8, 8)),

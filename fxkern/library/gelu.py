@@ -127,8 +127,8 @@ __device__ __forceinline__ void map_packs(const T* __restrict__ a, const T* __re
                 store<T, V>(y + i, from_floats<T, V>(fa));
             } else {
                 for (unsigned e = i; e < n; ++e) {  // the ragged end, when n % V != 0
-                    const float bv = NIN >= 2 ? to_f<T>(b[e % nb]) : 0.0f;
-                    const float cv = NIN >= 3 ? to_f<T>(c[e % nc]) : 0.0f;
+                    const float bv = NIN >= 2 ? to_f<T>(b[wrap<P2>(e, nb, full_b)]) : 0.0f;
+                    const float cv = NIN >= 3 ? to_f<T>(c[wrap<P2>(e, nc, full_c)]) : 0.0f;
                     y[e] = from_f<T>(f(to_f<T>(a[e]), bv, cv));
                 }
             }
@@ -161,8 +161,8 @@ __device__ __forceinline__ void map(const T* __restrict__ a, const T* __restrict
         for (int k = 0; k < PER; ++k) {
             const unsigned e = base + k * blockDim.x + threadIdx.x;
             if (e < n) {
-                const float bv = NIN >= 2 ? to_f<T>(b[full_b ? e : e % nb]) : 0.0f;
-                const float cv = NIN >= 3 ? to_f<T>(c[full_c ? e : e % nc]) : 0.0f;
+                const float bv = NIN >= 2 ? to_f<T>(b[wrap<false>(e, nb, full_b)]) : 0.0f;
+                const float cv = NIN >= 3 ? to_f<T>(c[wrap<false>(e, nc, full_c)]) : 0.0f;
                 y[e] = from_f<T>(f(to_f<T>(a[e]), bv, cv));
             }
         }
