@@ -23,6 +23,14 @@ def cuda_time_ms(fn: Callable[[], object], *, warmup: int = 5, reps: int = 20, i
     return _cuda_time_ms(fn, warmup=warmup, reps=reps, inner=inner, lead=lead)
 
 
+def inductor(pattern: Callable) -> Callable:
+    """``pattern`` under torch.compile (inductor, default mode) with a static kernel for every shape it
+    meets. Dynamo caches per function, so without ``dynamic=False`` the second shape a benchmark runs
+    the same pattern at is compiled once for any shape (automatic dynamic), a slower kernel than a
+    model that only ever meets that shape would get: the comparison a user would make is the static one."""
+    return torch.compile(pattern, dynamic=False)
+
+
 def host_us(fn: Callable[[], object], burst: int = 200, rounds: int = 200) -> float:
     """Host microseconds per call: bursts short enough that the GPU queue never pushes back, best of many."""
     best = float("inf")

@@ -82,7 +82,7 @@ def main(argv=None) -> None:
              + (f' --variants "{args.variants}"' if args.variants != ",".join(VARIANTS) else "") + "`.", "",
              (f"GB/s of useful bytes at {rows}x{d} (each input read once, each output written once; the bias "
               "is a row), CUDA events around 10 back-to-back calls, 5 warm-ups, median of 20; inductor "
-              f"(`torch.compile(pattern)`, default mode) in the same run; device-to-device copy {copy:.0f} GB/s. "
+              f"(`torch.compile(pattern, dynamic=False)`, default mode) in the same run; device-to-device copy {copy:.0f} GB/s. "
               "Variant: threads a block (t), elements a thread (e) and blocks resident per SM (b, "
               "the launch bounds), float32/16-bit; \"no .ftz\": exp and reciprocals through __expf and "
               "__fdividef, which keep subnormals at four more instructions each; registers a thread float32/bfloat16 for each kernel in turn, with the "
@@ -94,7 +94,7 @@ def main(argv=None) -> None:
               for key, v in inputs.items()}
     row = []
     for kernel, _, pattern, _ in cases:
-        compiled = torch.compile(pattern)
+        compiled = common.inductor(pattern)
         for dt in DTYPES:
             a = inputs[kernel, dt]
             compiled(*a)

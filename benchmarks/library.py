@@ -5,7 +5,7 @@ kernel time of:
 
 * the library op (``torch.ops.fxkern_lib.<name>``),
 * the pattern in eager PyTorch (the op's reference, as the model's code runs it),
-* ``torch.compile(pattern)`` with inductor in its default mode,
+* ``torch.compile(pattern, dynamic=False)`` with inductor in its default mode (a static kernel per shape),
 
 as useful GB/s (each input read once, each output written once) against a measured
 device-to-device copy. The op is checked against eager first, so a wrong kernel is never timed.
@@ -118,7 +118,7 @@ def measure(label, rule_name, pattern, make, dtype, copy_gbs, rounds, lead=True)
     err = max(float((a.float() - b.float()).norm() / b.float().norm()) for a, b in pairs)
     if not err <= TOL[dtype]:
         raise AssertionError(f"{label} {dtype}: fxkern op differs from eager by {err:.2e} (rel. norm)")
-    compiled = torch.compile(pattern)
+    compiled = common.inductor(pattern)
     compiled(*args)
     nbytes = useful_bytes(args, ours_out)
     fns = [("fxkern", op), ("inductor", compiled), ("eager", pattern)]
@@ -168,7 +168,7 @@ def main(argv=None) -> None:
          f"the order rotated each round); times are the median round. Useful bytes: each input read once, "
          f"each output written once. Device-to-device copy: {copy_gbs:.0f} GB/s (median of {args.rounds}, "
          f"{min(copies):.0f}-{max(copies):.0f}); goal: at least 90% of it ({goal:.0f} GB/s) and faster than "
-         f"inductor (`torch.compile(pattern)`, default mode) on the same pattern. \"vs inductor\": inductor's "
+         f"inductor (`torch.compile(pattern, dynamic=False)`, default mode) on the same pattern. \"vs inductor\": inductor's "
          f"time over fxkern's, the median round and the range over rounds; verdict: \"faster\" when fxkern "
          f"was faster in every round and by at least {MARGIN:.0%} in the median, \"slower\" likewise, else "
          f"\"level\"."),

@@ -8,7 +8,7 @@ the driver. Shapes: one that fills the GPU, a 7B model's width and the demo mode
 one that fills the GPU and the demo model's attention scores).
 
     python benchmarks/row_tuning.py [--softmax | --two-read] [--section-out FILE] [--variants A,B]
-                                    [--dump-inductor DIR]
+                                    [--rounds N] [--dump-inductor DIR]
 
 Writes the "row_tuning" (or "softmax_tuning", or with --two-read "row_tuning_two_read") section of
 docs/benchmarks.md (or FILE).
@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import statistics
 import sys
 from pathlib import Path
 
@@ -76,23 +77,28 @@ SOFTMAX_SHAPES = [(16384, 8192), (131072, 512), (65536, 1024)]
 
 
 def _two_read(threads: int, packs: int, blocks: int, hints: bool = True) -> tuple[dict, int, int]:
-    """A variant of the two-read RMSNorm kernel (fxkern.library.rmsnorm: float32 rows of 4096+ and 16-bit
-    rows of 8192+ in the library): threads a block (one block a row), 16-byte packs a thread reads a step, blocks resident
-    per SM, and whether its loads carry cache eviction priorities. (macros, 0, threads a block)."""
+    """A variant of the two-read RMSNorm kernel (fxkern.library.rmsnorm.TWO_READ: float32 rows of 4096+
+    and 16-bit rows of 8192+ in the library): threads a block (one block a row), 16-byte packs a thread
+    reads a step, blocks resident per SM, and whether its loads carry cache eviction priorities.
+    (macros, 0, threads a block)."""
     return ({"FXK_TWO_READ_THREADS": threads, "FXK_TWO_READ_PACKS": packs, "FXK_TWO_READ_BLOCKS": blocks,
              "FXK_EVICT_HINTS": int(hints)}, 0, threads)
 
 
 # `--two-read`: the register-resident kernel against the two-read kernel, in every dtype; the library's
-# choice first. Also measured (2026-11-23, H200): one kernel taking 4 packs for rows of 8192+ and 2
-# below, at 3 blocks an SM (40 registers): 4165 GB/s at 16384x8192 float32 but 3693 at 8192x4096.
+# choices first. Also measured (2026-11-24, H200, against the tunings shipped then): 4 packs for rows of
+# 8192+ and 2 below as a branch in one kernel at 3 blocks an SM (40 registers): 4240 GB/s at 16384x8192
+# float32 but 3867 at 8192x4096 (2 packs alone: 4070); the second read issuing a step's loads before
+# its stores (spills at 32-40 registers; 0.5-25% slower where it did not spill); the row length as a
+# compile-time constant (no faster).
 TWO_READ_VARIANTS = {
-    "two-read t512 p2 b4 (shipped for float32 rows of 4096+)": _two_read(512, 2, 4),
+    "two-read t512 p2 b4 (shipped for float32 rows of 4096-8191)": _two_read(512, 2, 4),
+    "two-read t512 p4 b3 (shipped for float32 rows of 8192+)": _two_read(512, 4, 3),
+    "two-read t256 p4 b6 (shipped for 16-bit rows of 8192+)": _two_read(256, 4, 6),
     "two-read t512 p2 b4 no eviction hints": _two_read(512, 2, 4, hints=False),
     "two-read t512 p2 b3": _two_read(512, 2, 3),
-    "two-read t512 p4 b3": _two_read(512, 4, 3),
+    "two-read t256 p4 b5": _two_read(256, 4, 5),
     "two-read t512 p1 b4": _two_read(512, 1, 4),
-    "two-read t256 p4 b6 (shipped for 16-bit rows of 8192+)": _two_read(256, 4, 6),
 }
 
 
@@ -161,6 +167,8 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     parser.add_argument("--section-out", type=Path, default=None)
     parser.add_argument("--variants", default=",".join(VARIANTS))
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="time every row this many times, the order rotated each round; the table holds medians")
     which = parser.add_mutually_exclusive_group()
     which.add_argument("--two-read", action="store_true",
                        help="the register-resident RMSNorm against the two-read kernel (TWO_READ_VARIANTS)")
@@ -190,7 +198,7 @@ def main(argv=None) -> None:
         cases = cases[:1]  # the two-read kernel is the plain norm's
         title, command, section = ("RMSNorm: the register-resident kernel against the two-read kernel",
                                    command + " --two-read", "row_tuning_two_read")
-        legend = (" Two-read variants (the library runs the one named so for float32 rows of 4096 elements and "
+        legend = (" Two-read variants (the library runs the ones named so for float32 rows of 4096 elements and "
                   "more and for 16-bit rows of 8192 and more, the register-resident kernel otherwise): one block a row, threads a block (t), 16-byte packs a "
                   "thread reads a step (p), blocks resident per SM (b, both dtypes); the first read of a row asks "
                   "L1 and L2 to keep it (`ld.global.L1::evict_last.L2::cache_hint`, an evict-last policy) and the "
@@ -201,10 +209,14 @@ def main(argv=None) -> None:
         cases = [("softmax_last", softmax.SOFTMAX, softmax.softmax_float32, lambda x, w: (3.0 * x,), 1)]
         title, command, section = ("Softmax tuning (`fxkern.library.softmax`, HF's float32 form)",
                                    command + " --softmax", "softmax_tuning")
+    command += f" --rounds {args.rounds}"
+    if args.variants != parser.get_default("variants"):
+        command += f' --variants "{args.variants}"'
     lines = [f"## {title}", "",
              f"Machine: {common.machine()}. Date: {common.today()}. Command: `{command}`.", "",
              ("GB/s of useful bytes (each input read once, each output written once), CUDA events around 10 "
-              "back-to-back calls, 5 warm-ups, median of 20; inductor (`torch.compile(pattern)`, default mode, which "
+              "back-to-back calls, the GPU kept busy by an untimed call before each sample, 5 warm-ups, median of 20, "
+              f"in {args.rounds} rounds (every row in turn, the order rotated each round; the median over rounds); inductor (`torch.compile(pattern, dynamic=False)`, default mode, which "
               "autotunes its reduction configs) in the same run. Variant: threads a block (t), elements a block "
               "takes (c), 16-byte packs a thread holds (p) and blocks resident per SM (b), float32/16-bit, and "
               "elements a thread holds on the scalar path (rows that are not whole packs: 4 unless named), with c "
@@ -222,8 +234,7 @@ def main(argv=None) -> None:
         lines += [f"### `{kernel}`", "", header, "| --- |" + " ---: |" * len(shapes) + " --- |"]
         nbytes = {k: sum(a.numel() * a.element_size() for a in v if isinstance(a, torch.Tensor))
                   + n_out * v[0].numel() * v[0].element_size() for k, v in inputs.items()}
-        compiled = torch.compile(pattern)
-        row = []
+        compiled = common.inductor(pattern)
         for key, a in inputs.items():
             _, code = run_and_get_code(compiled, *a)
             if args.dump_inductor:
@@ -231,20 +242,27 @@ def main(argv=None) -> None:
                 stem = args.dump_inductor / f"{kernel}_{key[0]}x{key[1]}_{str(key[2])[6:]}"
                 stem.with_suffix(".py").write_text("\n".join(code))
                 stem.with_suffix(".config").write_text("\n".join(inductor_configs(seen)) + "\n")
-            row.append(nbytes[key] / common.cuda_time_ms(lambda a=a: compiled(*a)) / 1e6)
-        lines.append("| inductor | " + " | ".join(f"{v:.0f}" for v in row) + " | |")
-        print(lines[-1], flush=True)
+        runs = {"inductor": compiled}
         for i, name in enumerate(names):
-            op = variant_op(i, kernel, variants[name], base)
-            row = []
+            op = runs[name] = variant_op(i, kernel, variants[name], base)
             for key, a in inputs.items():
                 got, want = op(*a), pattern(*a)
                 for g, w in zip(got if n_out > 1 else (got,), want if n_out > 1 else (want,)):
                     err = float((g.float() - w.float()).norm() / w.float().norm())
                     if not err <= TOL[key[2]]:
                         raise AssertionError(f"{name} {kernel} {key}: rel. err {err:.1e}")
-                row.append(nbytes[key] / common.cuda_time_ms(lambda a=a: op(*a)) / 1e6)
-            lines.append(f"| {name} | " + " | ".join(f"{v:.0f}" for v in row) + f" | {registers(f'fxkern_tune::{kernel}_{i}')} |")
+        # Rounds with the order rotated each round, so drift over the run falls on every row alike.
+        gbps = {name: {key: [] for key in inputs} for name in runs}
+        order = list(runs)
+        for r in range(args.rounds):
+            for name in order[r % len(order):] + order[:r % len(order)]:
+                for key, a in inputs.items():
+                    ms = common.cuda_time_ms(lambda a=a, f=runs[name]: f(*a))
+                    gbps[name][key].append(nbytes[key] / ms / 1e6)
+        for i, name in enumerate(order):
+            regs = "" if name == "inductor" else registers(f"fxkern_tune::{kernel}_{i - 1}")
+            lines.append(f"| {name} | " + " | ".join(f"{statistics.median(v):.0f}" for v in gbps[name].values())
+                         + f" | {regs} |")
             print(lines[-1], flush=True)
         lines.append("")
     common.emit(section, "\n".join(lines), args.section_out)

@@ -179,9 +179,12 @@ def test_add_rmsnorm_op_returns_norm_then_sum_and_checks_the_residual():
 
 def test_long_rows_take_the_two_read_kernel():
     tuning = lib.rmsnorm.two_read_tuning
-    f32, half = lib.rmsnorm.TWO_READ[4], lib.rmsnorm.TWO_READ[2]
+    f32, f32_8k, half = (next(t for t in lib.rmsnorm.TWO_READ if t.name == n) for n in ("32bit", "32bit_8k", "16bit"))
     x, w = torch.randn(3, 4096), torch.randn(4096)
-    assert tuning(x, w) is f32 and tuning(torch.randn(2, 5, 8192), torch.randn(8192)) is f32
+    assert tuning(x, w) is f32 and tuning(torch.randn(3, 8188), torch.randn(8188)) is f32
+    # float32 rows of 8192+ read the whole row in one step
+    assert tuning(torch.randn(2, 5, 8192), torch.randn(8192)) is f32_8k
+    assert tuning(torch.randn(2, 20480), torch.randn(20480)) is f32_8k
     assert tuning(x, w.view(1, 4096)) is f32  # a (1, D) weight is one row too
     for dtype in (torch.bfloat16, torch.float16):  # 16-bit rows from 8192 elements
         assert tuning(torch.randn(3, 8192, dtype=dtype), torch.randn(8192, dtype=dtype)) is half

@@ -159,7 +159,8 @@ def test_rmsnorm_runs_the_two_read_kernel_on_long_rows(name):
     pattern, make = CASES[name]
     torch.manual_seed(2)
     kernel = "gemma_rms_norm" if name.startswith("gemma") else "rms_norm"
-    for rows, d, dtype, two_read in ((64, 8192, torch.float32, True), (64, 2048, torch.float32, False),
+    for rows, d, dtype, two_read in ((64, 8192, torch.float32, True), (64, 4096, torch.float32, True),
+                                     (64, 2048, torch.float32, False),
                                      (64, 8192, torch.bfloat16, True), (64, 4096, torch.bfloat16, False),
                                      (64, 8192, torch.float16, True)):
         args = make(rows, d, dtype)
@@ -201,8 +202,8 @@ def test_two_read_kernel_alone_is_right_for_calls_the_op_never_sends_it(dtype):
     # rows, shifted pointers and a weight that is not one row take the kernel's scalar path.
     torch.manual_seed(3)
     for kernel, pattern in PLAIN_NORMS:
-        for bits in (16, 32):
-            name = f"_{kernel}_two_read_{bits}bit"
+        for tuning in rmsnorm.TWO_READ:
+            name = f"_{kernel}_two_read_{tuning.name}"
             op = getattr(torch.ops.fxkern_lib, name)
             for rows, d in ((5, 1), (5, 100), (3, 4097), (4, 8192), (2, 20011)):
                 x, w = rand(rows, d, dtype=dtype), rand(d, dtype=dtype)
@@ -216,14 +217,16 @@ def test_two_read_blocks_striding_over_rows(dtype):
     # The library launches one block a row; the kernel also takes any grid, each block striding over
     # rows and alternating its two reduction slots: 1, 3 and 7 blocks over 10 rows.
     torch.manual_seed(5)
-    tuning = rmsnorm.TWO_READ[torch.empty((), dtype=dtype).element_size()]
-    for blocks in (1, 3, 7):
-        spec = dataclasses.replace(
-            rmsnorm.RMS_NORM, kernel_name="rms_norm_two_read", kernel_source=tuning.macros() + rmsnorm.SOURCE,
-            geometry=fxkern.Custom(lambda inputs, outputs, b=blocks: ((b,), (tuning.threads,))))
-        op = fxkern.cuda_kernel_op(f"fxkern_test::two_read_{str(dtype)[6:]}_{blocks}_blocks", spec)
-        for d in (8192, 100):  # the vector path and the scalar path
-            check(f"two-read kernel, {blocks} blocks", rmsnorm.llama_rmsnorm, row_case()(10, d, dtype), dtype, op=op)
+    size = torch.empty((), dtype=dtype).element_size()
+    for tuning in (t for t in rmsnorm.TWO_READ if t.element_size == size):
+        for blocks in (1, 3, 7):
+            spec = dataclasses.replace(
+                rmsnorm.RMS_NORM, kernel_name="rms_norm_two_read", kernel_source=tuning.macros() + rmsnorm.SOURCE,
+                geometry=fxkern.Custom(lambda inputs, outputs, b=blocks, t=tuning: ((b,), (t.threads,))))
+            op = fxkern.cuda_kernel_op(f"fxkern_test::two_read_{tuning.name}_{str(dtype)[6:]}_{blocks}_blocks", spec)
+            for d in (8192, 12288, 100):  # the vector path (one step and one and a half) and the scalar path
+                check(f"two-read kernel {tuning.name}, {blocks} blocks", rmsnorm.llama_rmsnorm,
+                      row_case()(10, d, dtype), dtype, op=op)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).removeprefix("torch."))

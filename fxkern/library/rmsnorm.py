@@ -69,14 +69,17 @@ FLOAT32_EPS = torch.finfo(torch.float32).eps  # F.rms_norm's eps=None, for every
 
 @dataclasses.dataclass(frozen=True)
 class TwoRead:
-    """A tuning of the two-read kernel: threads a block (one block a row), 16-byte packs a thread reads
-    a step, blocks resident per SM, and the shortest row it takes (benchmarks/row_tuning.py
-    --two-read measured each against the register-resident kernel)."""
+    """A tuning of the two-read kernel for one element size: the shortest row it takes, threads a
+    block (one block a row), 16-byte packs a thread reads a step and blocks resident per SM
+    (benchmarks/row_tuning.py --two-read measured each against the register-resident kernel and
+    inductor). ``name`` ends its private op's name."""
 
+    name: str
+    element_size: int
+    min_row: int
     threads: int
     packs: int
     blocks: int
-    min_row: int
 
     def macros(self, define: str = "#define {k} {v}\n") -> str:
         return "".join(define.format(k=k, v=v) for k, v in (
@@ -84,13 +87,14 @@ class TwoRead:
             ("FXK_TWO_READ_BLOCKS", self.blocks)))
 
 
-# By element size: float32 rows of 4096+ and 16-bit rows of 8192+ (16 KB and more) were faster read
-# twice; shorter rows keep the register-resident kernel.
-TWO_READ = {4: TwoRead(threads=512, packs=2, blocks=4, min_row=4096),
-            2: TwoRead(threads=256, packs=4, blocks=6, min_row=8192)}
-# Defaults for the source alone (a spec prefixes its own tuning), and the loads' cache eviction
-# priorities, on unless a variant turns them off.
-TWO_READ_DEFAULTS = TWO_READ[4].macros("#ifndef {k}\n#define {k} {v}\n#endif\n") + (
+# Float32 rows of 4096+ and 16-bit rows of 8192+ (16 KB and more) were faster read twice; shorter
+# rows keep the register-resident kernel. Float32 rows of 8192+ read the whole row in one step (four
+# packs a thread, inductor's own shape there): 1.4% faster at 16384x8192, and 8% slower at 8192x4096
+# than two packs, also as a branch in one kernel, so it is a kernel of its own.
+TWO_READ = (TwoRead("32bit", 4, min_row=4096, threads=512, packs=2, blocks=4),
+            TwoRead("32bit_8k", 4, min_row=8192, threads=512, packs=4, blocks=3),
+            TwoRead("16bit", 2, min_row=8192, threads=256, packs=4, blocks=6))
+TWO_READ_DEFAULTS = TWO_READ[0].macros("#ifndef {k}\n#define {k} {v}\n#endif\n") + (
     "#ifndef FXK_EVICT_HINTS\n#define FXK_EVICT_HINTS 1\n#endif\n")
 
 SOURCE = COMMON + row_tuning(blocks_f32=4, blocks_half=6, packs_f32=8, packs_half=4) + TWO_READ_DEFAULTS + r"""
@@ -447,29 +451,31 @@ def _two_read_spec(kernel: str, x: str, tuning: TwoRead) -> KernelSpec:
 
 
 def two_read_tuning(x: torch.Tensor, weight: torch.Tensor) -> TwoRead | None:
-    """The two-read kernel's tuning a call runs, or None for the register-resident kernel: rows at
-    least its ``min_row`` long in whole 16-byte packs, one dtype for both, a (D,) weight, both
-    16-byte aligned (a non-contiguous one is copied to a fresh, aligned buffer before launch). There
-    the two-read kernel was measured faster (in step with inductor at 16384x8192, ahead of it at
-    8192x4096 in float32); shorter rows are faster held in registers."""
-    tuning = TWO_READ.get(x.element_size()) if x.dtype.is_floating_point else None
+    """The two-read kernel's tuning a call runs (of its element size, the one for the longest rows it
+    reaches), or None for the register-resident kernel: rows at least a tuning's ``min_row`` long in
+    whole 16-byte packs, one dtype for both, a (D,) weight, both 16-byte aligned (a non-contiguous one
+    is copied to a fresh, aligned buffer before launch). There the two-read kernel was measured
+    faster (within 2% of inductor at 16384x8192, level with it at 8192x4096 in float32); shorter rows
+    are faster held in registers."""
     d = x.shape[-1] if x.dim() else 0
-    if (tuning is None or d < tuning.min_row or d % (16 // x.element_size()) or weight.dtype != x.dtype
+    fits = [t for t in TWO_READ if t.element_size == x.element_size() and d >= t.min_row]
+    if (not fits or not x.dtype.is_floating_point or d % (16 // x.element_size()) or weight.dtype != x.dtype
             or weight.numel() != d or not _aligned_at_launch(x) or not _aligned_at_launch(weight)):
         return None
-    return tuning
+    return max(fits, key=lambda t: t.min_row)
 
 
 def _aligned_at_launch(t: torch.Tensor) -> bool:
     return not t.is_contiguous() or t.data_ptr() % 16 == 0
 
 
-def _pick_kernel(rows: str, two_read: dict[int, str]):
-    """An op's CUDA implementation that runs the two-read kernel tuned for the call's element size
-    where ``two_read_tuning`` says so, else ``rows``'s register-resident one (private ops)."""
+def _pick_kernel(rows: str, two_read: dict[TwoRead, str]):
+    """An op's CUDA implementation that runs the two-read kernel tuned for the call where
+    ``two_read_tuning`` says so, else ``rows``'s register-resident one (private ops)."""
 
     def pick(x, weight, eps):
-        return rows if two_read_tuning(x, weight) is None else two_read[x.element_size()]
+        tuning = two_read_tuning(x, weight)
+        return rows if tuning is None else two_read[tuning]
 
     return per_call(pick, (rows, *two_read.values()))
 
@@ -625,9 +631,9 @@ def register(rules) -> None:
         rows = f"{NAMESPACE}::_{name}_rows"
         cuda_kernel_op(rows, spec, reference=pattern)
         two_read = {}
-        for size, tuning in TWO_READ.items():
-            two_read[size] = f"{NAMESPACE}::_{name}_two_read_{8 * size}bit"
-            cuda_kernel_op(two_read[size], _two_read_spec(f"{name}_two_read", x, tuning), reference=pattern)
+        for tuning in TWO_READ:
+            two_read[tuning] = f"{NAMESPACE}::_{name}_two_read_{tuning.name}"
+            cuda_kernel_op(two_read[tuning], _two_read_spec(f"{name}_two_read", x, tuning), reference=pattern)
         plain[name] = cuda_kernel_op(f"{NAMESPACE}::{name}", spec, reference=pattern,
                                      eager_fn=_pick_kernel(rows, two_read))
     add_rule(rules, gemma_rmsnorm, plain["gemma_rms_norm"], "gemma_rms_norm", filter=row_param("x", "weight"), irs=irs)
