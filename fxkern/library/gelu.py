@@ -126,9 +126,12 @@ __device__ __forceinline__ void map_packs(const T* __restrict__ a, const T* __re
                 for (int j = 0; j < V; ++j) fa[j] = f(fa[j], NIN >= 2 ? fb[j] : 0.0f, NIN >= 3 ? fc[j] : 0.0f);
                 store<T, V>(y + i, from_floats<T, V>(fa));
             } else {
-                for (unsigned e = i; e < n; ++e) {  // the ragged end, when n % V != 0
-                    const float bv = NIN >= 2 ? to_f<T>(b[wrap<P2>(e, nb, full_b)]) : 0.0f;
-                    const float cv = NIN >= 3 ? to_f<T>(c[wrap<P2>(e, nc, full_c)]) : 0.0f;
+                // The ragged end, when n % V != 0: under V elements a call, so a plain modulo. wrap's
+                // mask here held registers the whole kernel pays for: the float32 residual kernels
+                // spilled 16-40 bytes and bias + GELU(tanh) + residual ran 1.5% slower.
+                for (unsigned e = i; e < n; ++e) {
+                    const float bv = NIN >= 2 ? to_f<T>(b[e % nb]) : 0.0f;
+                    const float cv = NIN >= 3 ? to_f<T>(c[e % nc]) : 0.0f;
                     y[e] = from_f<T>(f(to_f<T>(a[e]), bv, cv));
                 }
             }
