@@ -92,9 +92,9 @@ def _two_read(threads: int, packs: int, blocks: int, hints: bool = True) -> tupl
 # its stores (spills at 32-40 registers; 0.5-25% slower where it did not spill); the row length as a
 # compile-time constant (no faster).
 TWO_READ_VARIANTS = {
-    "two-read t512 p2 b4 (shipped for float32 rows of 4096-8191)": _two_read(512, 2, 4),
+    "two-read t512 p2 b4 (shipped for float32 rows of 4096-8191, 16-bit rows of 8192+)": _two_read(512, 2, 4),
     "two-read t512 p4 b3 (shipped for float32 rows of 8192+)": _two_read(512, 4, 3),
-    "two-read t256 p4 b6 (shipped for 16-bit rows of 8192+)": _two_read(256, 4, 6),
+    "two-read t256 p4 b6": _two_read(256, 4, 6),
     "two-read t512 p2 b4 no eviction hints": _two_read(512, 2, 4, hints=False),
     "two-read t512 p2 b3": _two_read(512, 2, 3),
     "two-read t256 p4 b5": _two_read(256, 4, 5),

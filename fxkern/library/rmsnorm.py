@@ -90,10 +90,12 @@ class TwoRead:
 # Float32 rows of 4096+ and 16-bit rows of 8192+ (16 KB and more) were faster read twice; shorter
 # rows keep the register-resident kernel. Float32 rows of 8192+ read the whole row in one step (four
 # packs a thread, inductor's own shape there): 1.4% faster at 16384x8192, and 8% slower at 8192x4096
-# than two packs, also as a branch in one kernel, so it is a kernel of its own.
+# than two packs, also as a branch in one kernel, so it is a kernel of its own. 16-bit rows take
+# inductor's shape too (two packs, the row of 8192 in one step): 1.1% faster than 256 threads of
+# four packs once Llama's weight multiply was one packed instruction.
 TWO_READ = (TwoRead("32bit", 4, min_row=4096, threads=512, packs=2, blocks=4),
             TwoRead("32bit_8k", 4, min_row=8192, threads=512, packs=4, blocks=3),
-            TwoRead("16bit", 2, min_row=8192, threads=256, packs=4, blocks=6))
+            TwoRead("16bit", 2, min_row=8192, threads=512, packs=2, blocks=4))
 TWO_READ_DEFAULTS = TWO_READ[0].macros("#ifndef {k}\n#define {k} {v}\n#endif\n") + (
     "#ifndef FXK_EVICT_HINTS\n#define FXK_EVICT_HINTS 1\n#endif\n")
 
@@ -109,6 +111,20 @@ template <typename T, int MODE, int V>
 __device__ __forceinline__ Pack<T, V> rms_pack(const Pack<T, V>& c, const Pack<T, V>& w, float r) {
     float x[V], wf[V];
     to_floats(c, x);
+    if constexpr (MODE == RMS_LLAMA && sizeof(T) == 2 && V % 2 == 0) {
+        // Llama in float16/bfloat16: two 16-bit values multiply exactly in float, so PyTorch's
+        // weight * h (float multiply, one rounding) is one packed 16-bit multiply (mul.rn), which
+        // skips widening the weight and the rounded h: 24 instructions a pack where it took 48.
+#pragma unroll
+        for (int j = 0; j < V; ++j) x[j] *= r;
+        const Pack<T, V> h = from_floats<T, V>(x);
+        Pack<T, V> out;
+        using P = typename Pair<T>::P;
+#pragma unroll
+        for (int j = 0; j < V / 2; ++j)
+            reinterpret_cast<P*>(out.v)[j] = __hmul2(reinterpret_cast<const P*>(w.v)[j], reinterpret_cast<const P*>(h.v)[j]);
+        return out;
+    }
     to_floats(w, wf);
 #pragma unroll
     for (int j = 0; j < V; ++j) x[j] *= r;
@@ -253,9 +269,9 @@ __device__ __forceinline__ void rmsnorm(const T* x, const T* res, int nr, const 
 // ---- two reads: long rows (the op picks this kernel per call, see two_read_tuning) ---------------------
 // One block a row, FXK_TWO_READ_THREADS threads, each reading a few packs a step: a first pass sums the
 // squares, a second reads the row again (from L1/L2) to write the output. Nothing of the row is held
-// across the reduction, so a thread needs few registers: in float32 an SM holds 2048 threads where the
-// register-resident kernel holds 1024; in 16-bit both hold 1536, and what differs is the second read
-// from L1/L2 (with eviction hints) in place of the row kept in registers through the reduction. The
+// across the reduction, so a thread needs few registers: an SM holds 1536-2048 threads where the
+// register-resident kernel holds 1024 (float32) or 1536 (16-bit), and the second read comes from
+// L1/L2 (with eviction hints) in place of the row kept in registers through the reduction. The
 // shape of inductor's kernel, measured faster for float32 rows of 4096+ elements and 16-bit rows of
 // 8192+ (benchmarks/row_tuning.py --two-read).
 
