@@ -27,7 +27,14 @@ def inductor(pattern: Callable) -> Callable:
     """``pattern`` under torch.compile (inductor, default mode) with a static kernel for every shape it
     meets. Dynamo caches per function, so without ``dynamic=False`` the second shape a benchmark runs
     the same pattern at is compiled once for any shape (automatic dynamic), a slower kernel than a
-    model that only ever meets that shape would get: the comparison a user would make is the static one."""
+    model that only ever meets that shape would get: the comparison a user would make is the static one.
+    Each shape and dtype is then a cache entry of its own, so past dynamo's recompile limit a call would
+    quietly run eager: the limit is raised, and hitting it raises."""
+    import torch._dynamo.config as dynamo_config
+
+    dynamo_config.recompile_limit = max(dynamo_config.recompile_limit, 64)
+    if hasattr(dynamo_config, "fail_on_recompile_limit_hit"):
+        dynamo_config.fail_on_recompile_limit_hit = True
     return torch.compile(pattern, dynamic=False)
 
 

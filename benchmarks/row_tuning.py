@@ -176,6 +176,8 @@ def main(argv=None) -> None:
     parser.add_argument("--dump-inductor", type=Path, default=None,
                         help="write inductor's generated code, and the configs its autotuner chose, here")
     args = parser.parse_args(argv)
+    if args.rounds < 1:
+        parser.error("--rounds must be at least 1")
     if not torch.cuda.is_available():
         print("no GPU: nothing to tune")
         return
@@ -183,7 +185,7 @@ def main(argv=None) -> None:
 
     torch.manual_seed(0)
     variants, shapes_run = VARIANTS, SHAPES
-    names = args.variants.split(",")
+    names = list(dict.fromkeys(args.variants.split(",")))  # each variant once
     if args.two_read:  # the register-resident kernel's first variant named, then the two-read ones named
         variants = {**VARIANTS, **TWO_READ_VARIANTS}
         names = ([n for n in names if n in VARIANTS][:1]
@@ -251,11 +253,13 @@ def main(argv=None) -> None:
                     err = float((g.float() - w.float()).norm() / w.float().norm())
                     if not err <= TOL[key[2]]:
                         raise AssertionError(f"{name} {kernel} {key}: rel. err {err:.1e}")
-        # Rounds with the order rotated each round, so drift over the run falls on every row alike.
+        # Rounds with the order rotated each round by an equal share of the rows, so drift over the
+        # run falls on every row alike.
         gbps = {name: {key: [] for key in inputs} for name in runs}
         order = list(runs)
         for r in range(args.rounds):
-            for name in order[r % len(order):] + order[:r % len(order)]:
+            shift = r * len(order) // args.rounds
+            for name in order[shift:] + order[:shift]:
                 for key, a in inputs.items():
                     ms = common.cuda_time_ms(lambda a=a, f=runs[name]: f(*a))
                     gbps[name][key].append(nbytes[key] / ms / 1e6)

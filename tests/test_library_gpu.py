@@ -224,7 +224,7 @@ def test_two_read_blocks_striding_over_rows(dtype):
                 rmsnorm.RMS_NORM, kernel_name="rms_norm_two_read", kernel_source=tuning.macros() + rmsnorm.SOURCE,
                 geometry=fxkern.Custom(lambda inputs, outputs, b=blocks, t=tuning: ((b,), (t.threads,))))
             op = fxkern.cuda_kernel_op(f"fxkern_test::two_read_{tuning.name}_{str(dtype)[6:]}_{blocks}_blocks", spec)
-            for d in (8192, 12288, 100):  # the vector path (one step and one and a half) and the scalar path
+            for d in (6144, 8192, 12288, 100):  # the vector path (rows ending mid-step too) and the scalar path
                 check(f"two-read kernel {tuning.name}, {blocks} blocks", rmsnorm.llama_rmsnorm,
                       row_case()(10, d, dtype), dtype, op=op)
 

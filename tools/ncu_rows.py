@@ -22,6 +22,8 @@ parser.add_argument("--shape", default="16384x8192")
 parser.add_argument("--add", action="store_true", help="residual add + RMSNorm")
 parser.add_argument("--op", default=None, help="an op of fxkern_lib to profile in place of the public one")
 args = parser.parse_args()
+if args.op and args.add:
+    parser.error("--op takes a plain norm's private op (x, weight, eps); leave out --add")
 rows, d = (int(v) for v in args.shape.split("x"))
 dtype = getattr(torch, args.dtype)
 x, r, w = (torch.randn(rows, d, device="cuda", dtype=dtype), torch.randn(rows, d, device="cuda", dtype=dtype),

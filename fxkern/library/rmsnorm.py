@@ -26,8 +26,8 @@ resident per SM were chosen by ``benchmarks/row_tuning.py`` (results in docs/ben
 
 The plain norms on float32 rows of 4096+ elements and 16-bit rows of 8192+ run a second kernel
 instead (``two_read_tuning``): one block a row, reading it twice, with cache eviction hints, holding
-nothing of the row through the reduction (in float32, twice the threads an SM); it was measured
-faster there (``row_tuning.py --two-read``). TensorRT
+nothing of the row through the reduction (so more threads an SM); it was measured faster there
+(``row_tuning.py --two-read``). TensorRT
 plugins carry the register-resident kernel, the public op's spec. None of these rules runs inside
 inductor (see ``register``).
 """
@@ -112,9 +112,10 @@ __device__ __forceinline__ Pack<T, V> rms_pack(const Pack<T, V>& c, const Pack<T
     float x[V], wf[V];
     to_floats(c, x);
     if constexpr (MODE == RMS_LLAMA && sizeof(T) == 2 && V % 2 == 0) {
-        // Llama in float16/bfloat16: two 16-bit values multiply exactly in float, so PyTorch's
-        // weight * h (float multiply, one rounding) is one packed 16-bit multiply (mul.rn), which
-        // skips widening the weight and the rounded h: 24 instructions a pack where it took 48.
+        // Llama in float16/bfloat16: PyTorch's weight * h widens both to float, multiplies and rounds
+        // to the dtype; a 16-bit product rounds to the same value in one packed multiply (__hmul2_rn:
+        // mul.rn, never fused), which skips widening the weight and the rounded h: 24 instructions
+        // a pack where it took 48.
 #pragma unroll
         for (int j = 0; j < V; ++j) x[j] *= r;
         const Pack<T, V> h = from_floats<T, V>(x);
@@ -122,7 +123,7 @@ __device__ __forceinline__ Pack<T, V> rms_pack(const Pack<T, V>& c, const Pack<T
         using P = typename Pair<T>::P;
 #pragma unroll
         for (int j = 0; j < V / 2; ++j)
-            reinterpret_cast<P*>(out.v)[j] = __hmul2(reinterpret_cast<const P*>(w.v)[j], reinterpret_cast<const P*>(h.v)[j]);
+            reinterpret_cast<P*>(out.v)[j] = __hmul2_rn(reinterpret_cast<const P*>(w.v)[j], reinterpret_cast<const P*>(h.v)[j]);
         return out;
     }
     to_floats(w, wf);
@@ -269,8 +270,8 @@ __device__ __forceinline__ void rmsnorm(const T* x, const T* res, int nr, const 
 // ---- two reads: long rows (the op picks this kernel per call, see two_read_tuning) ---------------------
 // One block a row, FXK_TWO_READ_THREADS threads, each reading a few packs a step: a first pass sums the
 // squares, a second reads the row again (from L1/L2) to write the output. Nothing of the row is held
-// across the reduction, so a thread needs few registers: an SM holds 1536-2048 threads where the
-// register-resident kernel holds 1024 (float32) or 1536 (16-bit), and the second read comes from
+// across the reduction, so a thread needs few registers: an H100/H200 SM holds 1536-2048 threads where
+// the register-resident kernel holds 1024 (float32) or 1536 (16-bit), and the second read comes from
 // L1/L2 (with eviction hints) in place of the row kept in registers through the reduction. The
 // shape of inductor's kernel, measured faster for float32 rows of 4096+ elements and 16-bit rows of
 // 8192+ (benchmarks/row_tuning.py --two-read).
