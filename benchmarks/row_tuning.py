@@ -89,8 +89,8 @@ def _two_read(threads: int, packs: int, blocks: int, hints: bool = True) -> tupl
 # choices first. Also measured (2026-11-24, H200, against the tunings shipped then): 4 packs for rows of
 # 8192+ and 2 below as a branch in one kernel at 3 blocks an SM (40 registers): 4240 GB/s at 16384x8192
 # float32 but 3867 at 8192x4096 (2 packs alone: 4070); the second read issuing a step's loads before
-# its stores (spills at 32-40 registers; 0.5-25% slower where it did not spill); the row length as a
-# compile-time constant (no faster).
+# its stores (spills at 32-40 registers; 1.3% slower at 64 registers, where it did not); the row
+# length as a compile-time constant (no faster).
 TWO_READ_VARIANTS = {
     "two-read t512 p2 b4 (shipped for float32 rows of 4096-8191, 16-bit rows of 8192+)": _two_read(512, 2, 4),
     "two-read t512 p4 b3 (shipped for float32 rows of 8192+)": _two_read(512, 4, 3),

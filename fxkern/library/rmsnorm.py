@@ -96,6 +96,9 @@ class TwoRead:
 TWO_READ = (TwoRead("32bit", 4, min_row=4096, threads=512, packs=2, blocks=4),
             TwoRead("32bit_8k", 4, min_row=8192, threads=512, packs=4, blocks=3),
             TwoRead("16bit", 2, min_row=8192, threads=512, packs=2, blocks=4))
+# Per element size, the longest rows' tuning first: two_read_tuning runs on every call.
+_TWO_READ_BY_SIZE = {size: sorted((t for t in TWO_READ if t.element_size == size), key=lambda t: -t.min_row)
+                     for size in {t.element_size for t in TWO_READ}}
 TWO_READ_DEFAULTS = TWO_READ[0].macros("#ifndef {k}\n#define {k} {v}\n#endif\n") + (
     "#ifndef FXK_EVICT_HINTS\n#define FXK_EVICT_HINTS 1\n#endif\n")
 
@@ -109,7 +112,7 @@ enum { RMS_LLAMA = 0, RMS_GEMMA = 1 };
 //   Llama: weight * (x * r).to(input_dtype)       Gemma: ((x * r) * (1 + weight)).type_as(x)
 template <typename T, int MODE, int V>
 __device__ __forceinline__ Pack<T, V> rms_pack(const Pack<T, V>& c, const Pack<T, V>& w, float r) {
-    float x[V], wf[V];
+    float x[V];
     to_floats(c, x);
     if constexpr (MODE == RMS_LLAMA && sizeof(T) == 2 && V % 2 == 0) {
         // Llama in float16/bfloat16: PyTorch's weight * h widens both to float, multiplies and rounds
@@ -126,6 +129,7 @@ __device__ __forceinline__ Pack<T, V> rms_pack(const Pack<T, V>& c, const Pack<T
             reinterpret_cast<P*>(out.v)[j] = __hmul2_rn(reinterpret_cast<const P*>(w.v)[j], reinterpret_cast<const P*>(h.v)[j]);
         return out;
     }
+    float wf[V];
     to_floats(w, wf);
 #pragma unroll
     for (int j = 0; j < V; ++j) x[j] *= r;
@@ -475,11 +479,11 @@ def two_read_tuning(x: torch.Tensor, weight: torch.Tensor) -> TwoRead | None:
     faster (within 2% of inductor at 16384x8192, level with it at 8192x4096 in float32); shorter rows
     are faster held in registers."""
     d = x.shape[-1] if x.dim() else 0
-    fits = [t for t in TWO_READ if t.element_size == x.element_size() and d >= t.min_row]
-    if (not fits or not x.dtype.is_floating_point or d % (16 // x.element_size()) or weight.dtype != x.dtype
+    tuning = next((t for t in _TWO_READ_BY_SIZE.get(x.element_size(), ()) if d >= t.min_row), None)
+    if (tuning is None or not x.dtype.is_floating_point or d % (16 // x.element_size()) or weight.dtype != x.dtype
             or weight.numel() != d or not _aligned_at_launch(x) or not _aligned_at_launch(weight)):
         return None
-    return max(fits, key=lambda t: t.min_row)
+    return tuning
 
 
 def _aligned_at_launch(t: torch.Tensor) -> bool:
