@@ -40,6 +40,24 @@ def row_geometry_8k(inputs, outputs):
     return (cdiv(inputs[0].numel(), 8192),), (ROW_BLOCK,)
 
 
+def row_geometry_warp_1k(inputs, outputs):
+    """One 32-thread block (a warp) per 1024 elements of input 0: a float32 warp's register-full (8
+    packs of 4 a thread). For short rows (softmax over attention scores), where one-warp blocks were
+    faster than 256-thread ones (benchmarks/row_tuning.py --softmax)."""
+    return (cdiv(inputs[0].numel(), 1024),), (32,)
+
+
+def row_geometry_warp_2k(inputs, outputs):
+    """One 32-thread block per 2048 elements of input 0: a 16-bit warp's register-full (8 packs of 8)."""
+    return (cdiv(inputs[0].numel(), 2048),), (32,)
+
+
+def aligned_at_launch(t: torch.Tensor) -> bool:
+    """Whether the kernel will see ``t`` 16-byte aligned: a non-contiguous tensor is copied to a fresh
+    (aligned) buffer before launch, a contiguous one is passed as it is."""
+    return not t.is_contiguous() or t.data_ptr() % 16 == 0
+
+
 def per_call(pick: Callable[..., str], names: Sequence[str]) -> Callable[..., Any]:
     """A public op's CUDA implementation that runs, each call, the private op ``pick(*args)`` names
     (one of ``names``, all registered), launched directly rather than through the dispatcher: the

@@ -46,6 +46,7 @@ from fxkern.library._rules import (
     DTYPES,
     NAMESPACE,
     add_rule,
+    aligned_at_launch,
     per_call,
     row_geometry_8k,
     row_param,
@@ -481,13 +482,9 @@ def two_read_tuning(x: torch.Tensor, weight: torch.Tensor) -> TwoRead | None:
     d = x.shape[-1] if x.dim() else 0
     tuning = next((t for t in _TWO_READ_BY_SIZE.get(x.element_size(), ()) if d >= t.min_row), None)
     if (tuning is None or not x.dtype.is_floating_point or d % (16 // x.element_size()) or weight.dtype != x.dtype
-            or weight.numel() != d or not _aligned_at_launch(x) or not _aligned_at_launch(weight)):
+            or weight.numel() != d or not aligned_at_launch(x) or not aligned_at_launch(weight)):
         return None
     return tuning
-
-
-def _aligned_at_launch(t: torch.Tensor) -> bool:
-    return not t.is_contiguous() or t.data_ptr() % 16 == 0
 
 
 def _pick_kernel(rows: str, two_read: dict[TwoRead, str]):
