@@ -59,19 +59,26 @@ VARIANTS = {
 }
 
 # Softmax (fxkern.library.softmax, `--softmax`): the library's choices first (softmax.grid_for picks
-# by row length). Blocks of 32 to 128 threads only hold short rows (longer ones take the second read):
-# they are for attention's rows of 256 to 2048. Also measured (2026-11-24 17:17 UTC, H200): a grid
-# capped at the blocks the GPU holds at once (SMs x b), each block looping over its larger slice so all
-# end together: 8-19% slower, wherever the rows fit in registers, than the same kernel a block per register-full (131072x512
-# float32: 3566 GB/s against 4051 at t256, 3553 against 4103 at t32), the blocks of an SM moving through
-# load, reduce and store in step rather than overlapping.
+# by row length and dtype). Blocks of 32 to 128 threads only hold short rows (longer ones take the
+# second read): they are for attention's rows of 256 to 2048. Also measured (2026-11-24 17:17 UTC,
+# H200): a grid capped at the blocks the GPU holds at once (SMs x b), each block looping over its
+# larger slice so all end together: 8-19% slower wherever the rows fit in registers than the same
+# kernel a block per register-full (131072x512 float32: 3566 GB/s against 4051 at t256, 3553 against
+# 4103 at t32), the blocks of an SM moving through load, reduce and store in step, not overlapping;
+# 16-bit short rows at 2 packs a thread (t32 c512, t64 c1k at 16 and 24 blocks an SM, t128 c2k at 8),
+# which a warp then shares as float32 rows at 4 packs are (the float32 short-row choice): 13-33%
+# slower than 8 packs in one-warp blocks at 512 and 1024 elements (17:36 UTC).
 SOFTMAX_VARIANTS = {
     "t256 c8k/16k p8/8 b4/4 (shipped for longer rows)": _variant(256, (8192, 16384), (8, 8), (4, 4)),
-    "t32 c1k/2k p8/8 b32/32 (shipped for rows a warp holds)": _variant(32, (1024, 2048), (8, 8), (32, 32)),
+    "t32 c1k/2k p8/8 b32/32 (shipped for 16-bit rows up to 2048)": _variant(32, (1024, 2048), (8, 8), (32, 32)),
+    "t64 c1k/2k p4/4 b16/16 (shipped for float32 rows up to 1024)": _variant(64, (1024, 2048), (4, 4), (16, 16)),
     "t256 c8k/16k p8/8 b3/4 (before, for every row)": _variant(256, (8192, 16384), (8, 8), (3, 4)),
     "t256 c16k p8/8 b3/4": _variant(256, 16384, (8, 8), (3, 4)),
     "t256 c4k/16k p4/8 b6/4": _variant(256, (4096, 16384), (4, 8), (6, 4)),
     "t64 c2k/4k p8/8 b16/16": _variant(64, (2048, 4096), (8, 8), (16, 16)),
+    "t32 c512/1k p4/4 b32/32": _variant(32, (512, 1024), (4, 4), (32, 32)),
+    "t64 c1k/2k p4/4 b24/24": _variant(64, (1024, 2048), (4, 4), (24, 24)),
+    "t128 c2k/4k p4/4 b12/12": _variant(128, (2048, 4096), (4, 4), (12, 12)),
     "t128 c4k/8k p8/8 b8/8": _variant(128, (4096, 8192), (8, 8), (8, 8)),
     "t256 c32k p8/8 b3/4": _variant(256, 32768, (8, 8), (3, 4)),
     "t256 c16k p4/4 b4/6": _variant(256, 16384, (4, 4), (4, 6)),

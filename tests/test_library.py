@@ -204,18 +204,18 @@ def test_long_rows_take_the_two_read_kernel():
 def test_softmax_picks_its_grid_by_row_length_dtype_and_alignment():
     sm = lib.softmax
     grid_for, fine, coarse = sm.grid_for, sm.ROWS_32BIT, sm.ROWS
-    # Rows a warp holds in whole 16-byte packs: one-warp blocks, a register-full a block by element size.
-    assert grid_for(torch.randn(3, 512)) == sm.ROWS_WARP_32BIT == grid_for(torch.randn(2, 4, 1024))
+    # Short rows in whole 16-byte packs: small blocks, a register-full a block by element size.
+    assert grid_for(torch.randn(3, 512)) == sm.ROWS_SHORT_32BIT == grid_for(torch.randn(2, 4, 1024))
     for dtype in (torch.bfloat16, torch.float16):
-        assert grid_for(torch.randn(3, 2048, dtype=dtype)) == sm.ROWS_WARP == grid_for(torch.randn(3, 8, dtype=dtype))
+        assert grid_for(torch.randn(3, 2048, dtype=dtype)) == sm.ROWS_SHORT == grid_for(torch.randn(3, 8, dtype=dtype))
         assert grid_for(torch.randn(3, 2056, dtype=dtype)) == coarse  # a 16-bit block holds 16384 elements
         assert grid_for(torch.randn(3, 1020, dtype=dtype)) == coarse  # not whole packs: the scalar path
     # Longer float32 rows a 256-thread block holds: the block per 8192 elements.
     assert grid_for(torch.randn(3, 1028)) == fine and grid_for(torch.randn(2, 4, 8192)) == fine
-    assert grid_for(torch.randn(3, 1022)) == fine  # not whole packs: a warp would hold 128 elements
+    assert grid_for(torch.randn(3, 1022)) == fine  # not whole packs: a small block would hold 256 elements
     shifted = torch.randn(3 * 512 + 1)[1:].view(3, 512)  # 4 bytes past a 16-byte boundary
     assert shifted.data_ptr() % 16 and grid_for(shifted) == fine
-    assert grid_for(torch.randn(512, 3).t()) == sm.ROWS_WARP_32BIT  # copied to an aligned buffer first
+    assert grid_for(torch.randn(512, 3).t()) == sm.ROWS_SHORT_32BIT  # copied to an aligned buffer first
     assert grid_for(torch.randn(3, 8193)) == coarse  # longer rows: a block a row, not blocks without one
     assert grid_for(torch.tensor(1.0)) == coarse  # the op's own check refuses it
 
@@ -224,8 +224,8 @@ def test_softmax_picks_its_grid_by_row_length_dtype_and_alignment():
         return grid_x(([shape], [shape]))
 
     assert blocks(fine, (131072, 512)) == 8192 and blocks(coarse, (131072, 512)) == 4096
-    assert blocks(sm.ROWS_WARP_32BIT, (131072, 512)) == 65536 and blocks(sm.ROWS_WARP, (131072, 512)) == 32768
-    assert fxkern.kernel_op(sm.ROWS_WARP).plan.block[0] == 32 == fxkern.kernel_op(sm.ROWS_WARP_32BIT).plan.block[0]
+    assert blocks(sm.ROWS_SHORT_32BIT, (131072, 512)) == 65536 and blocks(sm.ROWS_SHORT, (131072, 512)) == 32768
+    assert fxkern.kernel_op(sm.ROWS_SHORT_32BIT).plan.block[0] == 64 and fxkern.kernel_op(sm.ROWS_SHORT).plan.block[0] == 32
 
 
 def test_rmsnorm_near_misses_are_left_alone():

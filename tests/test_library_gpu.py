@@ -187,11 +187,11 @@ def test_register_resident_kernel_on_every_row_length(dtype):
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).removeprefix("torch."))
 def test_softmax_on_every_grid_for_every_row_length(dtype):
     # The softmax op launches one of four grids per call (softmax.grid_for); each private op is right
-    # on every row length in every dtype, calls the public op never sends it included (one-warp
-    # blocks given rows longer than a warp holds take the second read with 32 threads).
+    # on every row length in every dtype, calls the public op never sends it included (the small
+    # blocks given rows longer than they hold take the second read with 32 or 64 threads).
     torch.manual_seed(5)
     make = CASES["softmax"][1]
-    for name in (softmax.ROWS, softmax.ROWS_32BIT, softmax.ROWS_WARP, softmax.ROWS_WARP_32BIT):
+    for name in (softmax.ROWS, softmax.ROWS_32BIT, softmax.ROWS_SHORT, softmax.ROWS_SHORT_32BIT):
         op = getattr(torch.ops.fxkern_lib, name.split("::")[1])
         for rows, d in [(ROWS, d) for d in ROW_LENGTHS] + [(1000, 64), (4096, 512)]:
             check(name, softmax.softmax, make(rows, d, dtype), dtype, op=op)

@@ -40,15 +40,16 @@ def row_geometry_8k(inputs, outputs):
     return (cdiv(inputs[0].numel(), 8192),), (ROW_BLOCK,)
 
 
-def row_geometry_warp_1k(inputs, outputs):
-    """One 32-thread block (a warp) per 1024 elements of input 0: a float32 warp's register-full (8
-    packs of 4 a thread). For short rows (softmax over attention scores), where one-warp blocks were
-    faster than 256-thread ones (benchmarks/row_tuning.py --softmax)."""
-    return (cdiv(inputs[0].numel(), 1024),), (32,)
+def row_geometry_short_32bit(inputs, outputs):
+    """One 64-thread block per 1024 elements of input 0, 4 packs of 4 a thread: float32 softmax rows
+    of up to 1024 (attention's scores), where these blocks were faster than 256-thread ones
+    (benchmarks/row_tuning.py --softmax)."""
+    return (cdiv(inputs[0].numel(), 1024),), (64,)
 
 
-def row_geometry_warp_2k(inputs, outputs):
-    """One 32-thread block per 2048 elements of input 0: a 16-bit warp's register-full (8 packs of 8)."""
+def row_geometry_short_16bit(inputs, outputs):
+    """One 32-thread block (a warp) per 2048 elements of input 0, 8 packs of 8 a thread: 16-bit
+    softmax rows of up to 2048."""
     return (cdiv(inputs[0].numel(), 2048),), (32,)
 
 

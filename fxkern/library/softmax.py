@@ -7,9 +7,9 @@ Both compute in float32 and round once, so they share one kernel; a softmax over
 (``dim=0``, or a positive index of the last axis) is not matched.
 
 Kernel: the row layout of :mod:`fxkern.library.rmsnorm` (a 256-thread block per register-full of
-elements, 8192 in float32 and 16384 in 16-bit, 1 to 256 threads a row, the row in registers; rows a
-warp holds, in one-warp blocks); one reduction of (max, sum of ``exp(x - max)``) pairs, then the
-write. Rows too long for registers take an online max/sum pass and a second read.
+elements, 8192 in float32 and 16384 in 16-bit, 1 to 256 threads a row, the row in registers; short
+rows in blocks of one or two warps); one reduction of (max, sum of ``exp(x - max)``) pairs, then
+the write. Rows too long for registers take an online max/sum pass and a second read.
 """
 
 from __future__ import annotations
@@ -29,8 +29,8 @@ from fxkern.library._rules import (
     per_call,
     row_geometry_8k,
     row_geometry_16k,
-    row_geometry_warp_1k,
-    row_geometry_warp_2k,
+    row_geometry_short_16bit,
+    row_geometry_short_32bit,
 )
 from fxkern.library.cuda_common import COMMON, row_tuning
 from fxkern.ops import cuda_kernel_op
@@ -211,30 +211,31 @@ SOFTMAX = KernelSpec(
 # one's). The public op sends it float32 rows that fit in registers; longer ones keep SOFTMAX's
 # grid, one block a row up to 16384 elements rather than blocks left without a row.
 SOFTMAX_32BIT = dataclasses.replace(SOFTMAX, geometry=Custom(row_geometry_8k))
-# The same kernel in one-warp blocks, 32 an SM, a block per warp's register-full (1024 elements in
-# float32, 2048 in 16-bit), for rows a warp holds in whole packs: attention's scores at sequence
-# lengths up to 1024 (float32) or 2048. Measured faster there than the 256-thread blocks (see
-# WARP_ROWS); a longer row would take the second read with only 32 threads.
-_WARP = "#define ROW_THREADS 32\n#define FXK_ROW_BLOCKS_F32 32\n#define FXK_ROW_BLOCKS_HALF 32\n"
-SOFTMAX_WARP = dataclasses.replace(SOFTMAX, kernel_source=_WARP + SOURCE, geometry=Custom(row_geometry_warp_2k))
-SOFTMAX_WARP_32BIT = dataclasses.replace(SOFTMAX_WARP, geometry=Custom(row_geometry_warp_1k))
+# The same kernel in small blocks, many an SM, for short rows held in whole packs (attention's
+# scores): float32 rows of up to 1024 elements in 64-thread blocks of 4 packs a thread, 16 an SM;
+# 16-bit rows of up to 2048 in one-warp blocks of 8 packs, 32 an SM. Measured faster there than
+# the 256-thread blocks (docs/library.md, "Rows"); a longer row would take the second read.
+_SHORT_32BIT = "#define ROW_THREADS 64\n#define FXK_ROW_PACKS_F32 4\n#define FXK_ROW_BLOCKS_F32 16\n"
+_SHORT_16BIT = "#define ROW_THREADS 32\n#define FXK_ROW_BLOCKS_HALF 32\n"
+SOFTMAX_SHORT_32BIT = dataclasses.replace(SOFTMAX, kernel_source=_SHORT_32BIT + SOURCE,
+                                          geometry=Custom(row_geometry_short_32bit))
+SOFTMAX_SHORT = dataclasses.replace(SOFTMAX, kernel_source=_SHORT_16BIT + SOURCE, geometry=Custom(row_geometry_short_16bit))
 ROWS, ROWS_32BIT = f"{NAMESPACE}::_softmax_rows", f"{NAMESPACE}::_softmax_rows_32bit"
-ROWS_WARP, ROWS_WARP_32BIT = f"{NAMESPACE}::_softmax_rows_warp", f"{NAMESPACE}::_softmax_rows_warp_32bit"
-# The longest rows (by element size) the one-warp blocks take: `python benchmarks/row_tuning.py --softmax`
-# (2026-11-24) had them faster than the 256-thread blocks at 512 and 1024 elements in both dtypes.
-WARP_ROWS = {4: 1024, 2: 2048}
+ROWS_SHORT, ROWS_SHORT_32BIT = f"{NAMESPACE}::_softmax_rows_short", f"{NAMESPACE}::_softmax_rows_short_32bit"
+# The longest rows (by element size) the small blocks hold: a block's register-full.
+SHORT_ROWS = {4: 1024, 2: 2048}
 
 
 def grid_for(x: torch.Tensor) -> str:
-    """The private op a call runs: one-warp blocks (``ROWS_WARP_32BIT``, ``ROWS_WARP``) for rows a
-    warp holds in whole, aligned 16-byte packs; ``ROWS_32BIT`` (a 256-thread block per 8192 elements)
-    for other float32 rows of up to 8192 elements, which a block holds in registers; else ``ROWS``
-    (a block per 16384)."""
+    """The private op a call runs: small blocks (``ROWS_SHORT_32BIT``, ``ROWS_SHORT``) for rows of up
+    to ``SHORT_ROWS`` elements in whole, aligned 16-byte packs; ``ROWS_32BIT`` (a 256-thread block per
+    8192 elements) for other float32 rows of up to 8192 elements, which a block holds in registers;
+    else ``ROWS`` (a block per 16384)."""
     if x.dim() == 0 or not x.dtype.is_floating_point:
         return ROWS  # the op's own checks refuse these
     d, size = x.shape[-1], x.element_size()
-    if d <= WARP_ROWS.get(size, 0) and d % (16 // size) == 0 and aligned_at_launch(x):
-        return ROWS_WARP_32BIT if size == 4 else ROWS_WARP
+    if d <= SHORT_ROWS.get(size, 0) and d % (16 // size) == 0 and aligned_at_launch(x):
+        return ROWS_SHORT_32BIT if size == 4 else ROWS_SHORT
     return ROWS_32BIT if size == 4 and d <= 8192 else ROWS
 
 
@@ -256,7 +257,7 @@ def register(rules) -> None:
     # inductor with it (docs/benchmarks.md, "demo_model"). In eager, export and TensorRT it pays.
     #
     # The op picks its grid per call (grid_for); its spec, which TensorRT plugins carry, is SOFTMAX's.
-    grids = {ROWS: SOFTMAX, ROWS_32BIT: SOFTMAX_32BIT, ROWS_WARP: SOFTMAX_WARP, ROWS_WARP_32BIT: SOFTMAX_WARP_32BIT}
+    grids = {ROWS: SOFTMAX, ROWS_32BIT: SOFTMAX_32BIT, ROWS_SHORT: SOFTMAX_SHORT, ROWS_SHORT_32BIT: SOFTMAX_SHORT_32BIT}
     for name, spec in grids.items():
         cuda_kernel_op(name, spec, reference=softmax)
     public = cuda_kernel_op(f"{NAMESPACE}::softmax", SOFTMAX, reference=softmax, eager_fn=per_call(grid_for, tuple(grids)))
