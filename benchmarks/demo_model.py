@@ -6,9 +6,9 @@ Times, in one run on one GPU: eager; eager after ``fxkern.apply`` with the libra
 ``torch.compile`` (inductor, default mode); ``torch.compile(backend=fxkern.backend(rules))`` with
 all library rules and with each rule that matched alone (which shows what each replacement costs
 or gains inside inductor, where the alternative is inductor's own fusion rather than eager ops).
-Writes the ``demo_model`` section of docs/benchmarks.md. ``--profile`` prints, for plain inductor
-and inductor with fxkern, the GPU time of each kernel over a few forwards (torch.profiler), to see
-where the two differ.
+Writes the ``demo_model`` section of docs/benchmarks.md. ``--profile`` prints, for eager with and
+without fxkern and for plain inductor and inductor with fxkern, the GPU time of each kernel over a
+few forwards (torch.profiler), to see where each pair differs.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ def main(argv=None) -> int:
     p.add_argument("--size", default="base", choices=sorted(SIZES))
     p.add_argument("--dtype", default="bfloat16", choices=sorted(DTYPES))
     p.add_argument("--section-out", type=Path, default=None)
-    p.add_argument("--profile", action="store_true", help="print per-kernel GPU time under both compilers")
+    p.add_argument("--profile", action="store_true", help="print per-kernel GPU time in eager and under inductor, each with and without fxkern")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
         print("needs a CUDA GPU")
@@ -59,8 +59,8 @@ def main(argv=None) -> int:
 
     kernel_us = {}
     if args.profile:
-        for name, fn in (("inductor", torch.compile(model)), ("inductor + fxkern", torch.compile(
-                model, backend=fxkern.backend(rules)))):
+        for name, fn in (("eager", model), ("eager, fxkern.apply", rewritten), ("inductor", torch.compile(model)),
+                         ("inductor + fxkern", torch.compile(model, backend=fxkern.backend(rules)))):
             torch._dynamo.reset()
             kernel_us[name] = profile(name, fn, ids)
 
@@ -78,7 +78,7 @@ def main(argv=None) -> int:
     eager_ms, inductor_ms = rows[0][1], rows[2][1]
     body = [
         f"Machine: {machine()}. Date: {today()}. Command: `python benchmarks/demo_model.py --size {args.size} "
-        f"--dtype {args.dtype}`.",
+        f"--dtype {args.dtype}{' --profile' if args.profile else ''}`.",
         f"Model: the demo's Llama-style transformer, hidden {cfg.hidden}, {cfg.layers} layers, batch "
         f"{cfg.batch}x{cfg.seq}, {dtype}; matched rules: {', '.join(matched)} "
         f"({len(report.matches)} replacements). CUDA events, warm-up, median of 15. Library rules that run "
