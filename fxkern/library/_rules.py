@@ -40,19 +40,6 @@ def row_geometry_8k(inputs, outputs):
     return (cdiv(inputs[0].numel(), 8192),), (ROW_BLOCK,)
 
 
-def row_geometry_short_32bit(inputs, outputs):
-    """One 64-thread block per 1024 elements of input 0, 4 packs of 4 a thread: float32 softmax rows
-    of up to 1024 (attention's scores), where these blocks were faster than 256-thread ones
-    (benchmarks/row_tuning.py --softmax)."""
-    return (cdiv(inputs[0].numel(), 1024),), (64,)
-
-
-def row_geometry_short_16bit(inputs, outputs):
-    """One 32-thread block (a warp) per 2048 elements of input 0, 8 packs of 8 a thread: 16-bit
-    softmax rows of up to 2048."""
-    return (cdiv(inputs[0].numel(), 2048),), (32,)
-
-
 def aligned_at_launch(t: torch.Tensor) -> bool:
     """Whether the kernel will see ``t`` 16-byte aligned: a non-contiguous tensor is copied to a fresh
     (aligned) buffer before launch, a contiguous one is passed as it is."""

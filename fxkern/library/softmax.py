@@ -29,11 +29,10 @@ from fxkern.library._rules import (
     per_call,
     row_geometry_8k,
     row_geometry_16k,
-    row_geometry_short_16bit,
-    row_geometry_short_32bit,
 )
 from fxkern.library.cuda_common import COMMON, row_tuning
 from fxkern.ops import cuda_kernel_op
+from fxkern.symbolic import cdiv
 from fxkern.spec import (
     Custom,
     DimSize,
@@ -211,19 +210,33 @@ SOFTMAX = KernelSpec(
 # one's). The public op sends it float32 rows that fit in registers; longer ones keep SOFTMAX's
 # grid, one block a row up to 16384 elements rather than blocks left without a row.
 SOFTMAX_32BIT = dataclasses.replace(SOFTMAX, geometry=Custom(row_geometry_8k))
-# The same kernel in small blocks, many an SM, for short rows held in whole packs (attention's
-# scores): float32 rows of up to 1024 elements in 64-thread blocks of 4 packs a thread, 16 an SM;
-# 16-bit rows of up to 2048 in one-warp blocks of 8 packs, 32 an SM. Measured faster there than
-# the 256-thread blocks (docs/library.md, "Rows"); a longer row would take the second read.
-_SHORT_32BIT = "#define ROW_THREADS 64\n#define FXK_ROW_PACKS_F32 4\n#define FXK_ROW_BLOCKS_F32 16\n"
-_SHORT_16BIT = "#define ROW_THREADS 32\n#define FXK_ROW_BLOCKS_HALF 32\n"
-SOFTMAX_SHORT_32BIT = dataclasses.replace(SOFTMAX, kernel_source=_SHORT_32BIT + SOURCE,
-                                          geometry=Custom(row_geometry_short_32bit))
-SOFTMAX_SHORT = dataclasses.replace(SOFTMAX, kernel_source=_SHORT_16BIT + SOURCE, geometry=Custom(row_geometry_short_16bit))
+
+
+def _small_blocks(threads: int, packs: int, blocks: int, element_size: int) -> tuple[KernelSpec, int]:
+    """SOFTMAX for one element size in blocks of ``threads`` threads holding ``packs`` 16-byte packs
+    each, ``blocks`` resident an SM, a block per register-full of elements; returns the spec and that
+    register-full, the longest row such a block holds (a longer one takes the second read)."""
+    elements = threads * packs * 16 // element_size
+    size = "F32" if element_size == 4 else "HALF"
+    macros = "".join(f"#define {k} {v}\n" for k, v in
+                     (("ROW_THREADS", threads), (f"FXK_ROW_PACKS_{size}", packs), (f"FXK_ROW_BLOCKS_{size}", blocks)))
+
+    def geometry(inputs, outputs):
+        return (cdiv(inputs[0].numel(), elements),), (threads,)
+
+    return dataclasses.replace(SOFTMAX, kernel_source=macros + SOURCE, geometry=Custom(geometry)), elements
+
+
+# Short rows held in whole packs (attention's scores) run in small blocks, many an SM: float32 rows
+# of up to 1024 elements in 64-thread blocks of 4 packs a thread, 16 an SM; 16-bit rows of up to
+# 2048 in one-warp blocks of 8 packs, 32 an SM. Measured faster there than the 256-thread blocks
+# (benchmarks/row_tuning.py --softmax; docs/library.md, "Rows").
+SOFTMAX_SHORT_32BIT, _SHORT_32BIT_ROW = _small_blocks(threads=64, packs=4, blocks=16, element_size=4)
+SOFTMAX_SHORT, _SHORT_16BIT_ROW = _small_blocks(threads=32, packs=8, blocks=32, element_size=2)
 ROWS, ROWS_32BIT = f"{NAMESPACE}::_softmax_rows", f"{NAMESPACE}::_softmax_rows_32bit"
 ROWS_SHORT, ROWS_SHORT_32BIT = f"{NAMESPACE}::_softmax_rows_short", f"{NAMESPACE}::_softmax_rows_short_32bit"
-# The longest rows (by element size) the small blocks hold: a block's register-full.
-SHORT_ROWS = {4: 1024, 2: 2048}
+# The longest rows (by element size) the small blocks take.
+SHORT_ROWS = {4: _SHORT_32BIT_ROW, 2: _SHORT_16BIT_ROW}
 
 
 def grid_for(x: torch.Tensor) -> str:
