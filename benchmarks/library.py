@@ -24,6 +24,7 @@ Writes the "library" section of docs/benchmarks.md (or FILE).
 from __future__ import annotations
 
 import argparse
+import shlex
 import statistics
 import sys
 from pathlib import Path
@@ -45,6 +46,11 @@ def cases():
 
     def t(*shape, dtype, scale=1.0):
         return (torch.randn(*shape, device="cuda") * scale).to(dtype)
+
+    def attention(b, h, s, dt):
+        """Scores, transformers' causal mask ((b, 1, s, s), finfo.min above the diagonal) and the scale."""
+        mask = torch.full((s, s), torch.finfo(dt).min, device="cuda", dtype=dt).triu(1).expand(b, 1, s, s).contiguous()
+        return t(b, h, s, s, dtype=dt, scale=3.0), mask, 0.125
 
     return [
         ("RMSNorm (Llama)", "rms_norm", rmsnorm.llama_rmsnorm,
@@ -72,6 +78,11 @@ def cases():
         # the shapes the demo model runs: attention scores of 8x32 heads x 512 keys, and its norms
         ("HF attention softmax, 131072x512", "softmax_float32", softmax.softmax_float32,
          lambda dt: (t(8 * 32 * 512, 512, dtype=dt, scale=3.0),)),
+        # transformers' eager attention: scores * scaling + causal mask (b, 1, q, k), softmax, cast back
+        ("HF attention scaled masked softmax, 8x32x512x512", "scaled_masked_softmax_float32",
+         softmax.scaled_masked_softmax_float32, lambda dt: attention(8, 32, 512, dt)),
+        ("HF attention scaled masked softmax, 2x16x2048x2048", "scaled_masked_softmax_float32",
+         softmax.scaled_masked_softmax_float32, lambda dt: attention(2, 16, 2048, dt)),
         ("RMSNorm (Llama), 4096x2048", "rms_norm", rmsnorm.llama_rmsnorm,
          lambda dt: (t(4096, 2048, dtype=dt), t(2048, dtype=dt), 1e-6)),
         ("residual add + RMSNorm (Llama), 4096x2048", "add_rms_norm", rmsnorm.add_llama_rmsnorm,
@@ -140,6 +151,8 @@ def main(argv=None) -> None:
     parser.add_argument("--idle-start", action="store_true",
                         help="start each sample from an idle GPU (the timer before 2026-11-24: it also counts "
                              "one call's host latency a sample)")
+    parser.add_argument("--only", default=None, metavar="TEXT",
+                        help="measure only the kernels whose label contains TEXT (case-insensitive)")
     args = parser.parse_args(argv)
     if args.rounds < 1:
         parser.error("--rounds must be at least 1")
@@ -154,13 +167,17 @@ def main(argv=None) -> None:
     copies = [copy_bandwidth() for _ in range(args.rounds)]
     copy_gbs = statistics.median(copies)
     dtypes = [getattr(torch, d) for d in args.dtypes.split(",")]
-    rows = [measure(*case, dtype, copy_gbs, args.rounds, not args.idle_start) for case in cases() for dtype in dtypes]
+    chosen = [c for c in cases() if args.only is None or args.only.lower() in c[0].lower()]
+    if not chosen:
+        parser.error(f"--only {args.only!r} names no kernel")
+    rows = [measure(*case, dtype, copy_gbs, args.rounds, not args.idle_start) for case in chosen for dtype in dtypes]
     goal = 0.9 * copy_gbs
     lines = [
         "## Library kernels (`fxkern.library`)",
         "",
         (f"Machine: {common.machine()}. Date: {common.today()}. "
-         f"Command: `python benchmarks/library.py --rounds {args.rounds}{' --idle-start' * args.idle_start}`."),
+         f"Command: `python benchmarks/library.py --rounds {args.rounds}{' --idle-start' * args.idle_start}"
+         f"{f' --only {shlex.quote(args.only)}' if args.only else ''}`."),
         "",
         (f"Kernel time at {SHAPE[0]}x{SHAPE[1]} (bias: ({SHAPE[1]},)); CUDA events around 10 back-to-back calls, "
          f"{'each sample from an idle GPU' if args.idle_start else 'the GPU kept busy by an untimed call before each sample'}, "

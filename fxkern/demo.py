@@ -203,7 +203,8 @@ class DemoLM(nn.Module):
         freqs = pos[:, None] * self.inv_freq[None, :]
         emb = torch.cat((freqs, freqs), dim=-1)
         cos, sin = emb.cos().to(h.dtype)[None], emb.sin().to(h.dtype)[None]
-        mask = torch.full((s, s), torch.finfo(h.dtype).min, device=h.device, dtype=h.dtype).triu(1)
+        # 4-d, (1, 1, s, s), as transformers builds its causal masks
+        mask = torch.full((s, s), torch.finfo(h.dtype).min, device=h.device, dtype=h.dtype).triu(1)[None, None]
         for layer in self.layers:
             h = layer(h, cos, sin, mask)
         return self.lm_head(self.norm(h))

@@ -69,18 +69,23 @@ def library_ops():
 
 
 def library_inputs(op, dtype, device, rows=37, cols=1000):
-    """Inputs for a library op: (rows, cols) tensors, (cols,) for inputs the kernel broadcasts, small scalars."""
+    """Inputs for a library op: (rows, cols) tensors, (cols,) for inputs the kernel broadcasts, small
+    scalars; attention's masked softmax gets (2, 3, rows, cols) scores, a (2, 1, rows, cols) mask and
+    a scale (or divisor) of 8."""
     from fxkern import kernel_op
 
     name = str(op.default._schema.name)
     plan = kernel_op(name).plan
     if "chunked" in name:  # the chunked GLUs split x's rows in two halves of cols each
         cols *= 2
+    shapes = {"x": (2, 3, rows, cols), "mask": (2, 1, rows, cols)} if "masked_softmax" in name else {}
     args = []
     for d in plan.inputs:
         if isinstance(d, InputDecl):
             shape = (cols,) if d.broadcast and ("weight" in d.name or "bias" in d.name) else (rows, cols)
-            args.append(torch.randn(shape, dtype=d.dtype or dtype, device=device))
+            args.append(torch.randn(shapes.get(d.name, shape), dtype=d.dtype or dtype, device=device))
+        elif d.name in ("scale", "divisor"):
+            args.append(1 / 8 if d.name == "scale" else 8.0)
         elif d.name == "normalized_size":  # F.rms_norm's [D]: the row length
             args.append(cols)
         else:

@@ -70,7 +70,7 @@ def test_demo_runs_end_to_end_on_cpu_with_the_library():
     # layer. The norms after an attention or MLP residual add take the add with them (4); the first
     # reads the embeddings and two follow a GELU block, whose rule takes its residual add (3).
     assert replaced["add_rms_norm"] == 4 and replaced["rms_norm"] == 3, out
-    assert replaced["swiglu"] == 2 and replaced["softmax_float32"] == 2, out
+    assert replaced["swiglu"] == 2 and replaced["scaled_masked_softmax_float32"] == 2, out
     assert sum(n for rule, n in replaced.items() if rule.startswith("bias_gelu_tanh")) == 2, out
     assert "demo.py:" in out  # locations point at the model code
     assert "loading the rules" in proc.stderr and "kernel 1: fxkern_lib::" in proc.stderr

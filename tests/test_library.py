@@ -45,10 +45,12 @@ def test_rule_set_is_named_built_once_and_complete(rules):
     assert {"rms_norm", "t5_layer_norm", "gemma_rms_norm", "add_rms_norm", "add_t5_layer_norm",
             "add_gemma_rms_norm", "bias_gelu", "bias_gelu_residual", "bias_gelu_tanh",
             "bias_gelu_tanh_residual", "gelu_new", "bias_gelu_new", "bias_gelu_new_residual",
-            "megatron_bias_gelu", "swiglu", "softmax", "softmax_float32"} <= {r.name for r in rules}
+            "megatron_bias_gelu", "swiglu", "softmax", "softmax_float32", "scaled_masked_softmax",
+            "scaled_masked_softmax_float32", "divided_masked_softmax", "divided_masked_softmax_float32"} <= {r.name for r in rules}
     assert all(str(r.op).startswith("fxkern_lib.") for r in rules)
     # every tensor input comes before the scalars (TensorRT plugins need that)
-    for spec in (lib.RMS_NORM, lib.GEMMA_RMS_NORM, lib.ADD_RMS_NORM, lib.SOFTMAX, lib.SWIGLU, lib.BIAS_GELU_RESIDUAL):
+    for spec in (lib.RMS_NORM, lib.GEMMA_RMS_NORM, lib.ADD_RMS_NORM, lib.SOFTMAX, lib.SWIGLU, lib.BIAS_GELU_RESIDUAL,
+                 lib.SCALED_MASKED_SOFTMAX, lib.DIVIDED_MASKED_SOFTMAX):
         kinds = [type(d).__name__ for d in spec.inputs]
         assert kinds == sorted(kinds, key=lambda k: k != "InputDecl")
 
@@ -79,7 +81,8 @@ def test_llama_norms_mlp_and_attention_softmax(rules):
     assert targets.count(lib.op("rms_norm").default) == 1
     assert targets.count(lib.op("add_rms_norm").default) == 2
     assert targets.count(lib.op("swiglu").default) == 1
-    assert targets.count(lib.op("softmax").default) == 1  # HF eager attention's float32 softmax
+    # HF eager attention: scores * scaling + causal mask, a float32 softmax cast back: one kernel
+    assert targets.count(lib.op("scaled_masked_softmax").default) == 1
     eps = {n.args[2] for n in new.graph.nodes if n.target == lib.op("rms_norm").default}
     eps |= {n.args[3] for n in new.graph.nodes if n.target == lib.op("add_rms_norm").default}
     assert eps == {1e-5}
@@ -92,7 +95,7 @@ def test_llama_bfloat16_norms_and_softmax(rules):
     ep = torch.export.export(model, (torch.randint(0, 128, (2, 16)),), kwargs={"use_cache": False})
     report = fxkern.explain(ep, rules)
     assert len(report["rms_norm"].matches) == 1 and len(report["add_rms_norm"].matches) == 2
-    assert len(report["softmax_float32"].matches) == 1
+    assert len(report["scaled_masked_softmax_float32"].matches) == 1
 
 
 def test_llama_bfloat16_swiglu(rules):
@@ -412,6 +415,79 @@ def test_softmax_over_other_axes_is_left_alone():
     assert replaced(Fn(lambda x: F.softmax(x, dim=0)), x) == {}
     assert replaced(Fn(lambda x: F.softmax(x, dim=1)), x) == {}
     assert replaced(Fn(lambda x: F.log_softmax(x, dim=-1)), x) == {}
+
+
+class Scores(nn.Module):
+    """Attention's scores from q and k, scaled (``* scaling`` or ``/ sqrt(d)``), masked and softmaxed,
+    as transformers' eager attention writes it (``float32``: Llama's softmax cast back)."""
+
+    def __init__(self, divide=False, float32=False):
+        super().__init__()
+        self.divide, self.float32 = divide, float32
+
+    def forward(self, q, k, mask):
+        w = torch.matmul(q, k.transpose(2, 3))
+        w = w / math.sqrt(q.shape[-1]) if self.divide else w * q.shape[-1] ** -0.5
+        w = w + mask
+        if self.float32:
+            return F.softmax(w, dim=-1, dtype=torch.float32).to(q.dtype)
+        return F.softmax(w, dim=-1)
+
+
+def causal(b, s, dtype=torch.float32):
+    """transformers' 4-d causal mask, (b, 1, s, s), finfo.min above the diagonal."""
+    return torch.full((s, s), torch.finfo(dtype).min, dtype=dtype).triu(1)[None, None].expand(b, 1, s, s).contiguous()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
+@pytest.mark.parametrize("divide", [False, True], ids=["scaled", "divided"])
+@pytest.mark.parametrize("float32", [False, True], ids=["plain", "float32"])
+def test_scaled_masked_softmax_forms(dtype, divide, float32):
+    torch.manual_seed(0)
+    q, k = torch.randn(2, 4, 16, 8), torch.randn(2, 4, 16, 8)
+    name = f"{'divided' if divide else 'scaled'}_masked_softmax"  # the float32 form runs the same op
+    pad = torch.zeros(2, 1, 1, 16)
+    pad[1, ..., 12:] = torch.finfo(dtype).min  # BERT's padding mask, (b, 1, 1, s)
+    for mask in (causal(2, 16), causal(1, 16), pad, torch.randn(2, 4, 16, 16)):
+        assert replaced(Scores(divide, float32), q, k, mask, dtype=dtype) == {name: 1}
+
+
+def test_masked_softmax_near_misses_take_the_plain_softmax():
+    """Masks the kernel does not read (not 4-d, another dtype, one that broadcasts the key axis) leave
+    the scale and the add to PyTorch; the softmax alone is still replaced."""
+    q, k = torch.randn(2, 4, 16, 8), torch.randn(2, 4, 16, 8)
+    for mask in (causal(1, 16)[0, 0], causal(2, 16)[:, :, :, :1]):
+        assert replaced(Scores(), q, k, mask) == {"softmax": 1}
+    module = Scores(float32=True).to(torch.bfloat16)
+    qb, kb = q.to(torch.bfloat16), k.to(torch.bfloat16)
+    ep = torch.export.export(module, (qb, kb, causal(2, 16)))  # a float32 mask: the add promotes to float32
+    report = fxkern.explain(ep, lib.rules())
+    assert not report["scaled_masked_softmax_float32"].matches
+
+
+def test_masked_softmax_op_checks_its_shapes_and_reads_expanded_masks_in_place():
+    from fxkern.library import softmax as sm
+
+    x = torch.randn(2, 4, 16, 32)
+    op = lib.op("scaled_masked_softmax")
+    with pytest.raises(fxkern.KernelInputError, match=r"must both be 4-d.*mask\[None, None\]"):
+        op(x, torch.zeros(16, 32), 0.5)
+    with pytest.raises(fxkern.KernelInputError, match="does not broadcast onto scores"):
+        op(x, torch.zeros(2, 2, 16, 32), 0.5)
+    with pytest.raises(fxkern.KernelInputError, match="does not broadcast onto scores"):
+        op(x, torch.zeros(2, 1, 16, 1), 0.5)
+    with pytest.raises(fxkern.KernelInputError, match="give the mask the scores' dtype"):
+        op(x, torch.zeros(2, 1, 16, 32, dtype=torch.float64), 0.5)
+    mask = causal(1, 16).expand(2, 4, 16, 16)
+    assert sm._compact(mask).shape == (1, 1, 16, 16) and sm._compact(mask).is_contiguous()
+    assert sm._compact(mask[:, :, :, :8]).shape == (1, 1, 16, 8)  # still strided: the op copies it
+    torch.testing.assert_close(op(x[..., :16], mask, 0.5), F.softmax(x[..., :16] * 0.5 + mask, -1))
+    torch.testing.assert_close(lib.op("divided_masked_softmax")(x, torch.zeros(1, 1, 1, 32), 3.0),
+                               F.softmax(x / 3.0, -1))
+    # the masked ops run softmax's grids; a misaligned mask keeps them off the 16-byte small blocks
+    assert sm._grid(x, torch.zeros(1, 1, 16, 32)) == "_short_32bit"
+    assert sm._grid(x, torch.zeros(1, 1, 16, 33)[..., 1:]) == "_short_32bit"  # copied to an aligned buffer
+    assert sm._grid(x, torch.zeros(16 * 32 + 1)[1:].view(1, 1, 16, 32)) == "_32bit"
 
 
 # ---- the ops' own references ------------------------------------------------------------------------

@@ -327,6 +327,67 @@ def test_softmax_of_causally_masked_scores(dtype, keys):
     torch.testing.assert_close(got.float(), want.float(), rtol=1.6e-2, atol=1e-3)
 
 
+# Attention's scores (batch 2, heads 3, q queries, d keys): short rows for each small-block grid, odd
+# ones for the scalar path, and rows long enough for the second read.
+MASKED_SIZES = ((5, 1), (5, 7), (4, 32), (3, 100), (64, 64), (6, 1023), (4, 1024), (3, 2048), (2, 4097), (2, 8200),
+                (1, 20011))
+
+
+def masks_for(q, d, dtype):
+    """The masks attention adds, each with every third key and one whole query row at finfo.min:
+    transformers' causal (1, 1, q, d) and per-batch (2, 1, q, d), per-head (2, 3, q, d), BERT's
+    padding (2, 1, 1, d), and a per-head one shared by the batch (1, 3, 1, d)."""
+    for shape in ((1, 1, q, d), (2, 1, q, d), (2, 3, q, d), (2, 1, 1, d), (1, 3, 1, d)):
+        mask = rand(*shape, dtype=dtype, scale=2.0)
+        mask[..., ::3] = torch.finfo(dtype).min
+        mask[0, 0, 0, :] = torch.finfo(dtype).min
+        yield mask
+
+
+def check_masked(got, want, where):
+    """The kernel rounds the scaled and masked scores as eager does, so it is compared with eager at
+    the plain softmax's tolerances (a unit in the last place), NaN where eager has NaN."""
+    assert got.dtype == want.dtype and got.shape == want.shape and got.is_contiguous()
+    rtol, atol = TOL[got.dtype]
+    torch.testing.assert_close(got, want, rtol=rtol, atol=atol, equal_nan=True, msg=lambda m: f"{where}: {m}")
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).removeprefix("torch."))
+def test_scaled_masked_softmax_on_every_grid_and_mask(dtype):
+    torch.manual_seed(6)
+    grids = {s: getattr(torch.ops.fxkern_lib, (softmax.MASKED_ROWS + s).split("::")[1]) for s in softmax.SCALED_MASKED_GRIDS}
+    public, divided = lib.op("scaled_masked_softmax"), lib.op("divided_masked_softmax")
+    for q, d in MASKED_SIZES:
+        x = rand(2, 3, q, d, dtype=dtype, scale=8.0)
+        for mask in masks_for(q, d, dtype):
+            want = softmax.scaled_masked_softmax(x, mask, 0.125)
+            for name, op in [*grids.items(), ("public", public)]:
+                poison()
+                check_masked(op(x, mask, 0.125), want, f"{name} {dtype} x{tuple(x.shape)} mask{tuple(mask.shape)}")
+            poison()
+            check_masked(divided(x, mask, 11.0), softmax.divided_masked_softmax(x, mask, 11.0),
+                         f"divided {dtype} x{tuple(x.shape)} mask{tuple(mask.shape)}")
+            if dtype == torch.float32:
+                exact = softmax.scaled_masked_softmax(x.double(), mask.double(), 0.125)
+                rel = float((public(x, mask, 0.125).double() - exact).norm() / exact.norm())
+                assert rel < 1e-5, f"x{tuple(x.shape)} mask{tuple(mask.shape)}: rel. error vs float64 {rel:.2e}"
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).removeprefix("torch."))
+def test_scaled_masked_softmax_reads_expanded_and_strided_masks(dtype):
+    """transformers expands its causal mask over the batch (stride 0): the op reads it in place, one
+    mask row for every batch; a sliced mask (a longer cache's) is copied first. Both are right."""
+    torch.manual_seed(7)
+    x = rand(4, 8, 128, 128, dtype=dtype, scale=8.0)
+    base = torch.full((128, 160), torch.finfo(dtype).min, device="cuda", dtype=dtype).triu(1)
+    expanded = base[None, None, :, :128].expand(4, 1, 128, 128)
+    op = lib.op("scaled_masked_softmax")
+    for mask in (expanded, base[None, None, :, :128], expanded.contiguous()):
+        check_masked(op(x, mask, 0.125), softmax.scaled_masked_softmax(x, mask, 0.125), f"{dtype} {mask.stride()}")
+    compact = base[None, None].expand(4, 1, 128, 160).contiguous()[..., :128].expand(4, 8, 128, 128)
+    check_masked(op(x, compact, 0.125), softmax.scaled_masked_softmax(x, compact, 0.125), f"{dtype} sliced")
+
+
 def test_rewritten_llama_on_gpu_matches_eager():
     transformers = pytest.importorskip("transformers")
     torch.manual_seed(0)
@@ -339,7 +400,7 @@ def test_rewritten_llama_on_gpu_matches_eager():
     new = fxkern.apply(ep, lib.rules())
     targets = {n.target for n in new.graph.nodes}
     assert {lib.op("rms_norm").default, lib.op("add_rms_norm").default, lib.op("swiglu").default,
-            lib.op("softmax").default} <= targets
+            lib.op("scaled_masked_softmax").default} <= targets
     other = torch.randint(0, 256, (2, 32), device="cuda")
     with torch.no_grad():
         want = model(other, use_cache=False).logits
@@ -365,3 +426,28 @@ def test_weight_and_bias_shapes_a_kernel_cannot_index_are_refused():
         lib.op("rms_norm")(x, torch.randn(6, 1, device="cuda"), 1e-6)
     with pytest.raises(fxkern.KernelInputError, match="trailing axes"):
         lib.op("bias_gelu")(x, torch.randn(6, 1, device="cuda"))
+
+
+def test_rewritten_demo_model_replays_in_a_cuda_graph():
+    """Every library op launches on torch's current stream and allocates through its allocator, so a
+    rewritten model's whole forward captures in a CUDA graph (the cure for a host-bound eager forward)."""
+    from fxkern.demo import SIZES, build_model
+
+    cfg = SIZES["small"]
+    model = build_model(cfg, torch.device("cuda"), torch.bfloat16)
+    ids = torch.randint(0, cfg.vocab, (cfg.batch, cfg.seq), device="cuda")
+    rewritten = fxkern.apply(torch.export.export(model, (ids,)), lib.rules()).module()
+    with torch.no_grad():
+        want = rewritten(ids)
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            rewritten(ids)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = rewritten(ids)
+        ids.copy_(torch.randint(0, cfg.vocab, ids.shape, device="cuda"))  # replay reads the new tokens
+        graph.replay()
+        torch.testing.assert_close(out, rewritten(ids), rtol=0, atol=0)
+    assert not torch.equal(out, want)

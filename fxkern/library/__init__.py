@@ -11,7 +11,8 @@ pattern functions (each pattern is also its op's CPU reference):
 * :mod:`~fxkern.library.gelu` — bias + GELU (+ residual) for erf, tanh, ``gelu_new`` and Megatron GELU;
 * :mod:`~fxkern.library.swiglu` — ``silu(gate) * up``, and SwiGLU/GEGLU over the two halves of one
   projection (``x.chunk(2, -1)``: Phi-3, diffusers);
-* :mod:`~fxkern.library.softmax` — softmax over the last axis, HF's float32 form too.
+* :mod:`~fxkern.library.softmax` — softmax over the last axis, HF's float32 form too, and attention's
+  scaled, masked softmax (``scores * scaling + mask`` or ``scores / sqrt(d) + mask``, then softmax).
 
 Importing this package registers nothing. :func:`rules` registers every op (``fxkern_lib::*``,
 compiled by NVRTC: no GPU needed, cached on disk) and traces every pattern, once per process.
@@ -52,7 +53,16 @@ from fxkern.library.rmsnorm import (
     llama_rmsnorm,
     t5_layer_norm,
 )
-from fxkern.library.softmax import SOFTMAX, softmax_float32
+from fxkern.library.softmax import (
+    DIVIDED_MASKED_SOFTMAX,
+    SCALED_MASKED_SOFTMAX,
+    SOFTMAX,
+    divided_masked_softmax,
+    divided_masked_softmax_float32,
+    scaled_masked_softmax,
+    scaled_masked_softmax_float32,
+    softmax_float32,
+)
 from fxkern.library.swiglu import SWIGLU
 from fxkern.rules import RuleSet
 
@@ -92,11 +102,13 @@ __all__ = [
     "BIAS_GELU_RESIDUAL",
     "BIAS_GELU_TANH",
     "BIAS_GELU_TANH_RESIDUAL",
+    "DIVIDED_MASKED_SOFTMAX",
     "GELU_NEW",
     "GEMMA_RMS_NORM",
     "MEGATRON_BIAS_GELU",
     "NAME",
     "RMS_NORM",
+    "SCALED_MASKED_SOFTMAX",
     "SOFTMAX",
     "SWIGLU",
     "add_gemma_rmsnorm",
@@ -108,6 +120,8 @@ __all__ = [
     "bias_gelu_residual",
     "bias_gelu_tanh",
     "bias_gelu_tanh_residual",
+    "divided_masked_softmax",
+    "divided_masked_softmax_float32",
     "gelu",
     "gelu_new",
     "gemma_rmsnorm",
@@ -116,6 +130,8 @@ __all__ = [
     "op",
     "rmsnorm",
     "rules",
+    "scaled_masked_softmax",
+    "scaled_masked_softmax_float32",
     "softmax",
     "softmax_float32",
     "swiglu",

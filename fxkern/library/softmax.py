@@ -15,9 +15,11 @@ the write. Rows too long for registers take an online max/sum pass and a second 
 from __future__ import annotations
 
 import dataclasses
+import struct
 
 import torch
 import torch.nn.functional as F
+from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 from fxkern.library._rules import (
     COMPILE_FREE_IRS,
@@ -30,8 +32,9 @@ from fxkern.library._rules import (
     row_geometry_8k,
     row_geometry_16k,
 )
+from fxkern.errors import KernelInputError
 from fxkern.library.cuda_common import COMMON, row_tuning
-from fxkern.ops import cuda_kernel_op
+from fxkern.ops import cuda_kernel_op, kernel_op
 from fxkern.symbolic import cdiv
 from fxkern.spec import (
     Custom,
@@ -41,6 +44,7 @@ from fxkern.spec import (
     Numel,
     OutputDecl,
     SameAs,
+    ScalarInput,
 )
 
 SOURCE = COMMON + row_tuning(blocks_f32=4, blocks_half=4) + r"""
@@ -91,8 +95,60 @@ __device__ __forceinline__ void group_max_sum(float& m, float& s, int G, float (
         if (k < (G >> 5)) ms_combine<T>(m, s, slot[0][first + k], slot[1][first + k]);
 }
 
-template <typename T, int V, int NV>
-__device__ __forceinline__ void softmax_rows(const T* __restrict__ x, int D, unsigned rows, T* __restrict__ y,
+// A row's elements as the softmax reads them: the tensor itself (Rows), or attention scores scaled
+// and masked on the way in (MaskedRows). row(r) finds row r once; pack<V>(row, col) reads V elements.
+template <typename T>
+struct Rows {
+    const T* __restrict__ x;
+    int D;
+    struct Row { const T* x; };
+    __device__ __forceinline__ Row row(unsigned r) const { return {x + (size_t)r * D}; }
+    template <int V>
+    __device__ __forceinline__ Pack<T, V> pack(const Row& r, int col) const { return load<T, V>(r.x + col); }
+};
+
+// T(T(x * scale) + mask): the scaled, masked scores as eager PyTorch rounds them (each op rounds to
+// T), from scores viewed as (B, H, Q, D) rows and a (mB, mH, mQ, D) mask broadcast onto them (each
+// of mB, mH, mQ is 1 or the scores' size). The mask row of a scores row is found once per row, with
+// one division for a mask shared by batch and heads (a causal mask) and two otherwise.
+template <typename T>
+struct MaskedRows {
+    const T* __restrict__ x;
+    const T* __restrict__ mask;
+    float scale;
+    int D;
+    unsigned H, Q, sB, sH, sQ;  // the mask's row strides per batch, head and query (0: broadcast)
+    __device__ __forceinline__ MaskedRows(const T* x_, const T* mask_, float scale_, int D_, int H_, int Q_,
+                                          int mB, int mH, int mQ)
+        : x(x_), mask(mask_), scale(scale_), D(D_), H((unsigned)H_), Q((unsigned)Q_),
+          sB(mB > 1 ? (unsigned)(mH * mQ) : 0u), sH(mH > 1 ? (unsigned)mQ : 0u), sQ(mQ > 1 ? 1u : 0u) {}
+    struct Row { const T* x; const T* m; };
+    __device__ __forceinline__ Row row(unsigned r) const {
+        const unsigned bh = r / Q;
+        unsigned mrow = (r - bh * Q) * sQ;
+        if (sB | sH) {  // the same for every thread: no divergence
+            const unsigned b = bh / H;
+            mrow += b * sB + (bh - b * H) * sH;
+        }
+        return {x + (size_t)r * D, mask + (size_t)mrow * D};
+    }
+    template <int V>
+    __device__ __forceinline__ Pack<T, V> pack(const Row& r, int col) const {
+        const Pack<T, V> a = load<T, V>(r.x + col), m = load<T, V>(r.m + col);
+        float f[V], g[V];
+        to_floats(a, f);
+#pragma unroll
+        for (int j = 0; j < V; ++j) f[j] *= scale;
+        to_floats(from_floats<T, V>(f), f);  // rounded to T, as eager's multiplication stores it
+        to_floats(m, g);
+#pragma unroll
+        for (int j = 0; j < V; ++j) f[j] += g[j];
+        return from_floats<T, V>(f);
+    }
+};
+
+template <typename T, int V, int NV, typename In>
+__device__ __forceinline__ void softmax_rows(const In& in, int D, unsigned rows, T* __restrict__ y,
                                              float (*red)[ROW_WARPS]) {
     unsigned begin, end;
     block_rows((unsigned)D, rows, begin, end);
@@ -102,12 +158,12 @@ __device__ __forceinline__ void softmax_rows(const T* __restrict__ x, int D, uns
         for (unsigned first = begin, p = 0; first < end; first += groups, ++p) {
             const unsigned row = first + g;
             const bool live = row < end;
-            const T* xr = x + (size_t)row * D;
+            const auto xr = in.row(row);
             Pack<T, V> c[NV];
 #pragma unroll
             for (int k = 0; k < NV; ++k) {
                 const int col = (k * G + t) * V;
-                if (live && col < D) c[k] = load<T, V>(xr + col);
+                if (live && col < D) c[k] = in.template pack<V>(xr, col);
             }
             float m = neg_inf();
 #pragma unroll
@@ -152,11 +208,11 @@ __device__ __forceinline__ void softmax_rows(const T* __restrict__ x, int D, uns
         }
     } else {  // long rows: online max and sum, then a second read
         for (unsigned row = begin, p = 0; row < end; ++row, ++p) {
-            const T* xr = x + (size_t)row * D;
+            const auto xr = in.row(row);
             float m = neg_inf(), s = 0.0f;
 #pragma unroll 2
             for (int col = threadIdx.x * V; col < D; col += ROW_THREADS * V) {
-                const Pack<T, V> c = load<T, V>(xr + col);
+                const Pack<T, V> c = in.template pack<V>(xr, col);
                 float pm = m;
 #pragma unroll
                 for (int j = 0; j < V; ++j) pm = fmaxf(pm, to_f<T>(c.v[j]));
@@ -173,7 +229,7 @@ __device__ __forceinline__ void softmax_rows(const T* __restrict__ x, int D, uns
             T* yr = y + (size_t)row * D;
 #pragma unroll 4
             for (int col = threadIdx.x * V; col < D; col += ROW_THREADS * V) {
-                const Pack<T, V> c = load<T, V>(xr + col);
+                const Pack<T, V> c = in.template pack<V>(xr, col);
                 Pack<T, V> o;
 #pragma unroll
                 for (int j = 0; j < V; ++j) o.v[j] = from_f<T>(exp_shifted<sizeof(T) == 2>(to_f<T>(c.v[j]), gm) * inv);
@@ -191,10 +247,42 @@ __global__ void __launch_bounds__(ROW_THREADS, sizeof(T) == 4 ? FXK_ROW_BLOCKS_F
     if (D <= 0) return;
     const unsigned rows = (unsigned)n / (unsigned)D;
     constexpr int V = 16 / sizeof(T);
+    const fxk::Rows<T> in{x, D};
     if (D % V == 0 && fxk::aligned16(x) && fxk::aligned16(y))
-        fxk::softmax_rows<T, V, (sizeof(T) == 4 ? FXK_ROW_PACKS_F32 : FXK_ROW_PACKS_HALF)>(x, D, rows, y, red);
+        fxk::softmax_rows<T, V, (sizeof(T) == 4 ? FXK_ROW_PACKS_F32 : FXK_ROW_PACKS_HALF)>(in, D, rows, y, red);
     else
-        fxk::softmax_rows<T, 1, FXK_ROW_SCALARS>(x, D, rows, y, red);
+        fxk::softmax_rows<T, 1, FXK_ROW_SCALARS>(in, D, rows, y, red);
+}
+
+// softmax(T(T(x * scale) + mask)) over rows of x viewed as (B, H, Q, D), the mask (mB, mH, mQ, D).
+// DIV: the scale is a divisor, applied as x * (1 / divisor), as PyTorch's CUDA division by a Python
+// number does.
+template <typename T, bool DIV>
+__device__ __forceinline__ void masked_softmax(const T* x, const T* mask, float scale, int H, int Q, int D, int n,
+                                               int mB, int mH, int mQ, T* y, float (*red)[ROW_WARPS]) {
+    if (D <= 0) return;
+    const unsigned rows = (unsigned)n / (unsigned)D;
+    constexpr int V = 16 / sizeof(T);
+    const fxk::MaskedRows<T> in(x, mask, DIV ? __frcp_rn(scale) : scale, D, H, Q, mB, mH, mQ);
+    if (D % V == 0 && fxk::aligned16(x) && fxk::aligned16(mask) && fxk::aligned16(y))
+        fxk::softmax_rows<T, V, (sizeof(T) == 4 ? FXK_ROW_PACKS_F32 : FXK_ROW_PACKS_HALF)>(in, D, rows, y, red);
+    else
+        fxk::softmax_rows<T, 1, FXK_ROW_SCALARS>(in, D, rows, y, red);
+}
+
+template <typename T>
+__global__ void __launch_bounds__(ROW_THREADS, sizeof(T) == 4 ? FXK_ROW_BLOCKS_F32 : FXK_ROW_BLOCKS_HALF)
+scaled_masked_softmax(const T* x, const T* mask, float scale, int H, int Q, int D, int n, int mB, int mH, int mQ, T* y) {
+    __shared__ float red[4][ROW_WARPS];
+    masked_softmax<T, false>(x, mask, scale, H, Q, D, n, mB, mH, mQ, y, red);
+}
+
+template <typename T>
+__global__ void __launch_bounds__(ROW_THREADS, sizeof(T) == 4 ? FXK_ROW_BLOCKS_F32 : FXK_ROW_BLOCKS_HALF)
+divided_masked_softmax(const T* x, const T* mask, float divisor, int H, int Q, int D, int n, int mB, int mH, int mQ,
+                       T* y) {
+    __shared__ float red[4][ROW_WARPS];
+    masked_softmax<T, true>(x, mask, divisor, H, Q, D, n, mB, mH, mQ, y, red);
 }
 """
 
@@ -206,14 +294,27 @@ SOFTMAX = KernelSpec(
     geometry=Custom(row_geometry_16k),
     dtypes=DTYPES,
 )
-# The same kernel, a block per 8192 elements: a float32 block's register-full (16384 is a 16-bit
-# one's). The public op sends it float32 rows that fit in registers; longer ones keep SOFTMAX's
-# grid, one block a row up to 16384 elements rather than blocks left without a row.
-SOFTMAX_32BIT = dataclasses.replace(SOFTMAX, geometry=Custom(row_geometry_8k))
+# Attention's scores (B, H, Q, D), scaled and masked on the way in: the mask is (mB, mH, mQ, D),
+# each of mB, mH, mQ 1 or the scores' size (transformers builds (B, 1, Q, D) causal masks, BERT
+# (B, 1, 1, D) padding masks).
+SCALED_MASKED_SOFTMAX = KernelSpec(
+    SOURCE, "scaled_masked_softmax",
+    inputs=[InputDecl("x"), InputDecl("mask"), ScalarInput("scale", float)],
+    outputs=[OutputDecl("y", SameAs("x"))],
+    extras=[DimSize("x", -3), DimSize("x", -2), DimSize("x", -1), Numel("x"),
+            DimSize("mask", -4), DimSize("mask", -3), DimSize("mask", -2)],
+    geometry=Custom(row_geometry_16k),
+    dtypes=DTYPES,
+)
+# The same with a divisor (``scores / math.sqrt(head_dim)``); eager runs it as the division by a
+# Python number, the library's op as a multiplication by its reciprocal, as PyTorch's CUDA kernel does.
+DIVIDED_MASKED_SOFTMAX = dataclasses.replace(
+    SCALED_MASKED_SOFTMAX, kernel_name="divided_masked_softmax",
+    inputs=[InputDecl("x"), InputDecl("mask"), ScalarInput("divisor", float)])
 
 
-def _small_blocks(threads: int, packs: int, blocks: int, element_size: int) -> tuple[KernelSpec, int]:
-    """SOFTMAX for one element size in blocks of ``threads`` threads holding ``packs`` 16-byte packs
+def _small_blocks(spec: KernelSpec, threads: int, packs: int, blocks: int, element_size: int) -> tuple[KernelSpec, int]:
+    """``spec`` for one element size in blocks of ``threads`` threads holding ``packs`` 16-byte packs
     each, ``blocks`` resident an SM, a block per register-full of elements; returns the spec and that
     register-full, the longest row such a block holds (a longer one takes the second read)."""
     elements = threads * packs * 16 // element_size
@@ -224,32 +325,115 @@ def _small_blocks(threads: int, packs: int, blocks: int, element_size: int) -> t
     def geometry(inputs, outputs):
         return (cdiv(inputs[0].numel(), elements),), (threads,)
 
-    return dataclasses.replace(SOFTMAX, kernel_source=macros + SOURCE, geometry=Custom(geometry)), elements
+    return dataclasses.replace(spec, kernel_source=macros + spec.kernel_source, geometry=Custom(geometry)), elements
 
 
-# Short rows held in whole packs (attention's scores) run in small blocks, many an SM: float32 rows
-# of up to 1024 elements in 64-thread blocks of 4 packs a thread, 16 an SM; 16-bit rows of up to
-# 2048 in one-warp blocks of 8 packs, 32 an SM. Measured faster there than the 256-thread blocks
-# (benchmarks/row_tuning.py --softmax; docs/library.md, "Rows").
-SOFTMAX_SHORT_32BIT, _SHORT_32BIT_ROW = _small_blocks(threads=64, packs=4, blocks=16, element_size=4)
-SOFTMAX_SHORT, _SHORT_16BIT_ROW = _small_blocks(threads=32, packs=8, blocks=32, element_size=2)
+def _grids(spec: KernelSpec) -> dict[str, KernelSpec]:
+    """The grids a softmax kernel runs in, by the suffix of their private ops' names.
+
+    ``""``: ``spec``'s own, a 256-thread block per 16384 elements (TensorRT plugins carry it; a
+    16-bit block's register-full). ``"_32bit"``: a block per 8192, a float32 block's register-full,
+    for float32 rows that fit (longer ones keep ``spec``'s grid, one block a row up to 16384 elements
+    rather than blocks left without a row). Short rows held in whole packs (attention's scores) run in
+    small blocks, many an SM: ``"_short_32bit"``, float32 rows of up to 1024 elements in 64-thread
+    blocks of 4 packs a thread, 16 an SM; ``"_short"``, 16-bit rows of up to 2048 in one-warp blocks
+    of 8 packs, 32 an SM. Measured faster there than the 256-thread blocks
+    (benchmarks/row_tuning.py --softmax; docs/library.md, "Rows")."""
+    return {"": spec, "_32bit": dataclasses.replace(spec, geometry=Custom(row_geometry_8k)),
+            "_short_32bit": _small_blocks(spec, threads=64, packs=4, blocks=16, element_size=4)[0],
+            "_short": _small_blocks(spec, threads=32, packs=8, blocks=32, element_size=2)[0]}
+
+
+SOFTMAX_GRIDS, SCALED_MASKED_GRIDS = _grids(SOFTMAX), _grids(SCALED_MASKED_SOFTMAX)
+SOFTMAX_32BIT, SOFTMAX_SHORT_32BIT, SOFTMAX_SHORT = (SOFTMAX_GRIDS[k] for k in ("_32bit", "_short_32bit", "_short"))
 ROWS, ROWS_32BIT = f"{NAMESPACE}::_softmax_rows", f"{NAMESPACE}::_softmax_rows_32bit"
 ROWS_SHORT, ROWS_SHORT_32BIT = f"{NAMESPACE}::_softmax_rows_short", f"{NAMESPACE}::_softmax_rows_short_32bit"
+MASKED_ROWS = f"{NAMESPACE}::_scaled_masked_softmax_rows"
 # The longest rows (by element size) the small blocks take.
-SHORT_ROWS = {4: _SHORT_32BIT_ROW, 2: _SHORT_16BIT_ROW}
+SHORT_ROWS = {4: _small_blocks(SOFTMAX, 64, 4, 16, 4)[1], 2: _small_blocks(SOFTMAX, 32, 8, 32, 2)[1]}
+
+
+def _grid(x: torch.Tensor, *others: torch.Tensor) -> str:
+    """The suffix of the grid a call on ``x`` runs in (``_grids``): small blocks for rows of up to
+    ``SHORT_ROWS`` elements in whole, aligned 16-byte packs (``others``, read alongside ``x``, aligned
+    too); the 8192-element grid for other float32 rows of up to 8192 elements; else 16384."""
+    if x.dim() == 0 or not x.dtype.is_floating_point:
+        return ""  # the op's own checks refuse these
+    d, size = x.shape[-1], x.element_size()
+    if (d <= SHORT_ROWS.get(size, 0) and d % (16 // size) == 0 and aligned_at_launch(x)
+            and all(aligned_at_launch(t) for t in others)):
+        return "_short_32bit" if size == 4 else "_short"
+    return "_32bit" if size == 4 and d <= 8192 else ""
 
 
 def grid_for(x: torch.Tensor) -> str:
-    """The private op a call runs: small blocks (``ROWS_SHORT_32BIT``, ``ROWS_SHORT``) for rows of up
-    to ``SHORT_ROWS`` elements in whole, aligned 16-byte packs; ``ROWS_32BIT`` (a 256-thread block per
-    8192 elements) for other float32 rows of up to 8192 elements, which a block holds in registers;
-    else ``ROWS`` (a block per 16384)."""
-    if x.dim() == 0 or not x.dtype.is_floating_point:
-        return ROWS  # the op's own checks refuse these
-    d, size = x.shape[-1], x.element_size()
-    if d <= SHORT_ROWS.get(size, 0) and d % (16 // size) == 0 and aligned_at_launch(x):
-        return ROWS_SHORT_32BIT if size == 4 else ROWS_SHORT
-    return ROWS_32BIT if size == 4 and d <= 8192 else ROWS
+    """The private op a softmax call runs: ``ROWS`` with the suffix of its grid (``_grid``)."""
+    return ROWS + _grid(x)
+
+
+# ---- scaled, masked scores ------------------------------------------------------------------------
+
+
+def _check_masked(x: torch.Tensor, mask: torch.Tensor) -> None:
+    """The shapes the masked kernel reads: scores (B, H, Q, D), a mask (mB, mH, mQ, D) of their
+    dtype, each of mB, mH, mQ 1 or the scores' size."""
+    op = f"{NAMESPACE}::scaled_masked_softmax"
+    if x.dim() != 4 or mask.dim() != 4:
+        raise KernelInputError(
+            f"{op}: scores {tuple(x.shape)} and mask {tuple(mask.shape)} must both be 4-d (batch, heads, queries, "
+            f"keys), as attention writes them; view a 2-d mask as mask[None, None]")
+    if mask.dtype != x.dtype:
+        raise KernelInputError(f"{op}: mask is {mask.dtype} but the scores are {x.dtype}; give the mask the scores' dtype")
+    for axis in range(4):
+        m, s = mask.shape[axis], x.shape[axis]
+        if axis < 3 and isinstance(m, int) and m == 1:
+            continue
+        if isinstance(m, int) and isinstance(s, int) and m != s:
+            raise KernelInputError(
+                f"{op}: mask {tuple(mask.shape)} does not broadcast onto scores {tuple(x.shape)} as the kernel reads "
+                f"it: each of its first three axes must be 1 or the scores' size, its last the scores' last")
+        torch._check(m == s, lambda: f"{op}: mask {tuple(mask.shape)} must broadcast onto scores {tuple(x.shape)}")
+
+
+def _masked_output(x, mask, scale):
+    """The masked ops' output (and their fake impl): checks the shapes, one contiguous tensor like x."""
+    _check_masked(x, mask)
+    return x.new_empty(x.shape)
+
+
+def _compact(mask: torch.Tensor) -> torch.Tensor:
+    """``mask`` with each broadcast (stride-0) axis narrowed to one, so an expanded mask reaches the
+    kernel as the (mB, mH, mQ, D) tensor it broadcasts, not as a copy at the scores' size."""
+    if mask.is_contiguous():
+        return mask
+    for axis in range(mask.dim() - 1):
+        if mask.stride(axis) == 0 and mask.shape[axis] > 1:
+            mask = mask.narrow(axis, 0, 1)
+    return mask
+
+
+def _scaled_masked_on_cuda(impls):
+    def on_cuda(x, mask, scale):
+        mask = _compact(mask)
+        return impls[_grid(x, mask)](x, mask, scale)
+
+    return on_cuda
+
+
+def _divided_masked_on_cuda(scaled):
+    def on_cuda(x, mask, divisor):
+        # 1 / float32(divisor), rounded to float32 (a double's quotient rounds to the float32 one):
+        # the reciprocal PyTorch's CUDA division by a Python number multiplies by.
+        return scaled(x, mask, 1.0 / _f32(divisor))
+
+    return on_cuda
+
+
+def _f32(v: float) -> float:
+    return struct.unpack("f", struct.pack("f", v))[0]
+
+
+# ---- patterns (each also its op's CPU reference) --------------------------------------------------
 
 
 def softmax(x):
@@ -262,18 +446,74 @@ def softmax_float32(x):
     return F.softmax(x, dim=-1, dtype=torch.float32).to(x.dtype)
 
 
+def scaled_masked_softmax(x, mask, scale: float):
+    """transformers' eager attention for BERT-style encoders: ``torch.matmul(q, k.transpose(2, 3)) *
+    scaling``, ``+ attention_mask``, ``F.softmax(w, dim=-1)``."""
+    return F.softmax(x * scale + mask, dim=-1)
+
+
+def scaled_masked_softmax_float32(x, mask, scale: float):
+    """transformers' ``eager_attention_forward`` (Llama, Mistral, Qwen2, Gemma...): scores times
+    ``scaling``, plus the causal mask, a float32 softmax cast back."""
+    return F.softmax(x * scale + mask, dim=-1, dtype=torch.float32).to(x.dtype)
+
+
+def divided_masked_softmax(x, mask, divisor: float):
+    """The older BERT/RoBERTa/ViT attention: ``scores / math.sqrt(head_size) + attention_mask``, softmax."""
+    return F.softmax(x / divisor + mask, dim=-1)
+
+
+def divided_masked_softmax_float32(x, mask, divisor: float):
+    """Attention that divides by ``sqrt(head_dim)`` and takes a float32 softmax cast back (GPT-NeoX-style)."""
+    return F.softmax(x / divisor + mask, dim=-1, dtype=torch.float32).to(x.dtype)
+
+
+def masked_scores(x: str, mask: str):
+    """A filter: ``x`` is 4-d scores and ``mask`` a 4-d mask of their dtype that broadcasts onto them
+    as the masked kernel reads it (``_check_masked``)."""
+
+    def accept(match) -> bool:
+        xv, mv = (match.bindings[n].meta.get("val") for n in (x, mask))
+        if not isinstance(xv, torch.Tensor) or not isinstance(mv, torch.Tensor):
+            return False
+        if xv.dim() != 4 or mv.dim() != 4 or xv.dtype != mv.dtype:
+            return False
+        return statically_known_true(mv.shape[3] == xv.shape[3]) and all(
+            statically_known_true(m == 1) or statically_known_true(m == s) for m, s in zip(mv.shape[:3], xv.shape[:3]))
+
+    accept.__name__ = f"{mask}_broadcasts_onto_{x}_as_attention_masks_do"
+    return accept
+
+
 def register(rules) -> None:
-    # Neither softmax rule runs inside inductor: there a softmax nearly always follows ops inductor
+    # No softmax rule runs inside inductor: there a softmax nearly always follows ops inductor
     # fuses into its own softmax kernel (attention's scale and mask add, and the float32 upcast,
     # where inductor's graph exposes the plain softmax inside the HF form). Replacing the softmax
     # alone then adds a write and a read of the scores: the demo model ran at 0.81x of plain
     # inductor with it (docs/benchmarks.md, "demo_model"). In eager, export and TensorRT it pays.
     #
-    # The op picks its grid per call (grid_for); its spec, which TensorRT plugins carry, is SOFTMAX's.
-    grids = {ROWS: SOFTMAX, ROWS_32BIT: SOFTMAX_32BIT, ROWS_SHORT: SOFTMAX_SHORT, ROWS_SHORT_32BIT: SOFTMAX_SHORT_32BIT}
-    for name, spec in grids.items():
-        cuda_kernel_op(name, spec, reference=softmax)
-    public = cuda_kernel_op(f"{NAMESPACE}::softmax", SOFTMAX, reference=softmax, eager_fn=per_call(grid_for, tuple(grids)))
-    op = add_rule(rules, softmax, public, "softmax", filter=has_rows("x"), irs=COMPILE_FREE_IRS).op
+    # Each op picks its grid per call (_grid); its spec, which TensorRT plugins carry, is the 16384-element one.
+    # The masked forms come first: an overlap goes to the rule added first, and each has a plain
+    # softmax inside.
+    irs = COMPILE_FREE_IRS
+    for suffix, spec in SCALED_MASKED_GRIDS.items():
+        cuda_kernel_op(MASKED_ROWS + suffix, spec, reference=scaled_masked_softmax, meta_fn=_masked_output)
+    scaled_on_cuda = _scaled_masked_on_cuda({suffix: kernel_op(MASKED_ROWS + suffix).cuda_impl
+                                             for suffix in SCALED_MASKED_GRIDS})
+    scaled = cuda_kernel_op(f"{NAMESPACE}::scaled_masked_softmax", SCALED_MASKED_SOFTMAX, reference=scaled_masked_softmax,
+                            meta_fn=_masked_output, eager_fn=scaled_on_cuda)
+    divided = cuda_kernel_op(f"{NAMESPACE}::divided_masked_softmax", DIVIDED_MASKED_SOFTMAX,
+                             reference=divided_masked_softmax, meta_fn=_masked_output,
+                             eager_fn=_divided_masked_on_cuda(scaled_on_cuda))
+    # Each float32 form computes its plain form's numbers (float32 arithmetic, one rounding): the same op.
+    for pattern, op in ((scaled_masked_softmax, scaled), (scaled_masked_softmax_float32, scaled),
+                        (divided_masked_softmax, divided), (divided_masked_softmax_float32, divided)):
+        add_rule(rules, pattern, op, pattern.__name__, filter=masked_scores("x", "mask"), irs=irs)
+
+    for suffix, spec in SOFTMAX_GRIDS.items():
+        cuda_kernel_op(ROWS + suffix, spec, reference=softmax)
+    public = cuda_kernel_op(f"{NAMESPACE}::softmax", SOFTMAX, reference=softmax,
+                            eager_fn=per_call(grid_for, tuple(ROWS + suffix for suffix in SOFTMAX_GRIDS)))
+    op = add_rule(rules, softmax, public, "softmax", filter=has_rows("x"), irs=irs).op
     # Same numbers (float32 arithmetic, one rounding): another way of finding the same op.
-    add_rule(rules, softmax_float32, op, "softmax_float32", filter=has_rows("x"), irs=COMPILE_FREE_IRS)
+    add_rule(rules, softmax_float32, op, "softmax_float32", filter=has_rows("x"), irs=irs)

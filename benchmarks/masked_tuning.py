@@ -1,0 +1,164 @@
+"""The scaled, masked softmax (``fxkern.library.softmax``) against variants of itself and inductor.
+
+    python benchmarks/masked_tuning.py [--rounds 3] [--section-out FILE]
+
+transformers' eager attention at the demo model's scores and at long rows: ``scores * 0.125 +
+mask`` with the (b, 1, q, k) causal mask transformers builds, a float32 softmax cast back. Each
+variant runs on the grids the library picks (``softmax._grid``); the library's choice first. GB/s of
+useful bytes (scores, mask and output once each), CUDA events around 10 back-to-back calls, the GPU
+kept busy by an untimed call before each sample, median of 20, then the median over rounds (the
+order rotated each round); registers a thread per grid, float32/bfloat16, with spill bytes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import statistics
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import common  # noqa: E402
+import torch  # noqa: E402
+
+SHAPES = ((8, 32, 512), (2, 16, 2048))  # (batch, heads, sequence)
+DTYPES = (torch.float32, torch.bfloat16)
+
+# A variant: the grids' tuning, (threads, packs, blocks an SM) for the float32 and the 16-bit small
+# blocks and blocks an SM for the 256-thread float32 grids, and edits to softmax.SOURCE ((old, new)
+# pairs of text).
+SHIPPED = {"short_32bit": (64, 4, 16), "short": (32, 8, 32), "blocks_f32": 4, "edits": ()}
+
+# Loads with cache eviction hints, as rmsnorm's two-read kernel makes them: the scores streamed
+# (evict first), the mask, read again for every head, kept (evict last).
+_HINTS = (
+    ("template <typename T>\nstruct MaskedRows {",
+     "#define FXK_EVICT_HINTS 1\n" + "{load_evict}\ntemplate <typename T>\nstruct MaskedRows {{"),
+    ("const Pack<T, V> a = load<T, V>(r.x + col), m = load<T, V>(r.m + col);",
+     "const Pack<T, V> a = load_evict<T, V, false>(r.x + col, l2_policy<false>()), "
+     "m = load_evict<T, V, true>(r.m + col, l2_policy<true>());"),
+)
+# Measured 2026-11-24 (H200) and not shipped: the hints help rows of 2048 (float32 +10%, bfloat16 +4%)
+# and cost float32 rows of 512 15%; 16-bit small blocks at 16 an SM or 4 packs, float32 ones at 8 an SM
+# or 2 packs, and 256-thread float32 blocks at 3 an SM, were slower or level.
+VARIANTS: dict[str, dict] = {
+    "shipped": SHIPPED,
+    "hints (scores evict first, mask evict last)": {**SHIPPED, "edits": _HINTS},
+    "16-bit small blocks t32 p8 b16": {**SHIPPED, "short": (32, 8, 16)},
+    "float32 small blocks t64 p2 b16": {**SHIPPED, "short_32bit": (64, 2, 16)},
+    # diagnostics, not candidates: what eager's second rounding and finding the mask row cost
+    "(one rounding: x * scale + mask in float32)": {**SHIPPED, "edits": (
+        ("        to_floats(from_floats<T, V>(f), f);  // rounded to T, as eager's multiplication stores it\n", ""),)},
+    "(every row reads mask row 0: no index math)": {**SHIPPED, "edits": (("mask + (size_t)mrow * D", "mask"),)},
+}
+
+
+def _load_evict_source() -> str:
+    """rmsnorm's load_evict and l2_policy helpers, as its SOURCE defines them."""
+    from fxkern.library import rmsnorm
+
+    src = rmsnorm.SOURCE
+    start = src.index("template <typename T, int V, bool KEEP>\n__device__ __forceinline__ Pack<T, V> load_evict")
+    end = src.index("    return policy;\n}\n", start) + len("    return policy;\n}\n")
+    return src[start:end]  # inserted inside softmax's namespace fxk
+
+
+def variant_op(label: str, v: dict, index: int):
+    """The variant as a callable ``(x, mask, scale)`` on the library's grid choice, and its ops' names."""
+    import fxkern
+    from fxkern.library import softmax
+
+    source = softmax.SOURCE
+    for old, new in v["edits"]:
+        if old not in source:
+            raise SystemExit(f"variant {label!r}: {old!r} is not in softmax.SOURCE any more; update the variant")
+        source = source.replace(old, new.replace("{load_evict}", _load_evict_source()).replace("{{", "{"))
+    base = dataclasses.replace(softmax.SCALED_MASKED_SOFTMAX, kernel_source=source)
+    long = dataclasses.replace(base, kernel_source=f"#define FXK_ROW_BLOCKS_F32 {v['blocks_f32']}\n" + source)
+    grids = {"": long, "_32bit": dataclasses.replace(long, geometry=fxkern.Custom(softmax.row_geometry_8k)),
+             "_short_32bit": softmax._small_blocks(base, *v["short_32bit"], element_size=4)[0],
+             "_short": softmax._small_blocks(base, *v["short"], element_size=2)[0]}
+    names = {suffix: f"fxkern_tune::masked_{index}{suffix}" for suffix in grids}
+    ops = {suffix: fxkern.cuda_kernel_op(names[suffix], spec) for suffix, spec in grids.items()}
+    return lambda x, mask, scale: ops[softmax._grid(x, mask)](x, mask, scale), names
+
+
+def registers(names) -> str:
+    """Registers a thread (and spill bytes) of each grid's float32 and bfloat16 kernels."""
+    from cuda.bindings import driver
+
+    import fxkern
+
+    out = []
+    for suffix, name in names.items():
+        impl = fxkern.kernel_op(name).cuda_impl
+        fns = impl.functions.load(torch.cuda.current_device())
+        vals = []
+        for dt in DTYPES:
+            fn = fns[impl.lowered[dt]]
+            _, regs = driver.cuFuncGetAttribute(driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_NUM_REGS, fn)
+            _, local = driver.cuFuncGetAttribute(driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES, fn)
+            vals.append(f"{regs}" + (f" ({local} B)" if local else ""))
+        out.append(f"{suffix or 'rows'} {'/'.join(vals)}")
+    return ", ".join(out)
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--section-out", type=Path, default=None)
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        common.emit("masked_tuning", "## Masked softmax tuning\n\nNo GPU on this machine: measured on the device only.",
+                    args.section_out)
+        return
+    import fxkern.library
+    from fxkern.library import softmax
+
+    fxkern.library.rules()
+    torch.manual_seed(0)
+    fns = {label: variant_op(label, v, i) for i, (label, v) in enumerate(VARIANTS.items())}
+    compiled = common.inductor(softmax.scaled_masked_softmax_float32)
+    cases = []
+    for b, h, s in SHAPES:
+        for dt in DTYPES:
+            x = (torch.randn(b, h, s, s, device="cuda") * 3).to(dt)
+            mask = torch.full((s, s), torch.finfo(dt).min, device="cuda", dtype=dt).triu(1).expand(b, 1, s, s).contiguous()
+            want = softmax.scaled_masked_softmax_float32(x, mask, 0.125)
+            for label, (fn, _) in fns.items():
+                if not label.startswith("("):
+                    torch.testing.assert_close(fn(x, mask, 0.125), want, rtol=1.6e-2, atol=1e-5)
+            compiled(x, mask, 0.125)
+            cases.append((f"{b}x{h}x{s}x{s} {str(dt)[6:]}", x, mask))
+    runners = {"inductor": compiled, **{label: fn for label, (fn, _) in fns.items()}}
+    table = {label: [] for label in runners}
+    for name, x, mask in cases:
+        nbytes = 2 * x.numel() * x.element_size() + mask.numel() * mask.element_size()
+        samples = {label: [] for label in runners}
+        order = list(runners.items())
+        for r in range(args.rounds):
+            for label, fn in order[r % len(order):] + order[:r % len(order)]:
+                samples[label].append(common.cuda_time_ms(lambda fn=fn: fn(x, mask, 0.125)))
+        for label in runners:
+            table[label].append(nbytes / (statistics.median(samples[label]) * 1e-3) / 1e9)
+    lines = [
+        "## Scaled, masked softmax tuning (`fxkern.library.softmax`, transformers' eager attention)",
+        "",
+        f"Machine: {common.machine()}. Date: {common.today()}. Command: `python benchmarks/masked_tuning.py "
+        f"--rounds {args.rounds}`.",
+        "",
+        " ".join(__doc__.split("\n\n")[1].split()),
+        "",
+        "| variant | " + " | ".join(name for name, _, _ in cases) + " | registers |",
+        "| --- | " + " | ".join("---:" for _ in cases) + " | --- |",
+    ]
+    for label, gbs in table.items():
+        regs = registers(fns[label][1]) if label in fns else ""
+        lines.append(f"| {label} | " + " | ".join(f"{g:.0f}" for g in gbs) + f" | {regs} |")
+    common.emit("masked_tuning", "\n".join(lines), args.section_out)
+
+
+if __name__ == "__main__":
+    main()
