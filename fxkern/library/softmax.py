@@ -4,7 +4,9 @@ Forms matched: ``F.softmax(x, dim=-1)``, ``x.softmax(-1)``, ``torch.softmax(x, -
 (all ``aten.softmax(x, -1)``), and transformers' eager attention
 ``F.softmax(w, dim=-1, dtype=torch.float32).to(q.dtype)`` (Llama, Mistral, Qwen2, Gemma...).
 Both compute in float32 and round once, so they share one kernel; a softmax over another axis
-(``dim=0``, or a positive index of the last axis) is not matched.
+(``dim=0``, or a positive index of the last axis) is not matched. Attention's scale and mask add
+before it (``scores * scaling + mask`` or ``scores / math.sqrt(d) + mask``, transformers' eager
+attention) run in the same kernel, read on the way in (``MaskedRows``).
 
 Kernel: the row layout of :mod:`fxkern.library.rmsnorm` (a 256-thread block per register-full of
 elements, 8192 in float32 and 16384 in 16-bit, 1 to 256 threads a row, the row in registers; short
