@@ -86,23 +86,10 @@ def variant_op(label: str, v: dict, index: int):
 
 
 def registers(names) -> str:
-    """Registers a thread (and spill bytes) of each grid's float32 and bfloat16 kernels."""
-    from cuda.bindings import driver
+    """Registers a thread (and spill bytes) of each grid's kernels, as row_tuning reports them."""
+    from row_tuning import registers as of
 
-    import fxkern
-
-    out = []
-    for suffix, name in names.items():
-        impl = fxkern.kernel_op(name).cuda_impl
-        fns = impl.functions.load(torch.cuda.current_device())
-        vals = []
-        for dt in DTYPES:
-            fn = fns[impl.lowered[dt]]
-            _, regs = driver.cuFuncGetAttribute(driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_NUM_REGS, fn)
-            _, local = driver.cuFuncGetAttribute(driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES, fn)
-            vals.append(f"{regs}" + (f" ({local} B)" if local else ""))
-        out.append(f"{suffix or 'rows'} {'/'.join(vals)}")
-    return ", ".join(out)
+    return ", ".join(f"{suffix or 'rows'} {of(name)}" for suffix, name in names.items())
 
 
 def main(argv=None) -> None:
