@@ -40,7 +40,7 @@ TOL = {torch.float32: 1e-4, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
 
 def cases():
     """(label, rule name, make_inputs(dtype) -> args)."""
-    from fxkern.library import gelu, rmsnorm, softmax, swiglu
+    from fxkern.library import gelu, rmsnorm, rotary, softmax, swiglu
 
     rows, d = SHAPE
 
@@ -51,6 +51,13 @@ def cases():
         """Scores, transformers' causal mask ((b, 1, s, s), finfo.min above the diagonal) and the scale."""
         mask = torch.full((s, s), torch.finfo(dt).min, device="cuda", dtype=dt).triu(1).expand(b, 1, s, s).contiguous()
         return t(b, h, s, s, dtype=dt, scale=3.0), mask, 0.125
+
+    def rope(b, s, h, d, dt):
+        """Queries as attention projects them ((b, s, h * d) viewed (b, h, s, d)), cos and sin (1, 1, s, d), half."""
+        pos = torch.arange(s, device="cuda", dtype=torch.float32)[:, None]
+        emb = pos * (1.0 / 10000 ** (torch.arange(0, d, 2, device="cuda") / d))[None]
+        emb = torch.cat((emb, emb), -1)[None, None]
+        return t(b, s, h * d, dtype=dt).view(b, s, h, d).transpose(1, 2), emb.cos().to(dt), emb.sin().to(dt), d // 2
 
     return [
         ("RMSNorm (Llama)", "rms_norm", rmsnorm.llama_rmsnorm,
@@ -83,6 +90,11 @@ def cases():
          softmax.scaled_masked_softmax_float32, lambda dt: attention(8, 32, 512, dt)),
         ("HF attention scaled masked softmax, 2x16x2048x2048", "scaled_masked_softmax_float32",
          softmax.scaled_masked_softmax_float32, lambda dt: attention(2, 16, 2048, dt)),
+        # transformers' apply_rotary_pos_emb on projected queries: 16x2048 tokens, 32 heads of 128 (16384x8192)
+        ("RoPE (transformers), q 16x32x2048x128", "rotary_embedding", rotary.rotary_embedding,
+         lambda dt: rope(16, 2048, 32, 128, dt)),
+        ("RoPE (transformers), q 8x32x512x64", "rotary_embedding", rotary.rotary_embedding,
+         lambda dt: rope(8, 512, 32, 64, dt)),
         ("RMSNorm (Llama), 4096x2048", "rms_norm", rmsnorm.llama_rmsnorm,
          lambda dt: (t(4096, 2048, dtype=dt), t(2048, dtype=dt), 1e-6)),
         ("residual add + RMSNorm (Llama), 4096x2048", "add_rms_norm", rmsnorm.add_llama_rmsnorm,

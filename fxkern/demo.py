@@ -1,8 +1,8 @@
 """``python -m fxkern demo``: the kernel library on a small Llama-style model, end to end.
 
 The model is written here the way transformers writes Llama (RMSNorm with its
-float32 upcast, eager attention with a float32 softmax cast back, the SwiGLU
-MLP) plus a Megatron-style bias+GELU residual block, so the library's rules
+float32 upcast, rotary position embeddings, eager attention with a float32
+softmax cast back, the SwiGLU MLP) plus a Megatron-style bias+GELU residual block, so the library's rules
 meet the graphs real models export, without downloading anything or
 depending on transformers. The demo exports the model, shows which rules
 replaced what where, checks the rewritten program against the original and,
@@ -36,8 +36,8 @@ from fxkern import cli
 from fxkern.cli import CliError
 
 DESCRIPTION = (
-    "Build a small Llama-style model in code (RMSNorm with the float32 upcast, eager attention with "
-    "a float32 softmax, SwiGLU MLP, a bias+GELU residual block), export it, apply the kernel "
+    "Build a small Llama-style model in code (RMSNorm with the float32 upcast, rotary embeddings, eager "
+    "attention with a float32 softmax, SwiGLU MLP, a bias+GELU residual block), export it, apply the kernel "
     "library's rules, print what matched where, check the outputs against the original, and on a "
     "GPU time eager, rewritten, torch.compile and torch.compile with fxkern.backend."
 )

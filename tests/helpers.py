@@ -71,11 +71,16 @@ def library_ops():
 def library_inputs(op, dtype, device, rows=37, cols=1000):
     """Inputs for a library op: (rows, cols) tensors, (cols,) for inputs the kernel broadcasts, small
     scalars; attention's masked softmax gets (2, 3, rows, cols) scores, a (2, 1, rows, cols) mask and
-    a scale (or divisor) of 8."""
+    a scale (or divisor) of 8; the rotary embedding (2, 3, rows, d) queries with d the even one of cols
+    and cols - 1, (2, 1, rows, d) cos and sin and half = d // 2."""
     from fxkern import kernel_op
 
     name = str(op.default._schema.name)
     plan = kernel_op(name).plan
+    if "rotary" in name:
+        d = cols - cols % 2
+        x, cos, sin = (torch.randn(2, n, rows, d, dtype=dtype, device=device) for n in (3, 1, 1))
+        return (x, cos, sin, d // 2)
     if "chunked" in name:  # the chunked GLUs split x's rows in two halves of cols each
         cols *= 2
     shapes = {"x": (2, 3, rows, cols), "mask": (2, 1, rows, cols)} if "masked_softmax" in name else {}

@@ -503,3 +503,121 @@ def test_ops_on_cpu_are_their_patterns():
     torch.testing.assert_close(lib.op("softmax")(x), x.softmax(-1))
     with pytest.raises(fxkern.KernelInputError):
         lib.op("swiglu")(x, r.to(torch.float16))
+
+
+# ---- rotary position embedding ----------------------------------------------------------------------
+
+
+def rotate_half(x):
+    """transformers' ``rotate_half``, line for line."""
+    x1 = x[..., : x.shape[-1] // 2]
+    x2 = x[..., x.shape[-1] // 2:]
+    return torch.cat((-x2, x1), dim=-1)
+
+
+class HFRope(nn.Module):
+    """transformers' ``apply_rotary_pos_emb`` on queries and keys as attention projects them
+    (``view(b, s, h, d).transpose(1, 2)``), cos and sin ``(b, s, d)`` unsqueezed over the heads."""
+
+    def forward(self, q_proj, k_proj, cos, sin):
+        b, s, _ = q_proj.shape
+        q = q_proj.view(b, s, -1, 16).transpose(1, 2)
+        k = k_proj.view(b, s, -1, 16).transpose(1, 2)
+        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+        q_embed = (q * cos) + (rotate_half(q) * sin)
+        k_embed = (k * cos) + (rotate_half(k) * sin)
+        return q_embed, k_embed
+
+
+def litgpt_apply_rope(x, cos, sin):
+    """litgpt's ``apply_rope``: the same rotation written out, cast back to x's dtype at the end."""
+    head_size = x.size(-1)
+    x1 = x[..., : head_size // 2]
+    x2 = x[..., head_size // 2:]
+    rotated = torch.cat((-x2, x1), dim=-1)
+    if cos.dim() > 1:
+        cos, sin = cos.unsqueeze(-3), sin.unsqueeze(-3)
+    roped = (x * cos) + (rotated * sin)
+    return roped.to(dtype=x.dtype)
+
+
+def rope_tables(b, s, d, dtype=torch.float32):
+    pos = torch.arange(s, dtype=torch.float32)[:, None] * (1.0 / 10000 ** (torch.arange(0, d, 2) / d))[None]
+    emb = torch.cat((pos, pos), dim=-1).expand(b, s, d)
+    return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
+def test_rotary_embedding_forms(dtype):
+    torch.manual_seed(0)
+    cos, sin = rope_tables(2, 8, 16)
+    q_proj, k_proj = torch.randn(2, 8, 64), torch.randn(2, 8, 32)  # 4 query heads of 16, 2 key heads
+    assert replaced(HFRope(), q_proj, k_proj, cos, sin, dtype=dtype) == {"rotary_embedding": 2}
+    assert replaced(Fn(litgpt_apply_rope), torch.randn(2, 4, 8, 16), cos, sin, dtype=dtype) == {"rotary_embedding": 1}
+    one = Fn(lambda x, c, s: (x * c) + (rotate_half(x) * s))  # cos shared by the batch: (1, 1, s, d)
+    assert replaced(one, torch.randn(2, 4, 8, 16), cos[:1, None], sin[:1, None], dtype=dtype) == {"rotary_embedding": 1}
+
+
+def test_llama_queries_and_keys_are_rotated_by_one_kernel_each(rules):
+    model = tiny_llama(torch.bfloat16)
+    ep = torch.export.export(model, (torch.randint(0, 128, (2, 16)),), kwargs={"use_cache": False})
+    matches = fxkern.explain(ep, rules)["rotary_embedding"].matches
+    assert len(matches) == 2 and all(m.location for m in matches)
+
+
+def test_rotary_near_misses_are_left_alone():
+    x, (cos, sin) = torch.randn(2, 4, 8, 16), rope_tables(1, 8, 16)
+    cos, sin = cos[:, None], sin[:, None]
+
+    def interleaved(x, c, s):  # GPT-J's rotate_every_two: another computation
+        x1, x2 = x[..., ::2], x[..., 1::2]
+        return x * c + torch.stack((-x2, x1), dim=-1).flatten(-2) * s
+
+    def quarter(x, c, s):  # halves that are not halves: the kernel would rotate other columns
+        return x * c + torch.cat((-x[..., 4:], x[..., :4]), dim=-1) * s
+
+    for fn in (interleaved, quarter):
+        assert replaced(Fn(fn), x, cos, sin) == {}
+    three_d = Fn(lambda x, c, s: x * c + rotate_half(x) * s)
+    assert replaced(three_d, x[0], cos[0], sin[0]) == {}
+    # float32 tables with bfloat16 queries: the products promote to float32, which the kernel does not compute
+    module = Fn(lambda x, c, s: x * c + rotate_half(x) * s)
+    ep = torch.export.export(module, (x.to(torch.bfloat16), cos, sin))
+    assert not fxkern.explain(ep, lib.rules())["rotary_embedding"].matches
+
+
+def test_rotary_op_checks_its_inputs_and_returns_a_contiguous_result():
+    from fxkern.library import rotary
+
+    op = lib.op("rotary_embedding")
+    x, (cos, sin) = torch.randn(2, 8, 4, 16).transpose(1, 2), rope_tables(2, 8, 16)
+    cos, sin = cos[:, None], sin[:, None]
+    y = op(x, cos, sin, 8)
+    assert y.is_contiguous() and y.shape == x.shape
+    torch.testing.assert_close(y, x * cos + rotate_half(x) * sin, rtol=0, atol=0)
+    with pytest.raises(fxkern.KernelInputError, match=r"must be 4-d.*cos.unsqueeze\(1\)"):
+        op(x[0], cos[0], sin[0], 8)
+    with pytest.raises(fxkern.KernelInputError, match="give cos and sin x's dtype"):
+        op(x, cos.double(), sin.double(), 8)
+    with pytest.raises(fxkern.KernelInputError, match=r"half = 4 rotates a last axis of 8"):
+        op(x, cos, sin, 4)
+    with pytest.raises(fxkern.KernelInputError, match="do not broadcast onto x"):
+        op(x, cos[:, :, :3], sin[:, :, :3], 8)
+    with pytest.raises(fxkern.KernelInputError, match="must have one shape"):
+        op(x, cos, sin[:1], 8)
+    wide = cos[:1].expand(2, 4, 8, 16)  # expanded over batch and heads: read at its own size
+    assert rotary._compact(wide).shape == (1, 1, 8, 16) and rotary._compact(wide).is_contiguous()
+
+
+def test_gpt_neox_partial_rotary_is_rotated_in_place_of_its_slice(rules):
+    """GPT-NeoX rotates only the first quarter of each head (``q[..., :rotary_ndims]``): the rule
+    matches on that slice and leaves the ``cat`` with the rest to PyTorch."""
+    torch.manual_seed(0)
+    cfg = transformers.GPTNeoXConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
+                                     num_attention_heads=4, max_position_embeddings=64, rotary_pct=0.25,
+                                     attn_implementation="eager")
+    model = transformers.GPTNeoXForCausalLM(cfg).eval()
+    ep = torch.export.export(model, (torch.randint(0, 128, (2, 16)),), kwargs={"use_cache": False})
+    new = fxkern.apply(ep, rules, verify=True)
+    calls = [n for n in new.graph.nodes if n.target == lib.op("rotary_embedding").default]
+    assert len(calls) == 2 and {n.args[3] for n in calls} == {2}  # head size 16, a quarter rotated: half = 2

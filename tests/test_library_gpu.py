@@ -19,7 +19,7 @@ import torch
 
 import fxkern
 import fxkern.library as lib
-from fxkern.library import gelu, rmsnorm, softmax, swiglu
+from fxkern.library import gelu, rmsnorm, rotary, softmax, swiglu
 
 pytestmark = pytest.mark.gpu
 
@@ -400,7 +400,7 @@ def test_rewritten_llama_on_gpu_matches_eager():
     new = fxkern.apply(ep, lib.rules())
     targets = {n.target for n in new.graph.nodes}
     assert {lib.op("rms_norm").default, lib.op("add_rms_norm").default, lib.op("swiglu").default,
-            lib.op("scaled_masked_softmax").default} <= targets
+            lib.op("scaled_masked_softmax").default, lib.op("rotary_embedding").default} <= targets
     other = torch.randint(0, 256, (2, 32), device="cuda")
     with torch.no_grad():
         want = model(other, use_cache=False).logits
@@ -451,3 +451,73 @@ def test_rewritten_demo_model_replays_in_a_cuda_graph():
         graph.replay()
         torch.testing.assert_close(out, rewritten(ids), rtol=0, atol=0)
     assert not torch.equal(out, want)
+
+
+# ---- rotary position embedding: eager's four roundings kept, so equal to the bit ---------------------
+
+# Head sizes: 2 and 6 (no 16-byte pack fits a half), 16 (a float32 pack only), 64 and 128 (the models'),
+# 74 (halves of 37: the scalar path), 256.
+HEAD_SIZES = (2, 6, 16, 64, 74, 128, 256)
+
+
+def rope_tables(b, s, d, dtype):
+    pos = torch.arange(s, device="cuda", dtype=torch.float32)[:, None]
+    inv = 1.0 / 10000 ** (torch.arange(0, d, 2, device="cuda", dtype=torch.float32) / d)
+    emb = torch.cat((pos * inv, pos * inv), dim=-1)[None].expand(b, s, d)
+    return emb.cos().to(dtype)[:, None], emb.sin().to(dtype)[:, None]  # (b, 1, s, d), as transformers'
+
+
+def check_rope(x, cos, sin, where):
+    poison()
+    got = lib.op("rotary_embedding")(x, cos, sin, x.shape[-1] // 2)
+    want = rotary.rotary_embedding(x, cos, sin, x.shape[-1] // 2)
+    assert got.is_contiguous() and got.shape == want.shape and got.dtype == want.dtype, where
+    torch.testing.assert_close(got, want, rtol=0, atol=0, equal_nan=True, msg=lambda m: f"{where}: {m}")
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).removeprefix("torch."))
+def test_rotary_embedding_on_every_layout_and_head_size(dtype):
+    torch.manual_seed(0)
+    b, s, h = 3, 37, 5
+    for d in HEAD_SIZES:
+        cos, sin = rope_tables(b, s, d, dtype)
+        projected = rand(b, s, h * d, dtype=dtype, scale=3.0).view(b, s, h, d).transpose(1, 2)
+        layouts = {
+            "projected (read in place)": projected,
+            "contiguous": projected.contiguous(),
+            "rotary part of wider heads (copied)": rand(b, h, s, d + 8, dtype=dtype)[..., :d],
+            "2 bytes past 16-byte alignment": torch.cat([projected.new_zeros(1), projected.contiguous().flatten()])[1:]
+            .view(b, h, s, d),
+        }
+        tables = {
+            "(b, 1, s, d)": (cos, sin),
+            "(1, 1, s, d)": (cos[:1], sin[:1]),
+            "(b, h, s, d)": (cos.expand(b, h, s, d).contiguous(), sin.expand(b, h, s, d).contiguous()),
+            "expanded over the batch": (cos[:1].expand(b, 1, s, d), sin[:1].expand(b, 1, s, d)),
+        }
+        for lname, x in layouts.items():
+            for tname, (c, sn) in tables.items():
+                check_rope(x, c, sn, f"{dtype} d={d} x {lname}, cos {tname}")
+
+
+def test_rotary_embedding_special_values_and_one_position():
+    # infinities, NaN, near-overflow, and subnormals of each dtype (1e-39: float32 and bfloat16; 3e-5: float16)
+    x = torch.tensor([0.0, float("inf"), float("nan"), -3.0e38, 1.0, -1e-39, 3e-5, 0.5], device="cuda").repeat(8, 2)
+    x = x.view(2, 2, 2, 16)
+    cos, sin = rope_tables(2, 2, 16, torch.float32)
+    check_rope(x, cos, sin, "inf, nan, near-overflow")
+    for dtype in (torch.float16, torch.bfloat16):
+        check_rope(x.to(dtype), cos.to(dtype), sin.to(dtype), f"{dtype} special values")
+    one = rand(4, 8, 1, 64, dtype=torch.bfloat16)  # decoding: one position
+    c, s = rope_tables(4, 1, 64, torch.bfloat16)
+    check_rope(one, c, s, "one position")
+
+
+def test_rotary_embedding_reads_the_projection_in_place_and_empty_input():
+    x = rand(2, 64, 4 * 64, dtype=torch.bfloat16).view(2, 64, 4, 64).transpose(1, 2)
+    cos, sin = rope_tables(2, 64, 64, torch.bfloat16)
+    names = kernels_run(lambda: lib.op("rotary_embedding")(x, cos, sin, 32))
+    assert names and all("rotary_heads_inner" in n for n in names), names  # one kernel, no copy of x first
+    empty = x[:, :, :0]
+    out = lib.op("rotary_embedding")(empty, cos[:, :, :0], sin[:, :, :0], 32)
+    assert out.shape == empty.shape

@@ -12,7 +12,9 @@ pattern functions (each pattern is also its op's CPU reference):
 * :mod:`~fxkern.library.swiglu` — ``silu(gate) * up``, and SwiGLU/GEGLU over the two halves of one
   projection (``x.chunk(2, -1)``: Phi-3, diffusers);
 * :mod:`~fxkern.library.softmax` — softmax over the last axis, HF's float32 form too, and attention's
-  scaled, masked softmax (``scores * scaling + mask`` or ``scores / sqrt(d) + mask``, then softmax).
+  scaled, masked softmax (``scores * scaling + mask`` or ``scores / sqrt(d) + mask``, then softmax);
+* :mod:`~fxkern.library.rotary` — rotary position embedding as transformers and litgpt write it,
+  ``q * cos + rotate_half(q) * sin``, reading the projection's transposed layout in place.
 
 Importing this package registers nothing. :func:`rules` registers every op (``fxkern_lib::*``,
 compiled by NVRTC: no GPU needed, cached on disk) and traces every pattern, once per process.
@@ -22,7 +24,7 @@ from __future__ import annotations
 
 import threading
 
-from fxkern.library import gelu, rmsnorm, softmax, swiglu
+from fxkern.library import gelu, rmsnorm, rotary, softmax, swiglu
 from fxkern.library.gelu import (
     BIAS_GELU,
     BIAS_GELU_NEW,
@@ -53,6 +55,7 @@ from fxkern.library.rmsnorm import (
     llama_rmsnorm,
     t5_layer_norm,
 )
+from fxkern.library.rotary import ROTARY, rotary_embedding
 from fxkern.library.softmax import (
     DIVIDED_MASKED_SOFTMAX,
     SCALED_MASKED_SOFTMAX,
@@ -70,7 +73,7 @@ NAME = "fxkern.library"
 # Registration order is rule priority (an overlap goes to the rule added first): GELU's residual
 # forms before the add + RMSNorm forms, since `gelu(...) + x` followed by a norm moves fewer bytes
 # as a GELU+residual kernel and a plain norm (5 passes) than as a GELU and an add+norm (6).
-_MODULES = (gelu, rmsnorm, swiglu, softmax)
+_MODULES = (gelu, rmsnorm, swiglu, softmax, rotary)
 _lock = threading.Lock()
 _rules = None
 
@@ -108,6 +111,7 @@ __all__ = [
     "MEGATRON_BIAS_GELU",
     "NAME",
     "RMS_NORM",
+    "ROTARY",
     "SCALED_MASKED_SOFTMAX",
     "SOFTMAX",
     "SWIGLU",
@@ -129,6 +133,8 @@ __all__ = [
     "megatron_bias_gelu",
     "op",
     "rmsnorm",
+    "rotary",
+    "rotary_embedding",
     "rules",
     "scaled_masked_softmax",
     "scaled_masked_softmax_float32",

@@ -1,0 +1,137 @@
+"""The rotary embedding kernel (``fxkern.library.rotary``) against variants of itself and inductor.
+
+    python benchmarks/rope_tuning.py [--rounds 3] [--section-out FILE]
+
+transformers' ``apply_rotary_pos_emb`` on queries as attention projects them (``(b, s, h * d)`` viewed
+``(b, h, s, d)``, read in place) and on contiguous ones, cos and sin ``(1, 1, s, d)``. GB/s of useful
+bytes (queries, cos, sin and output once each), CUDA events around 10 back-to-back calls, the GPU
+kept busy by an untimed call before each sample, median of 20, then the median over rounds (the
+order rotated each round).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import statistics
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import common  # noqa: E402
+import torch  # noqa: E402
+
+# (batch, sequence, heads, head size, projected): 16384x8192 elements, and the demo model's queries.
+SHAPES = ((16, 2048, 32, 128, True), (16, 2048, 32, 128, False), (8, 512, 32, 64, True))
+DTYPES = (torch.float32, torch.bfloat16)
+
+# The kernel walking the output's rows (b, h, s) instead of x's memory order: with heads inner, each
+# row then reads another position's cos and sin row.
+_OUTPUT_ORDER = ((
+    "const unsigned r = i / P, col = (i - r * P) * V;  // x's row r: (b, A1, A2)\n"
+    "                const unsigned outer = r / A2, a2 = r - outer * A2, b = outer / A1, a1 = outer - b * A1;\n"
+    "                const unsigned h = HEADS_INNER ? a2 : a1, s = HEADS_INNER ? a1 : a2;\n",
+    "const unsigned ro = i / P, col = (i - ro * P) * V;\n"
+    "                const unsigned bh = ro / S, s = ro - bh * S, b = bh / H, h = bh - b * H;\n"
+    "                const unsigned r = HEADS_INNER ? (b * S + s) * H + h : ro;\n"),)
+
+# A variant: source edits ((old, new) pairs), macros, and the elements a 128-thread block takes.
+SHIPPED = {"edits": (), "macros": "", "per_block": 4096}
+VARIANTS: dict[str, dict] = {
+    "shipped (x's memory order, 1 item in flight, 4096 a block, 16-bit pairs)": SHIPPED,
+    "16-bit on the float path": {**SHIPPED, "macros": "#define FXK_ROPE_PAIRS 0\n"},
+    "output's row order": {**SHIPPED, "edits": _OUTPUT_ORDER},
+    "2 items in flight": {**SHIPPED, "macros": "#define FXK_ROPE_K 2\n"},
+    "4 items in flight": {**SHIPPED, "macros": "#define FXK_ROPE_K 4\n"},
+    "2048 a block": {**SHIPPED, "per_block": 2048},
+    "8192 a block": {**SHIPPED, "per_block": 8192},
+    "16384 a block": {**SHIPPED, "per_block": 16384},
+}
+
+
+def variant_op(label: str, v: dict, index: int):
+    """The variant as a callable ``(x, cos, sin, half)`` taking the library's layout choice."""
+    import fxkern
+    from fxkern.library import rotary
+    from fxkern.symbolic import cdiv
+
+    source = rotary.SOURCE
+    for old, new in v["edits"]:
+        if old not in source:
+            raise SystemExit(f"variant {label!r}: {old!r} is not in rotary.SOURCE any more; update the variant")
+        source = source.replace(old, new)
+
+    def geometry(inputs, outputs, per=v["per_block"]):
+        return (cdiv(outputs[0].numel(), per),), (128,)
+
+    ops = []
+    for spec, suffix in ((rotary.ROTARY, ""), (rotary.ROTARY_HEADS_INNER, "_heads_inner")):
+        spec = dataclasses.replace(spec, kernel_source=v["macros"] + source, geometry=fxkern.Custom(geometry))
+        meta = rotary._output if not suffix else rotary._heads_inner_output
+        ops.append(fxkern.cuda_kernel_op(f"fxkern_tune::rope_{index}{suffix}", spec, meta_fn=meta).default)
+    return rotary._on_cuda(*ops)
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--section-out", type=Path, default=None)
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        common.emit("rope_tuning", "## Rotary embedding tuning\n\nNo GPU on this machine: measured on the device only.",
+                    args.section_out)
+        return
+    import fxkern.library
+    from fxkern.library import rotary
+
+    fxkern.library.rules()
+    torch.manual_seed(0)
+    fns = {label: variant_op(label, v, i) for i, (label, v) in enumerate(VARIANTS.items())}
+    compiled = common.inductor(rotary.rotary_embedding)
+    cases = []
+    for b, s, h, d, projected in SHAPES:
+        for dt in DTYPES:
+            x = torch.randn(b, s, h * d, device="cuda").to(dt).view(b, s, h, d).transpose(1, 2)
+            if not projected:
+                x = x.contiguous()
+            pos = torch.arange(s, device="cuda", dtype=torch.float32)[:, None]
+            emb = pos * (1.0 / 10000 ** (torch.arange(0, d, 2, device="cuda") / d))[None]
+            emb = torch.cat((emb, emb), -1)[None, None]
+            cos, sin = emb.cos().to(dt), emb.sin().to(dt)
+            want = rotary.rotary_embedding(x, cos, sin, d // 2)
+            for label, fn in fns.items():
+                torch.testing.assert_close(fn(x, cos, sin, d // 2), want, rtol=0, atol=0)
+            compiled(x, cos, sin, d // 2)
+            name = f"{b}x{h}x{s}x{d} {'projected' if projected else 'contiguous'} {str(dt)[6:]}"
+            cases.append((name, (x, cos, sin, d // 2)))
+    runners = {"inductor": compiled, **fns}
+    table = {label: [] for label in runners}
+    for name, call in cases:
+        x, cos, sin, _ = call
+        nbytes = 2 * x.numel() * x.element_size() + 2 * cos.numel() * cos.element_size()
+        samples = {label: [] for label in runners}
+        order = list(runners.items())
+        for r in range(args.rounds):
+            for label, fn in order[r % len(order):] + order[:r % len(order)]:
+                samples[label].append(common.cuda_time_ms(lambda fn=fn: fn(*call)))
+        for label in runners:
+            table[label].append(nbytes / (statistics.median(samples[label]) * 1e-3) / 1e9)
+    lines = [
+        "## Rotary embedding tuning (`fxkern.library.rotary`)",
+        "",
+        f"Machine: {common.machine()}. Date: {common.today()}. Command: `python benchmarks/rope_tuning.py "
+        f"--rounds {args.rounds}`.",
+        "",
+        " ".join(__doc__.split("\n\n")[2].split()),
+        "",
+        "| variant | " + " | ".join(name for name, _ in cases) + " |",
+        "| --- | " + " | ".join("---:" for _ in cases) + " |",
+    ]
+    for label, gbs in table.items():
+        lines.append(f"| {label} | " + " | ".join(f"{g:.0f}" for g in gbs) + " |")
+    common.emit("rope_tuning", "\n".join(lines), args.section_out)
+
+
+if __name__ == "__main__":
+    main()
