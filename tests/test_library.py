@@ -621,3 +621,16 @@ def test_gpt_neox_partial_rotary_is_rotated_in_place_of_its_slice(rules):
     new = fxkern.apply(ep, rules, verify=True)
     calls = [n for n in new.graph.nodes if n.target == lib.op("rotary_embedding").default]
     assert len(calls) == 2 and {n.args[3] for n in calls} == {2}  # head size 16, a quarter rotated: half = 2
+
+
+def test_rotary_rule_with_a_dynamic_sequence_length(rules):
+    cos, sin = rope_tables(2, 8, 16)
+    args = (torch.randn(2, 8, 64), torch.randn(2, 8, 32), cos, sin)
+    s = torch.export.Dim("s", min=2, max=64)
+    ep = torch.export.export(HFRope(), args, dynamic_shapes=({1: s}, {1: s}, {1: s}, {1: s}))
+    new = fxkern.apply(ep, rules)
+    assert sum(n.target == lib.op("rotary_embedding").default for n in new.graph.nodes) == 2
+    cos, sin = rope_tables(2, 13, 16)
+    other = (torch.randn(2, 13, 64), torch.randn(2, 13, 32), cos, sin)
+    for got, want in zip(new.module()(*other), HFRope()(*other)):
+        torch.testing.assert_close(got, want, rtol=0, atol=0)

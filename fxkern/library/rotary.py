@@ -236,7 +236,8 @@ def _check(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, half: int) -> 
     if isinstance(d, int) and isinstance(half, int) and 2 * half != d:
         raise KernelInputError(f"{op}: half = {half} rotates a last axis of {2 * half}, but x's is {d}; "
                                f"pass half = x.shape[-1] // 2 with an even head_dim")
-    torch._check(2 * half == d, lambda: f"{op}: 2 * half must be x's last axis")
+    if not isinstance(d, int):  # symbolic (export, dynamic shapes): a runtime assertion instead
+        torch._check(2 * half == d, lambda: f"{op}: 2 * half must be x's last axis")
     for axis in range(4):
         c, s = cos.shape[axis], x.shape[axis]
         if axis < 3 and isinstance(c, int) and c == 1:
@@ -245,7 +246,8 @@ def _check(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, half: int) -> 
             raise KernelInputError(
                 f"{op}: cos and sin {tuple(cos.shape)} do not broadcast onto x {tuple(x.shape)} as the kernel reads "
                 f"them: each of their first three axes must be 1 or x's size, their last x's last")
-        torch._check(c == s, lambda: f"{op}: cos {tuple(cos.shape)} must broadcast onto x {tuple(x.shape)}")
+        if not (isinstance(c, int) and isinstance(s, int)):
+            torch._check(c == s, lambda: f"{op}: cos {tuple(cos.shape)} must broadcast onto x {tuple(x.shape)}")
 
 
 def _output(x, cos, sin, half):

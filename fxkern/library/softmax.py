@@ -394,7 +394,8 @@ def _check_masked(x: torch.Tensor, mask: torch.Tensor) -> None:
             raise KernelInputError(
                 f"{op}: mask {tuple(mask.shape)} does not broadcast onto scores {tuple(x.shape)} as the kernel reads "
                 f"it: each of its first three axes must be 1 or the scores' size, its last the scores' last")
-        torch._check(m == s, lambda: f"{op}: mask {tuple(mask.shape)} must broadcast onto scores {tuple(x.shape)}")
+        if not (isinstance(m, int) and isinstance(s, int)):  # symbolic: a runtime assertion instead
+            torch._check(m == s, lambda: f"{op}: mask {tuple(mask.shape)} must broadcast onto scores {tuple(x.shape)}")
 
 
 def _masked_output(x, mask, scale):
