@@ -45,6 +45,8 @@ _HINTS = (
 # or 2 packs, and 256-thread float32 blocks at 3 an SM, were slower or level.
 VARIANTS: dict[str, dict] = {
     "shipped": SHIPPED,
+    "rows in memory order (b, h, q), as before 2026-11-24 21:00 UTC": {**SHIPPED, "edits": (
+        ("if (sH == 0) {  // the same for every thread: no divergence", "if (false) {"),)},
     "hints (scores evict first, mask evict last)": {**SHIPPED, "edits": _HINTS},
     "16-bit small blocks t32 p8 b16": {**SHIPPED, "short": (32, 8, 16)},
     "float32 small blocks t64 p2 b16": {**SHIPPED, "short_32bit": (64, 2, 16)},
