@@ -40,11 +40,14 @@ _HINTS = (
      "const Pack<T, V> a = load_evict<T, V, false>(r.x + col, l2_policy<false>()), "
      "m = load_evict<T, V, true>(r.m + col, l2_policy<true>());"),
 )
-# Measured 2026-11-24 (H200) and not shipped: the hints help rows of 2048 (float32 +10%, bfloat16 +4%)
+# Measured 2026-11-24 (H200) and not shipped: memory order for masks of at most 2 MB a batch, chosen
+# at run time (bfloat16 at 512 +4%, but the float32 kernels spilled 72 bytes and lost 5% at 2048);
+# the hints help rows of 2048 (float32 +10%, bfloat16 +4%)
 # and cost float32 rows of 512 15%; 16-bit small blocks at 16 an SM or 4 packs, float32 ones at 8 an SM
 # or 2 packs, and 256-thread float32 blocks at 3 an SM, were slower or level.
 VARIANTS: dict[str, dict] = {
     "shipped": SHIPPED,
+    "16-bit prologue on the float path": {**SHIPPED, "edits": (("#define FXK_MASK_PAIRS 1", "#define FXK_MASK_PAIRS 0"),)},
     "rows in memory order (b, h, q), as before 2026-11-24 21:00 UTC": {**SHIPPED, "edits": (
         ("if (sH == 0) {  // the same for every thread: no divergence", "if (false) {"),)},
     "hints (scores evict first, mask evict last)": {**SHIPPED, "edits": _HINTS},

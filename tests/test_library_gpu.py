@@ -388,6 +388,23 @@ def test_scaled_masked_softmax_reads_expanded_and_strided_masks(dtype):
     check_masked(op(x, compact, 0.125), softmax.scaled_masked_softmax(x, compact, 0.125), f"{dtype} sliced")
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).removeprefix("torch."))
+def test_scaled_masked_softmax_at_long_rows_of_shared_masks(dtype):
+    """Heads sharing a mask are visited in (b, q, h) order (the kernel's MaskedRows), the others in
+    memory order; every row must land in its own place, on every grid the op can pick, at rows
+    long enough for each grid's long-row path."""
+    torch.manual_seed(8)
+    q = 1536  # a (1536, 1536) mask: 9 MB in float32, 4.5 MB in 16-bit
+    x = rand(2, 3, q, q, dtype=dtype, scale=8.0)
+    for mask in masks_for(q, q, dtype):
+        want = softmax.scaled_masked_softmax(x, mask, 0.125)
+        check_masked(lib.op("scaled_masked_softmax")(x, mask, 0.125), want, f"{dtype} mask{tuple(mask.shape)}")
+    grids = {s: getattr(torch.ops.fxkern_lib, (softmax.MASKED_ROWS + s).split("::")[1]) for s in softmax.SCALED_MASKED_GRIDS}
+    mask = next(masks_for(q, q, dtype))
+    for name, op in grids.items():
+        check_masked(op(x, mask, 0.125), softmax.scaled_masked_softmax(x, mask, 0.125), f"{name} {dtype}")
+
+
 def test_rewritten_llama_on_gpu_matches_eager():
     transformers = pytest.importorskip("transformers")
     torch.manual_seed(0)

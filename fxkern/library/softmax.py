@@ -116,7 +116,13 @@ struct Rows {
 // causal and padding masks), rows are visited in (b, q, h) order, so the heads of one query row run
 // together and read its mask row while it is in cache; in memory order a mask row came back only
 // after Q other rows, from L2 or memory (at 2x16x2048x2048 in float32, 32 reads of a 16 MB mask
-// among 512 MB of scores). Otherwise rows are visited in memory order. Two divisions a row.
+// among 512 MB of scores: 16% slower). Otherwise rows are visited in memory order. Two divisions a
+// row. (Memory order for masks small enough to stay in L2 was 4% faster for a 0.5 MB bfloat16 one,
+// but choosing at run time made the float32 kernels spill: benchmarks/masked_tuning.py.)
+// FXK_MASK_PAIRS=0 keeps the 16-bit prologue on the float path (benchmarks/masked_tuning.py's baseline).
+#ifndef FXK_MASK_PAIRS
+#define FXK_MASK_PAIRS 1
+#endif
 template <typename T>
 struct MaskedRows {
     const T* __restrict__ x;
@@ -124,10 +130,12 @@ struct MaskedRows {
     float scale;
     int D;
     unsigned H, Q, sB, sH, sQ;  // the mask's row strides per batch, head and query (0: broadcast)
+    bool scale_is_t;            // the scale is exactly a T (0.125 is; 1 / sqrt(96) is not)
     __device__ __forceinline__ MaskedRows(const T* x_, const T* mask_, float scale_, int D_, int H_, int Q_,
                                           int mB, int mH, int mQ)
         : x(x_), mask(mask_), scale(scale_), D(D_), H((unsigned)H_), Q((unsigned)Q_),
-          sB(mB > 1 ? (unsigned)(mH * mQ) : 0u), sH(mH > 1 ? (unsigned)mQ : 0u), sQ(mQ > 1 ? 1u : 0u) {}
+          sB(mB > 1 ? (unsigned)(mH * mQ) : 0u), sH(mH > 1 ? (unsigned)mQ : 0u), sQ(mQ > 1 ? 1u : 0u),
+          scale_is_t(to_f<T>(from_f<T>(scale_)) == scale_) {}
     struct Row { const T* x; const T* m; size_t o; };
     __device__ __forceinline__ Row row(unsigned r) const {
         unsigned b, h, q;
@@ -149,6 +157,21 @@ struct MaskedRows {
     template <int V>
     __device__ __forceinline__ Pack<T, V> pack(const Row& r, int col) const {
         const Pack<T, V> a = load<T, V>(r.x + col), m = load<T, V>(r.m + col);
+        if constexpr (FXK_MASK_PAIRS && sizeof(T) == 2 && V % 2 == 0) {
+            // 16-bit pairs through mul.rn/add.rn .x2 when the scale is a T: a product or sum of two
+            // T values rounded once to T is eager's float32 product or sum rounded (exact in float32
+            // before that rounding), in a fifth of the float path's instructions.
+            if (scale_is_t) {
+                using P = typename Pair<T>::P;
+                const P s2 = Pair<T>::t(scale, scale);
+                const P *pa = reinterpret_cast<const P*>(a.v), *pm = reinterpret_cast<const P*>(m.v);
+                Pack<T, V> o;
+                P* po = reinterpret_cast<P*>(o.v);
+#pragma unroll
+                for (int j = 0; j < V / 2; ++j) po[j] = __hadd2_rn(__hmul2_rn(pa[j], s2), pm[j]);
+                return o;
+            }
+        }
         float f[V], g[V];
         to_floats(a, f);
 #pragma unroll
