@@ -40,7 +40,7 @@ TOL = {torch.float32: 1e-4, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
 
 def cases():
     """(label, rule name, make_inputs(dtype) -> args)."""
-    from fxkern.library import gelu, rmsnorm, rotary, softmax, swiglu
+    from fxkern.library import gelu, layernorm, rmsnorm, rotary, softmax, swiglu
 
     rows, d = SHAPE
 
@@ -64,6 +64,8 @@ def cases():
          lambda dt: (t(rows, d, dtype=dt), t(d, dtype=dt), 1e-6)),
         ("residual add + RMSNorm (Llama)", "add_rms_norm", rmsnorm.add_llama_rmsnorm,
          lambda dt: (t(rows, d, dtype=dt), t(rows, d, dtype=dt), t(d, dtype=dt), 1e-6)),
+        ("residual add + LayerNorm (BERT, GPT-2)", "add_layer_norm", layernorm.add_layer_norm,
+         lambda dt: (t(rows, d, dtype=dt), t(rows, d, dtype=dt), t(d, dtype=dt), t(d, dtype=dt), d, 1e-5)),
         ("SwiGLU", "swiglu", swiglu.swiglu,
          lambda dt: (t(rows, d, dtype=dt), t(rows, d, dtype=dt))),
         ("SwiGLU, chunked halves (Phi-3)", "swiglu_chunked", swiglu.swiglu_chunked,

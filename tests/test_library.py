@@ -46,11 +46,12 @@ def test_rule_set_is_named_built_once_and_complete(rules):
             "add_gemma_rms_norm", "bias_gelu", "bias_gelu_residual", "bias_gelu_tanh",
             "bias_gelu_tanh_residual", "gelu_new", "bias_gelu_new", "bias_gelu_new_residual",
             "megatron_bias_gelu", "swiglu", "softmax", "softmax_float32", "scaled_masked_softmax",
-            "scaled_masked_softmax_float32", "divided_masked_softmax", "divided_masked_softmax_float32"} <= {r.name for r in rules}
+            "scaled_masked_softmax_float32", "divided_masked_softmax", "divided_masked_softmax_float32", "rotary_embedding",
+            "add_layer_norm"} <= {r.name for r in rules}
     assert all(str(r.op).startswith("fxkern_lib.") for r in rules)
     # every tensor input comes before the scalars (TensorRT plugins need that)
     for spec in (lib.RMS_NORM, lib.GEMMA_RMS_NORM, lib.ADD_RMS_NORM, lib.SOFTMAX, lib.SWIGLU, lib.BIAS_GELU_RESIDUAL,
-                 lib.SCALED_MASKED_SOFTMAX, lib.DIVIDED_MASKED_SOFTMAX):
+                 lib.SCALED_MASKED_SOFTMAX, lib.DIVIDED_MASKED_SOFTMAX, lib.ROTARY, lib.ADD_LAYER_NORM):
         kinds = [type(d).__name__ for d in spec.inputs]
         assert kinds == sorted(kinds, key=lambda k: k != "InputDecl")
 
@@ -606,7 +607,13 @@ def test_rotary_op_checks_its_inputs_and_returns_a_contiguous_result():
     with pytest.raises(fxkern.KernelInputError, match="must have one shape"):
         op(x, cos, sin[:1], 8)
     wide = cos[:1].expand(2, 4, 8, 16)  # expanded over batch and heads: read at its own size
-    assert rotary._compact(wide).shape == (1, 1, 8, 16) and rotary._compact(wide).is_contiguous()
+    c, s = rotary._compact(wide, sin[:1].expand(2, 4, 8, 16))
+    assert c.shape == s.shape == (1, 1, 8, 16) and c.is_contiguous() and s.is_contiguous()
+    # cos expanded over the batch, sin not: the kernel reads both with cos's sizes, so only the axis
+    # both broadcast (the heads) is narrowed
+    c, s = rotary._compact(wide, sin.expand(2, 4, 8, 16))
+    assert c.shape == s.shape == (2, 1, 8, 16)
+    torch.testing.assert_close(op(x, wide, sin.expand(2, 4, 8, 16), 8), x * wide + rotate_half(x) * sin, rtol=0, atol=0)
 
 
 def test_gpt_neox_partial_rotary_is_rotated_in_place_of_its_slice(rules):
@@ -634,3 +641,75 @@ def test_rotary_rule_with_a_dynamic_sequence_length(rules):
     other = (torch.randn(2, 13, 64), torch.randn(2, 13, 32), cos, sin)
     for got, want in zip(new.module()(*other), HFRope()(*other)):
         torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+# ---- residual add + LayerNorm -----------------------------------------------------------------------
+
+
+class PostNorm(nn.Module):
+    """BERT's ``BertSelfOutput``: ``self.LayerNorm(hidden_states + input_tensor)``, the sum used once."""
+
+    def __init__(self, d=32):
+        super().__init__()
+        self.LayerNorm = nn.LayerNorm(d, eps=1e-12)
+
+    def forward(self, hidden_states, input_tensor):
+        return self.LayerNorm(hidden_states + input_tensor)
+
+
+class PreNormBlock(nn.Module):
+    """GPT-2's block tail: the residual add, then ``ln_2``, the sum kept as the next residual."""
+
+    def __init__(self, d=32):
+        super().__init__()
+        self.ln_2 = nn.LayerNorm(d)
+        self.mlp = nn.Linear(d, d)
+
+    def forward(self, attn_output, residual):
+        hidden_states = attn_output + residual
+        residual = hidden_states
+        return residual + self.mlp(self.ln_2(hidden_states))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
+def test_add_layer_norm_forms(dtype):
+    torch.manual_seed(0)
+    x, r = torch.randn(2, 8, 32), torch.randn(2, 8, 32)
+    assert replaced(PostNorm(), x, r, dtype=dtype) == {"add_layer_norm": 1}
+    assert replaced(PreNormBlock(), x, r, dtype=dtype) == {"add_layer_norm": 1}
+
+
+@pytest.mark.parametrize("family", ["bert", "gpt2"])
+def test_transformers_encoders_and_gpt2_fuse_each_residual_add_into_its_layer_norm(rules, family):
+    torch.manual_seed(0)
+    if family == "bert":  # two per layer (attention and FFN outputs); the embeddings' norm adds a broadcast
+        model = transformers.BertModel(transformers.BertConfig(
+            vocab_size=128, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
+            attn_implementation="eager"))
+    else:  # ln_2 of each block, ln_1 of the second, ln_f; the first ln_1 reads the embeddings
+        model = transformers.GPT2LMHeadModel(transformers.GPT2Config(
+            vocab_size=128, n_embd=64, n_layer=2, n_head=4, attn_implementation="eager"))
+    ids = torch.randint(0, 128, (2, 16))
+    ep = torch.export.export(model.eval(), (ids,), kwargs={"use_cache": False})
+    new = fxkern.apply(ep, rules, verify=True)
+    assert sum(n.target == lib.op("add_layer_norm").default for n in new.graph.nodes) == 4
+
+
+def test_add_layer_norm_near_misses_and_checks():
+    x, r = torch.randn(2, 8, 32), torch.randn(2, 8, 32)
+    assert replaced(Fn(lambda a, b: F.layer_norm(a + b, (32,))), x, r) == {}  # no weight or bias
+    two_axes = nn.LayerNorm((8, 32))
+    assert replaced(Fn(lambda a, b: two_axes(a + b)), x, r) == {}
+    ln = nn.LayerNorm(32)
+    assert replaced(Fn(lambda a, b: ln(a + b)), x, r[:1, :1]) == {}  # a broadcast residual
+    op = lib.op("add_layer_norm")
+    w, b = torch.randn(32), torch.randn(32)
+    y, h = op(x, r, w, b, 32, 1e-5)
+    torch.testing.assert_close(h, x + r)
+    torch.testing.assert_close(y, F.layer_norm(x + r, (32,), w, b, 1e-5))
+    with pytest.raises(fxkern.KernelInputError, match="normalized_size=16 must be the last axis"):
+        op(x, r, w, b, 16, 1e-5)
+    with pytest.raises(fxkern.KernelInputError, match="residual .* must have x's shape"):
+        op(x, r[:1], w, b, 32, 1e-5)
+    with pytest.raises(fxkern.KernelInputError, match=r"bias \(1, 32\) must be \(32,\)"):
+        op(x, r, w, b[None], 32, 1e-5)

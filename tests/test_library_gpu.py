@@ -19,7 +19,7 @@ import torch
 
 import fxkern
 import fxkern.library as lib
-from fxkern.library import gelu, rmsnorm, rotary, softmax, swiglu
+from fxkern.library import gelu, layernorm, rmsnorm, rotary, softmax, swiglu
 
 pytestmark = pytest.mark.gpu
 
@@ -78,6 +78,9 @@ CASES = {
     "add_torch_rms_norm_default_eps": (rmsnorm.add_torch_rms_norm_default_eps, lambda rows, d, dtype: (
         rand(rows, d, dtype=dtype), rand(rows, d, dtype=dtype), rand(d, dtype=dtype), d)),
     "add_gemma_rms_norm": (rmsnorm.add_gemma_rmsnorm, add_row_case(row_case())),
+    "add_layer_norm": (layernorm.add_layer_norm, lambda rows, d, dtype: (
+        rand(rows, d, dtype=dtype, scale=2.0) + 3.0, rand(rows, d, dtype=dtype), rand(d, dtype=dtype), rand(d, dtype=dtype),
+        d, 1e-5)),
     "softmax": (softmax.softmax, lambda rows, d, dtype: (rand(rows, d, dtype=dtype, scale=4.0),)),
     "bias_gelu": (gelu.bias_gelu, ew_case(1, True)),
     "bias_gelu_residual": (gelu.bias_gelu_residual, ew_case(2, True)),
@@ -391,18 +394,21 @@ def test_scaled_masked_softmax_reads_expanded_and_strided_masks(dtype):
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).removeprefix("torch."))
 def test_scaled_masked_softmax_at_long_rows_of_shared_masks(dtype):
     """Heads sharing a mask are visited in (b, q, h) order (the kernel's MaskedRows), the others in
-    memory order; every row must land in its own place, on every grid the op can pick, at rows
-    long enough for each grid's long-row path."""
+    memory order; every row must land in its own place (outputs start as NaN), on every grid, with a
+    9 MB (float32) or 4.5 MB (16-bit) mask; float32 rows of 1536 take the small blocks' long-row path."""
     torch.manual_seed(8)
     q = 1536  # a (1536, 1536) mask: 9 MB in float32, 4.5 MB in 16-bit
     x = rand(2, 3, q, q, dtype=dtype, scale=8.0)
     for mask in masks_for(q, q, dtype):
         want = softmax.scaled_masked_softmax(x, mask, 0.125)
+        poison()
         check_masked(lib.op("scaled_masked_softmax")(x, mask, 0.125), want, f"{dtype} mask{tuple(mask.shape)}")
     grids = {s: getattr(torch.ops.fxkern_lib, (softmax.MASKED_ROWS + s).split("::")[1]) for s in softmax.SCALED_MASKED_GRIDS}
     mask = next(masks_for(q, q, dtype))
+    want = softmax.scaled_masked_softmax(x, mask, 0.125)
     for name, op in grids.items():
-        check_masked(op(x, mask, 0.125), softmax.scaled_masked_softmax(x, mask, 0.125), f"{name} {dtype}")
+        poison()
+        check_masked(op(x, mask, 0.125), want, f"{name} {dtype}")
 
 
 def test_rewritten_llama_on_gpu_matches_eager():
@@ -490,6 +496,9 @@ def check_rope(x, cos, sin, where):
     want = rotary.rotary_embedding(x, cos, sin, x.shape[-1] // 2)
     assert got.is_contiguous() and got.shape == want.shape and got.dtype == want.dtype, where
     torch.testing.assert_close(got, want, rtol=0, atol=0, equal_nan=True, msg=lambda m: f"{where}: {m}")
+    bits = {4: torch.int32, 2: torch.int16}[got.element_size()]  # to the bit: -0 is not +0
+    same = (got.view(bits) == want.view(bits)) | (got.isnan() & want.isnan())
+    assert bool(same.all()), f"{where}: {int((~same).sum())} elements differ in their bits"
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).removeprefix("torch."))
@@ -503,14 +512,19 @@ def test_rotary_embedding_on_every_layout_and_head_size(dtype):
             "projected (read in place)": projected,
             "contiguous": projected.contiguous(),
             "rotary part of wider heads (copied)": rand(b, h, s, d + 8, dtype=dtype)[..., :d],
-            "2 bytes past 16-byte alignment": torch.cat([projected.new_zeros(1), projected.contiguous().flatten()])[1:]
+            "one element past 16-byte alignment": torch.cat([projected.new_zeros(1), projected.contiguous().flatten()])[1:]
             .view(b, h, s, d),
+            "projected, one element past alignment": torch.cat([projected.new_zeros(1), rand(b * s * h * d, dtype=dtype)])[1:]
+            .view(b, s, h, d).transpose(1, 2),
         }
         tables = {
             "(b, 1, s, d)": (cos, sin),
             "(1, 1, s, d)": (cos[:1], sin[:1]),
             "(b, h, s, d)": (cos.expand(b, h, s, d).contiguous(), sin.expand(b, h, s, d).contiguous()),
             "expanded over the batch": (cos[:1].expand(b, 1, s, d), sin[:1].expand(b, 1, s, d)),
+            "cos expanded, sin not": (cos[:1].expand(b, 1, s, d), sin),
+            "(1, h, s, d)": (rand(1, h, s, d, dtype=dtype), rand(1, h, s, d, dtype=dtype)),
+            "(b, 1, 1, d): one position for all": (cos[:, :, :1], sin[:, :, :1]),
         }
         for lname, x in layouts.items():
             for tname, (c, sn) in tables.items():
@@ -518,10 +532,14 @@ def test_rotary_embedding_on_every_layout_and_head_size(dtype):
 
 
 def test_rotary_embedding_special_values_and_one_position():
-    # infinities, NaN, near-overflow, and subnormals of each dtype (1e-39: float32 and bfloat16; 3e-5: float16)
-    x = torch.tensor([0.0, float("inf"), float("nan"), -3.0e38, 1.0, -1e-39, 3e-5, 0.5], device="cuda").repeat(8, 2)
-    x = x.view(2, 2, 2, 16)
-    cos, sin = rope_tables(2, 2, 16, torch.float32)
+    # infinities, NaN, near-overflow, -0, and subnormals of each dtype (1e-39: float32 and bfloat16;
+    # 3e-5: float16), each row's two halves different, so each special value meets ordinary ones
+    vals = [0.0, float("inf"), float("nan"), -3.0e38, 1.0, -1e-39, 3e-5, 0.5]
+    first = torch.tensor(vals, device="cuda")
+    second = torch.tensor([2.0, -1.5, 0.25, -0.0, float("-inf"), 7.0, -2e-39, 1e-4], device="cuda")
+    x = torch.cat([first, second]).repeat(8, 1)
+    x = torch.cat([x, x.roll(3, dims=1)], 0).view(2, 2, 4, 16)
+    cos, sin = rope_tables(2, 4, 16, torch.float32)
     check_rope(x, cos, sin, "inf, nan, near-overflow")
     for dtype in (torch.float16, torch.bfloat16):
         check_rope(x.to(dtype), cos.to(dtype), sin.to(dtype), f"{dtype} special values")

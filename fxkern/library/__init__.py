@@ -8,6 +8,7 @@ pattern functions (each pattern is also its op's CPU reference):
 
 * :mod:`~fxkern.library.rmsnorm` — Llama/Mistral/Qwen2 ``LlamaRMSNorm``, ``T5LayerNorm``, ``GemmaRMSNorm``,
   ``nn.RMSNorm``, each also fused with the residual add before it;
+* :mod:`~fxkern.library.layernorm` — a residual add and the ``nn.LayerNorm`` after it (BERT, GPT-2, ViT);
 * :mod:`~fxkern.library.gelu` — bias + GELU (+ residual) for erf, tanh, ``gelu_new`` and Megatron GELU;
 * :mod:`~fxkern.library.swiglu` — ``silu(gate) * up``, and SwiGLU/GEGLU over the two halves of one
   projection (``x.chunk(2, -1)``: Phi-3, diffusers);
@@ -24,7 +25,7 @@ from __future__ import annotations
 
 import threading
 
-from fxkern.library import gelu, rmsnorm, rotary, softmax, swiglu
+from fxkern.library import gelu, layernorm, rmsnorm, rotary, softmax, swiglu
 from fxkern.library.gelu import (
     BIAS_GELU,
     BIAS_GELU_NEW,
@@ -43,6 +44,7 @@ from fxkern.library.gelu import (
     gelu_new,
     megatron_bias_gelu,
 )
+from fxkern.library.layernorm import ADD_LAYER_NORM, add_layer_norm
 from fxkern.library.rmsnorm import (
     ADD_GEMMA_RMS_NORM,
     ADD_RMS_NORM,
@@ -73,7 +75,7 @@ NAME = "fxkern.library"
 # Registration order is rule priority (an overlap goes to the rule added first): GELU's residual
 # forms before the add + RMSNorm forms, since `gelu(...) + x` followed by a norm moves fewer bytes
 # as a GELU+residual kernel and a plain norm (5 passes) than as a GELU and an add+norm (6).
-_MODULES = (gelu, rmsnorm, swiglu, softmax, rotary)
+_MODULES = (gelu, rmsnorm, layernorm, swiglu, softmax, rotary)
 _lock = threading.Lock()
 _rules = None
 
@@ -98,6 +100,7 @@ def op(name: str):
 
 __all__ = [
     "ADD_GEMMA_RMS_NORM",
+    "ADD_LAYER_NORM",
     "ADD_RMS_NORM",
     "BIAS_GELU",
     "BIAS_GELU_NEW",
@@ -116,6 +119,7 @@ __all__ = [
     "SOFTMAX",
     "SWIGLU",
     "add_gemma_rmsnorm",
+    "add_layer_norm",
     "add_llama_rmsnorm",
     "add_t5_layer_norm",
     "bias_gelu",
@@ -129,6 +133,7 @@ __all__ = [
     "gelu",
     "gelu_new",
     "gemma_rmsnorm",
+    "layernorm",
     "llama_rmsnorm",
     "megatron_bias_gelu",
     "op",

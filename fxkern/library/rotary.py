@@ -257,23 +257,27 @@ def _output(x, cos, sin, half):
 
 
 def _heads_inner_output(xt, cos, sin, half):
+    """The private heads-inner op's output: (B, H, S, D) from x given as (B, S, H, D), checked as the
+    public op checks x (its spec's SameAs output is the public op's shape; this meta_fn decides)."""
+    _check(xt.transpose(1, 2), cos, sin, half)
     b, s, h, d = xt.shape
     return xt.new_empty((b, h, s, d))
 
 
-def _compact(t: torch.Tensor) -> torch.Tensor:
-    """``t`` with each broadcast (stride-0) axis narrowed to one, then contiguous: an expanded cos
-    reaches the kernel at its own size, not copied out to x's."""
-    for axis in range(t.dim() - 1):
-        if t.stride(axis) == 0 and t.shape[axis] > 1:
-            t = t.narrow(axis, 0, 1)
-    return t.contiguous()
+def _compact(cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin, contiguous, with each axis both broadcast (stride 0) narrowed to one: an
+    expanded table reaches the kernel at its own size, not copied out to x's. The kernel reads both
+    with cos's sizes, so an axis is narrowed only where both are broadcast."""
+    for axis in range(cos.dim() - 1):
+        if cos.stride(axis) == 0 and sin.stride(axis) == 0 and cos.shape[axis] > 1:
+            cos, sin = cos.narrow(axis, 0, 1), sin.narrow(axis, 0, 1)
+    return cos.contiguous(), sin.contiguous()
 
 
 def _on_cuda(rows, heads_inner):
     def on_cuda(x, cos, sin, half):
         _check(x, cos, sin, half)
-        cos, sin = _compact(cos), _compact(sin)
+        cos, sin = _compact(cos, sin)
         xt = x.transpose(1, 2)
         if not x.is_contiguous() and xt.is_contiguous():  # the projection's layout: read in place
             return heads_inner(xt, cos, sin, half)

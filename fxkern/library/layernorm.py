@@ -1,0 +1,235 @@
+"""A residual add and the LayerNorm after it: one kernel, three passes over memory where eager takes five.
+
+Forms matched (export IR): ``h = x + residual`` then ``F.layer_norm(h, (D,), weight, bias, eps)``
+(``nn.LayerNorm``), returning the norm and the sum. Post-norm encoders write it as one line and use
+only the norm: transformers' ``BertSelfOutput``/``BertOutput`` (BERT, RoBERTa, ELECTRA...:
+``self.LayerNorm(hidden_states + input_tensor)``). Pre-norm blocks keep the sum as the next
+residual: GPT-2 (``hidden_states = attn_output + residual; residual = hidden_states;
+hidden_states = self.ln_2(hidden_states)``), ViT (``layernorm_after``), Whisper's and CLIP's
+encoders. The op returns both; an unused sum costs one write.
+
+PyTorch's own LayerNorm is already one kernel, so the plain norm is left to it: the win is the add.
+
+Kernel: the row layout of :mod:`fxkern.library.rmsnorm` (a 256-thread block per 8192 elements, the
+rows that start there, a row held in registers by the fewest power-of-two threads that fit it):
+the sum ``x + residual`` is rounded to the dtype (what the model holds) and written, then the mean
+and the variance (two reductions over the registers: the centred sum of squares, not
+``E[x^2] - E[x]^2``), then ``(h - mean) * rstd * weight + bias`` rounded once. Rows too long for
+registers are read back twice from ``h`` (mostly from L2).
+
+Matched in the export IR only: core ATen and the other IRs decompose ``aten.layer_norm`` into
+``native_layer_norm`` and lose the ``[D]`` literal the pattern captures.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch.fx.experimental.symbolic_shapes import statically_known_true
+
+from fxkern.errors import KernelInputError
+from fxkern.library._rules import DTYPES, NAMESPACE, add_rule, row_geometry_8k, row_param
+from fxkern.library.cuda_common import COMMON, row_tuning
+from fxkern.ops import cuda_kernel_op
+from fxkern.patterns import SENTINELS
+from fxkern.spec import Custom, DimSize, InputDecl, KernelSpec, Numel, OutputDecl, SameAs, ScalarInput
+
+SOURCE = COMMON + row_tuning(blocks_f32=4, blocks_half=6, packs_f32=8, packs_half=4) + r"""
+namespace fxk {
+
+// x + residual rounded to T: what `x + residual` holds in the model.
+template <typename T, int V>
+__device__ __forceinline__ Pack<T, V> sum_rounded(const Pack<T, V>& a, const Pack<T, V>& b) {
+    float fa[V], fb[V];
+    to_floats(a, fa);
+    to_floats(b, fb);
+#pragma unroll
+    for (int j = 0; j < V; ++j) fa[j] += fb[j];
+    return from_floats<T, V>(fa);
+}
+
+template <typename T, int V>
+__device__ __forceinline__ float pack_sum(const Pack<T, V>& p, float s) {
+    float f[V];
+    to_floats(p, f);
+#pragma unroll
+    for (int j = 0; j < V; ++j) s += f[j];
+    return s;
+}
+
+template <typename T, int V>
+__device__ __forceinline__ float pack_centred_squares(const Pack<T, V>& p, float mean, float s) {
+    float f[V];
+    to_floats(p, f);
+#pragma unroll
+    for (int j = 0; j < V; ++j) {
+        const float d = f[j] - mean;
+        s = fmaf(d, d, s);
+    }
+    return s;
+}
+
+// (h - mean) * rstd * weight + bias, in float32, rounded once (PyTorch's CUDA LayerNorm).
+template <typename T, int V>
+__device__ __forceinline__ Pack<T, V> ln_pack(const Pack<T, V>& h, const Pack<T, V>& w, const Pack<T, V>& b,
+                                              float mean, float rstd) {
+    float f[V], wf[V], bf[V];
+    to_floats(h, f);
+    to_floats(w, wf);
+    to_floats(b, bf);
+#pragma unroll
+    for (int j = 0; j < V; ++j) f[j] = (f[j] - mean) * rstd * wf[j] + bf[j];
+    return from_floats<T, V>(f);
+}
+
+// Rows of D elements, V elements an access (16 bytes, or 1), NV accesses a thread held in registers;
+// w and b are (D,). Writes h = x + res and y = layer_norm(h).
+template <typename T, int V, int NV>
+__device__ __forceinline__ void add_layernorm_rows(const T* __restrict__ x, const T* __restrict__ res,
+                                                   const T* __restrict__ w, const T* __restrict__ b, float eps,
+                                                   int D, unsigned rows, T* __restrict__ y, T* __restrict__ h,
+                                                   float (*red)[ROW_WARPS]) {
+    unsigned begin, end;
+    block_rows((unsigned)D, rows, begin, end);
+    const int G = row_group(D, V * NV);
+    const float inv_d = __frcp_rn((float)D);
+    if (G * V * NV >= D) {
+        const int groups = ROW_THREADS >> log2_of(G), g = threadIdx.x >> log2_of(G), t = threadIdx.x & (G - 1);
+        for (unsigned first = begin; first < end; first += groups) {
+            const unsigned row = first + g;
+            const bool live = row < end;
+            const size_t off = (size_t)row * D;
+            Pack<T, V> c[NV];
+            float s = 0.0f;
+#pragma unroll
+            for (int k = 0; k < NV; ++k) {
+                const int col = (k * G + t) * V;
+                if (live && col < D) {
+                    c[k] = sum_rounded(load<T, V>(x + off + col), load<T, V>(res + off + col));
+                    store<T, V>(h + off + col, c[k]);
+                    s = pack_sum(c[k], s);
+                }
+            }
+            // Two reductions a row on the two shared slots: a slot is written again only after
+            // every thread has passed the other slot's barrier, so after it read this one.
+            const float mean = group_sum(s, G, red[0]) * inv_d;
+            float q = 0.0f;
+#pragma unroll
+            for (int k = 0; k < NV; ++k) {
+                const int col = (k * G + t) * V;
+                if (live && col < D) q = pack_centred_squares(c[k], mean, q);
+            }
+            const float rstd = rsqrtf(group_sum(q, G, red[1]) * inv_d + eps);
+#pragma unroll
+            for (int k = 0; k < NV; ++k) {
+                const int col = (k * G + t) * V;
+                if (live && col < D) {
+                    opaque(c[k]);
+                    store<T, V>(y + off + col, ln_pack(c[k], load<T, V>(w + col), load<T, V>(b + col), mean, rstd));
+                }
+            }
+        }
+    } else {  // long rows: the whole block on one row, reading back what each thread wrote to h
+        for (unsigned row = begin; row < end; ++row) {
+            const size_t off = (size_t)row * D;
+            float s = 0.0f;
+#pragma unroll 4
+            for (int col = threadIdx.x * V; col < D; col += ROW_THREADS * V) {
+                const Pack<T, V> c = sum_rounded(load<T, V>(x + off + col), load<T, V>(res + off + col));
+                store<T, V>(h + off + col, c);
+                s = pack_sum(c, s);
+            }
+            const float mean = group_sum(s, ROW_THREADS, red[0]) * inv_d;
+            float q = 0.0f;
+#pragma unroll 4
+            for (int col = threadIdx.x * V; col < D; col += ROW_THREADS * V)
+                q = pack_centred_squares(load<T, V>(h + off + col), mean, q);
+            const float rstd = rsqrtf(group_sum(q, ROW_THREADS, red[1]) * inv_d + eps);
+#pragma unroll 4
+            for (int col = threadIdx.x * V; col < D; col += ROW_THREADS * V)
+                store<T, V>(y + off + col, ln_pack(load<T, V>(h + off + col), load<T, V>(w + col),
+                                                   load<T, V>(b + col), mean, rstd));
+        }
+    }
+}
+
+}  // namespace fxk
+
+template <typename T>
+__global__ void __launch_bounds__(ROW_THREADS, sizeof(T) == 4 ? FXK_ROW_BLOCKS_F32 : FXK_ROW_BLOCKS_HALF)
+add_layer_norm(const T* x, const T* res, const T* w, const T* b, int normalized_size, float eps, int D, int n,
+               T* y, T* h) {
+    __shared__ float red[2][ROW_WARPS];
+    if (D <= 0) return;
+    const unsigned rows = (unsigned)n / (unsigned)D;
+    constexpr int V = 16 / sizeof(T);
+    if (D % V == 0 && fxk::aligned16(x) && fxk::aligned16(res) && fxk::aligned16(w) && fxk::aligned16(b) &&
+        fxk::aligned16(y) && fxk::aligned16(h))
+        fxk::add_layernorm_rows<T, V, (sizeof(T) == 4 ? FXK_ROW_PACKS_F32 : FXK_ROW_PACKS_HALF)>(
+            x, res, w, b, eps, D, rows, y, h, red);
+    else
+        fxk::add_layernorm_rows<T, 1, FXK_ROW_SCALARS>(x, res, w, b, eps, D, rows, y, h, red);
+}
+"""
+
+ADD_LAYER_NORM = KernelSpec(
+    SOURCE, "add_layer_norm",
+    inputs=[InputDecl("x"), InputDecl("residual"), InputDecl("weight", broadcast=True),
+            InputDecl("bias", broadcast=True), ScalarInput("normalized_size", int), ScalarInput("eps", float)],
+    outputs=[OutputDecl("y", SameAs("x")), OutputDecl("h", SameAs("x"))],
+    extras=[DimSize("x", -1), Numel("x")],
+    geometry=Custom(row_geometry_8k),
+    dtypes=DTYPES,
+)
+
+
+def add_layer_norm(x, residual, weight, bias, normalized_size: int, eps: float):
+    """A residual add and the next ``nn.LayerNorm`` (BERT's ``self.LayerNorm(hidden_states +
+    input_tensor)``, GPT-2's ``attn_output + residual`` then ``ln_2``): the norm and the sum.
+
+    The norm comes first: a match is found from a pattern's first output, and the sum is inside it."""
+    h = x + residual
+    return F.layer_norm(h, (normalized_size,), weight, bias, eps), h
+
+
+def _check(x, residual, weight, bias, normalized_size) -> None:
+    """What the kernel reads: x and residual of one shape, weight and bias (D,), D = normalized_size =
+    x's last axis (LayerNorm over the last axis only)."""
+    op = f"{NAMESPACE}::add_layer_norm"
+    if x.dim() == 0 or normalized_size != x.shape[-1]:
+        raise KernelInputError(
+            f"{op}: normalized_size={normalized_size} must be the last axis of x {tuple(x.shape)}: the kernel "
+            f"normalises over the last axis only (nn.LayerNorm(x.shape[-1]))")
+    if tuple(residual.shape) != tuple(x.shape):
+        raise KernelInputError(f"{op}: residual {tuple(residual.shape)} must have x's shape {tuple(x.shape)}; "
+                               f"add a broadcast residual before the op")
+    for name, p in (("weight", weight), ("bias", bias)):
+        if p.dim() != 1 or p.shape[0] != x.shape[-1]:
+            raise KernelInputError(f"{op}: {name} {tuple(p.shape)} must be ({x.shape[-1]},), one value per column "
+                                   f"(nn.LayerNorm with elementwise_affine=True)")
+
+
+def _outputs(x, residual, weight, bias, normalized_size, eps):
+    """The op's outputs (and its fake impl): the norm and the sum, contiguous, of x's shape."""
+    _check(x, residual, weight, bias, normalized_size)
+    return x.new_empty(x.shape), x.new_empty(x.shape)
+
+
+def _layer_norm_operands(match) -> bool:
+    """A filter: weight and bias are rows of x, residual has x's shape, and the captured
+    normalized_size is x's last axis."""
+    row = row_param("x", "weight", same_shape="residual")
+    bias_row = row_param("x", "bias")
+    if not (row(match) and bias_row(match)):
+        return False
+    x = match.bindings["x"].meta.get("val")
+    return isinstance(x, torch.Tensor) and statically_known_true(x.shape[-1] == match.bindings.get("normalized_size"))
+
+
+def register(rules) -> None:
+    # In the export IR only (the others decompose aten.layer_norm and lose its [D]). The example
+    # inputs make the row length an int literal the pattern captures: 37, no other literal there.
+    op = cuda_kernel_op(f"{NAMESPACE}::add_layer_norm", ADD_LAYER_NORM, reference=add_layer_norm, meta_fn=_outputs)
+    example = (torch.randn(4, 37), torch.randn(4, 37), torch.randn(37), torch.randn(37), 37, SENTINELS[float])
+    add_rule(rules, add_layer_norm, op, "add_layer_norm", filter=_layer_norm_operands, example_inputs=example,
+             irs=("export",))
