@@ -596,8 +596,10 @@ def test_rotary_op_checks_its_inputs_and_returns_a_contiguous_result():
     y = op(x, cos, sin, 8)
     assert y.is_contiguous() and y.shape == x.shape
     torch.testing.assert_close(y, x * cos + rotate_half(x) * sin, rtol=0, atol=0)
-    with pytest.raises(fxkern.KernelInputError, match=r"must be 4-d.*cos.unsqueeze\(1\)"):
+    with pytest.raises(fxkern.KernelInputError, match=r"x \(4, 8, 16\) must be 4-d"):
         op(x[0], cos[0], sin[0], 8)
+    with pytest.raises(fxkern.KernelInputError, match=r"must be 4-d like x.*cos.unsqueeze\(1\)"):
+        op(x, cos[:, 0], sin[:, 0], 8)
     with pytest.raises(fxkern.KernelInputError, match="give cos and sin x's dtype"):
         op(x, cos.double(), sin.double(), 8)
     with pytest.raises(fxkern.KernelInputError, match=r"half = 4 rotates a last axis of 8"):

@@ -223,10 +223,12 @@ def _check(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, half: int) -> 
     """What the kernel reads: 4-d x (B, H, S, D), cos and sin (cB, cH, cS, D) of x's dtype, each of
     cB, cH, cS 1 or x's size, and D = 2 * half."""
     op = f"{NAMESPACE}::rotary_embedding"
-    if x.dim() != 4 or cos.dim() != 4 or sin.dim() != 4:
-        raise KernelInputError(
-            f"{op}: x {tuple(x.shape)}, cos {tuple(cos.shape)} and sin {tuple(sin.shape)} must be 4-d (batch, heads, "
-            f"positions, head_dim), as attention writes them; unsqueeze cos and sin over the heads (cos.unsqueeze(1))")
+    if x.dim() != 4:
+        raise KernelInputError(f"{op}: x {tuple(x.shape)} must be 4-d (batch, heads, positions, head_dim), as "
+                               f"attention writes queries and keys; view (batch * heads, ...) ones back to 4-d")
+    if cos.dim() != 4 or sin.dim() != 4:
+        raise KernelInputError(f"{op}: cos {tuple(cos.shape)} and sin {tuple(sin.shape)} must be 4-d like x "
+                               f"{tuple(x.shape)}; unsqueeze them over the heads (cos.unsqueeze(1)), as transformers does")
     if cos.dtype != x.dtype or sin.dtype != x.dtype:
         raise KernelInputError(f"{op}: x is {x.dtype}, cos {cos.dtype}, sin {sin.dtype}; give cos and sin x's dtype "
                                f"(transformers casts them: cos.to(x.dtype))")
