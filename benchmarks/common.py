@@ -23,6 +23,19 @@ def cuda_time_ms(fn: Callable[[], object], *, warmup: int = 5, reps: int = 20, i
     return _cuda_time_ms(fn, warmup=warmup, reps=reps, inner=inner, lead=lead)
 
 
+def rotated_rounds(runners: dict[str, Callable[[], object]], rounds: int, **timer) -> dict[str, list[float]]:
+    """Milliseconds per call of each runner (``cuda_time_ms`` with ``timer``'s options), one sample a
+    round, the runners one after another in an order rotated each round: none always runs first or
+    after the same neighbour."""
+    samples: dict[str, list[float]] = {label: [] for label in runners}
+    order = list(runners.items())
+    for r in range(rounds):
+        k = r % len(order)
+        for label, fn in order[k:] + order[:k]:
+            samples[label].append(cuda_time_ms(fn, **timer))
+    return samples
+
+
 def inductor(pattern: Callable) -> Callable:
     """``pattern`` under torch.compile (inductor, default mode) with a static kernel for every shape it
     meets. Dynamo caches per function, so without ``dynamic=False`` the second shape a benchmark runs

@@ -26,6 +26,17 @@ from fxkern import launcher  # noqa: E402
 
 
 
+def print_profile(fn, calls: int, top: int = 18) -> None:
+    """cProfile's functions by own time over ``calls`` calls of ``fn``."""
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(calls):
+        fn()
+    prof.disable()
+    torch.cuda.synchronize()
+    pstats.Stats(prof).sort_stats("tottime").print_stats(top)
+
+
 def main():
     ops = seven_cases.register_all()
     op = ops["sigmoid"]
@@ -50,13 +61,7 @@ def main():
     }
     for name, fn in rows.items():
         print(f"{name:32s} {host_us(fn):7.2f} us")
-    prof = cProfile.Profile()
-    prof.enable()
-    for _ in range(20000):
-        op(x)
-    prof.disable()
-    torch.cuda.synchronize()
-    pstats.Stats(prof).sort_stats("tottime").print_stats(18)
+    print_profile(lambda: op(x), 20000)
 
 
 def library() -> None:
@@ -89,13 +94,7 @@ def library() -> None:
         ours, eager = host_us(lambda: op(*args), rounds=50), host_us(lambda: pattern(*args), rounds=50)
         print(f"{name:28s} {ours:10.2f} {eager:17.2f}")
     op = lib.op("rotary_embedding").default
-    prof = cProfile.Profile()
-    prof.enable()
-    for _ in range(20000):
-        op(q, cos, sin, 32)
-    prof.disable()
-    torch.cuda.synchronize()
-    pstats.Stats(prof).sort_stats("tottime").print_stats(18)
+    print_profile(lambda: op(q, cos, sin, 32), 20000)
 
 
 def model() -> None:
@@ -114,13 +113,7 @@ def model() -> None:
     with torch.no_grad():
         for name, fn in (("eager", m), ("exported, not rewritten", plain), ("rewritten", rewritten)):
             print(f"{name:28s} {host_us(lambda fn=fn: fn(ids), burst=5, rounds=40) / 1e3:7.2f} ms")
-        prof = cProfile.Profile()
-        prof.enable()
-        for _ in range(200):
-            rewritten(ids)
-        prof.disable()
-    torch.cuda.synchronize()
-    pstats.Stats(prof).sort_stats("tottime").print_stats(25)
+        print_profile(lambda: rewritten(ids), 200, top=25)
 
 
 if __name__ == "__main__":

@@ -146,11 +146,8 @@ def measure(label, rule_name, pattern, make, dtype, copy_gbs, rounds, lead=True)
     compiled = common.inductor(pattern)
     compiled(*args)
     nbytes = useful_bytes(args, ours_out)
-    fns = [("fxkern", op), ("inductor", compiled), ("eager", pattern)]
-    samples = {name: [] for name, _ in fns}
-    for r in range(rounds):
-        for name, fn in fns[r % 3:] + fns[:r % 3]:
-            samples[name].append(common.cuda_time_ms(lambda fn=fn, a=args: fn(*a), lead=lead))
+    fns = {"fxkern": op, "inductor": compiled, "eager": pattern}
+    samples = common.rotated_rounds({name: (lambda fn=fn: fn(*args)) for name, fn in fns.items()}, rounds, lead=lead)
     ms = {k: statistics.median(v) for k, v in samples.items()}
     gbs = {k: nbytes / (v * 1e-3) / 1e9 for k, v in ms.items()}
     ratios = [i / f for i, f in zip(samples["inductor"], samples["fxkern"])]

@@ -128,11 +128,8 @@ def main(argv=None) -> None:
     table = {label: [] for label in runners}
     for name, x, mask in cases:
         nbytes = 2 * x.numel() * x.element_size() + mask.numel() * mask.element_size()
-        samples = {label: [] for label in runners}
-        order = list(runners.items())
-        for r in range(args.rounds):
-            for label, fn in order[r % len(order):] + order[:r % len(order)]:
-                samples[label].append(common.cuda_time_ms(lambda fn=fn: fn(x, mask, 0.125)))
+        samples = common.rotated_rounds({label: (lambda fn=fn: fn(x, mask, 0.125)) for label, fn in runners.items()},
+                                        args.rounds)
         for label in runners:
             table[label].append(nbytes / (statistics.median(samples[label]) * 1e-3) / 1e9)
     lines = [

@@ -115,11 +115,7 @@ def main(argv=None) -> None:
     for name, call in cases:
         x, cos, sin, _ = call
         nbytes = 2 * x.numel() * x.element_size() + 2 * cos.numel() * cos.element_size()
-        samples = {label: [] for label in runners}
-        order = list(runners.items())
-        for r in range(args.rounds):
-            for label, fn in order[r % len(order):] + order[:r % len(order)]:
-                samples[label].append(common.cuda_time_ms(lambda fn=fn: fn(*call)))
+        samples = common.rotated_rounds({label: (lambda fn=fn: fn(*call)) for label, fn in runners.items()}, args.rounds)
         for label in runners:
             table[label].append(nbytes / (statistics.median(samples[label]) * 1e-3) / 1e9)
     lines = [

@@ -8,6 +8,7 @@ from typing import Any
 import torch
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 
+from fxkern.errors import KernelInputError
 from fxkern.library.cuda_common import ELEMS_PER_THREAD, EW_BLOCK, ROW_BLOCK
 from fxkern.ops import kernel_op
 from fxkern.patterns import TRACERS
@@ -154,3 +155,29 @@ def has_rows(x: str) -> Callable[[Any], bool]:
 
     accept.__name__ = f"{x}_has_rows"
     return accept
+
+
+# ---- attention's 4-d operands: a mask or a cos/sin table that broadcasts onto (B, H, S, D) --------------
+
+
+def broadcasts_4d(t: torch.Tensor, x: torch.Tensor) -> bool:
+    """Whether 4-d ``t`` broadcasts onto 4-d ``x`` as the attention kernels read it: each of its first
+    three axes 1 or ``x``'s size, its last ``x``'s last (decided without guarding on symbolic sizes)."""
+    return (t.dim() == 4 and x.dim() == 4 and statically_known_true(t.shape[3] == x.shape[3])
+            and all(statically_known_true(m == 1) or statically_known_true(m == s) for m, s in zip(t.shape[:3], x.shape[:3])))
+
+
+def check_broadcast_4d(op: str, name: str, t: torch.Tensor, onto: str, x: torch.Tensor) -> None:
+    """The op's check behind :func:`broadcasts_4d`: a clear error for concrete sizes, a runtime
+    assertion (``torch._check``) for symbolic ones."""
+    for axis in range(4):
+        m, s = t.shape[axis], x.shape[axis]
+        if axis < 3 and isinstance(m, int) and m == 1:
+            continue
+        if isinstance(m, int) and isinstance(s, int):
+            if m != s:
+                raise KernelInputError(
+                    f"{op}: {name} {tuple(t.shape)} does not broadcast onto {onto} {tuple(x.shape)} as the kernel "
+                    f"reads it: each of its first three axes must be 1 or match {onto}'s, its last {onto}'s last")
+        else:
+            torch._check(m == s, lambda: f"{op}: {name} {tuple(t.shape)} must broadcast onto {onto} {tuple(x.shape)}")

@@ -126,6 +126,17 @@ __device__ __forceinline__ Pack<T, N> from_floats(const float (&f)[N]) {
     return p;
 }
 
+// a + b rounded to T: what `x + residual` holds in the model (the residual-add kernels).
+template <typename T, int N>
+__device__ __forceinline__ Pack<T, N> add_rounded(const Pack<T, N>& a, const Pack<T, N>& b) {
+    float fa[N], fb[N];
+    to_floats(a, fa);
+    to_floats(b, fb);
+#pragma unroll
+    for (int j = 0; j < N; ++j) fa[j] += fb[j];
+    return from_floats<T, N>(fa);
+}
+
 // Hides a pack's 16-bit values from the compiler just before they are converted a second time, so it
 // keeps the packed registers live rather than every element already widened to float (which, for
 // float16/bfloat16 rows held in registers, doubles their registers and spills).

@@ -37,17 +37,6 @@ from fxkern.spec import Custom, DimSize, InputDecl, KernelSpec, Numel, OutputDec
 SOURCE = COMMON + row_tuning(blocks_f32=4, blocks_half=6, packs_f32=8, packs_half=4) + r"""
 namespace fxk {
 
-// x + residual rounded to T: what `x + residual` holds in the model.
-template <typename T, int V>
-__device__ __forceinline__ Pack<T, V> sum_rounded(const Pack<T, V>& a, const Pack<T, V>& b) {
-    float fa[V], fb[V];
-    to_floats(a, fa);
-    to_floats(b, fb);
-#pragma unroll
-    for (int j = 0; j < V; ++j) fa[j] += fb[j];
-    return from_floats<T, V>(fa);
-}
-
 template <typename T, int V>
 __device__ __forceinline__ float pack_sum(const Pack<T, V>& p, float s) {
     float f[V];
@@ -105,7 +94,7 @@ __device__ __forceinline__ void add_layernorm_rows(const T* __restrict__ x, cons
             for (int k = 0; k < NV; ++k) {
                 const int col = (k * G + t) * V;
                 if (live && col < D) {
-                    c[k] = sum_rounded(load<T, V>(x + off + col), load<T, V>(res + off + col));
+                    c[k] = add_rounded(load<T, V>(x + off + col), load<T, V>(res + off + col));
                     store<T, V>(h + off + col, c[k]);
                     s = pack_sum(c[k], s);
                 }
@@ -135,7 +124,7 @@ __device__ __forceinline__ void add_layernorm_rows(const T* __restrict__ x, cons
             float s = 0.0f;
 #pragma unroll 4
             for (int col = threadIdx.x * V; col < D; col += ROW_THREADS * V) {
-                const Pack<T, V> c = sum_rounded(load<T, V>(x + off + col), load<T, V>(res + off + col));
+                const Pack<T, V> c = add_rounded(load<T, V>(x + off + col), load<T, V>(res + off + col));
                 store<T, V>(h + off + col, c);
                 s = pack_sum(c, s);
             }
@@ -215,12 +204,13 @@ def _outputs(x, residual, weight, bias, normalized_size, eps):
     return x.new_empty(x.shape), x.new_empty(x.shape)
 
 
+_WEIGHT_ROW, _BIAS_ROW = row_param("x", "weight", same_shape="residual"), row_param("x", "bias")
+
+
 def _layer_norm_operands(match) -> bool:
     """A filter: weight and bias are rows of x, residual has x's shape, and the captured
     normalized_size is x's last axis."""
-    row = row_param("x", "weight", same_shape="residual")
-    bias_row = row_param("x", "bias")
-    if not (row(match) and bias_row(match)):
+    if not (_WEIGHT_ROW(match) and _BIAS_ROW(match)):
         return False
     x = match.bindings["x"].meta.get("val")
     return isinstance(x, torch.Tensor) and statically_known_true(x.shape[-1] == match.bindings.get("normalized_size"))

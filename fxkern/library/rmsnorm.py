@@ -151,17 +151,6 @@ __device__ __forceinline__ Pack<T, V> load_operand(const T* p, bool lined_up, si
     return v;
 }
 
-// x + residual rounded to T: what `x + residual` holds in the model.
-template <typename T, int V>
-__device__ __forceinline__ Pack<T, V> add_rounded(const Pack<T, V>& a, const Pack<T, V>& b) {
-    float fa[V], fb[V];
-    to_floats(a, fa);
-    to_floats(b, fb);
-#pragma unroll
-    for (int j = 0; j < V; ++j) fa[j] += fb[j];
-    return from_floats<T, V>(fa);
-}
-
 template <typename T, int V>
 __device__ __forceinline__ float sum_squares(const Pack<T, V>& p, float ss) {
     float f[V];

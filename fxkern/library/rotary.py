@@ -33,7 +33,7 @@ import torch
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 from fxkern.errors import KernelInputError
-from fxkern.library._rules import COMPILE_FREE_IRS, DTYPES, NAMESPACE, add_rule
+from fxkern.library._rules import COMPILE_FREE_IRS, DTYPES, NAMESPACE, add_rule, broadcasts_4d, check_broadcast_4d
 from fxkern.library.cuda_common import COMMON, EW_BLOCK
 from fxkern.ops import cuda_kernel_op, kernel_op
 from fxkern.spec import Custom, DimSize, InputDecl, KernelSpec, Numel, OutputDecl, SameAs, ScalarInput
@@ -240,16 +240,7 @@ def _check(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, half: int) -> 
                                f"pass half = x.shape[-1] // 2 with an even head_dim")
     if not isinstance(d, int):  # symbolic (export, dynamic shapes): a runtime assertion instead
         torch._check(2 * half == d, lambda: f"{op}: 2 * half must be x's last axis")
-    for axis in range(4):
-        c, s = cos.shape[axis], x.shape[axis]
-        if axis < 3 and isinstance(c, int) and c == 1:
-            continue
-        if isinstance(c, int) and isinstance(s, int) and c != s:
-            raise KernelInputError(
-                f"{op}: cos and sin {tuple(cos.shape)} do not broadcast onto x {tuple(x.shape)} as the kernel reads "
-                f"them: each of their first three axes must be 1 or x's size, their last x's last")
-        if not (isinstance(c, int) and isinstance(s, int)):
-            torch._check(c == s, lambda: f"{op}: cos {tuple(cos.shape)} must broadcast onto x {tuple(x.shape)}")
+    check_broadcast_4d(op, "cos (and sin)", cos, "x", x)
 
 
 def _output(x, cos, sin, half):
@@ -301,12 +292,8 @@ def rotary_operands(match) -> bool:
     x, cos, sin = vals
     if x.dtype not in DTYPES or cos.dtype != x.dtype or sin.dtype != x.dtype:
         return False
-    def known(cond) -> bool:
-        return statically_known_true(cond)
-
-    return (all(known(a == b) for a, b in zip(cos.shape, sin.shape))
-            and known(x.shape[3] == 2 * half) and known(cos.shape[3] == x.shape[3])
-            and all(known(c == 1) or known(c == s) for c, s in zip(cos.shape[:3], x.shape[:3])))
+    return (all(statically_known_true(a == b) for a, b in zip(cos.shape, sin.shape))
+            and statically_known_true(x.shape[3] == 2 * half) and broadcasts_4d(cos, x))
 
 
 # Traced at rank 4 (the slices' axis is a literal 3) with a head size whose half, 37, is no other literal.

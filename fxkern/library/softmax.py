@@ -21,7 +21,6 @@ import struct
 
 import torch
 import torch.nn.functional as F
-from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 from fxkern.library._rules import (
     COMPILE_FREE_IRS,
@@ -29,6 +28,8 @@ from fxkern.library._rules import (
     NAMESPACE,
     add_rule,
     aligned_at_launch,
+    broadcasts_4d,
+    check_broadcast_4d,
     has_rows,
     per_call,
     row_geometry_8k,
@@ -421,16 +422,7 @@ def _check_masked(x: torch.Tensor, mask: torch.Tensor) -> None:
             f"keys), as attention writes them; view a 2-d mask as mask[None, None]")
     if mask.dtype != x.dtype:
         raise KernelInputError(f"{op}: mask is {mask.dtype} but the scores are {x.dtype}; give the mask the scores' dtype")
-    for axis in range(4):
-        m, s = mask.shape[axis], x.shape[axis]
-        if axis < 3 and isinstance(m, int) and m == 1:
-            continue
-        if isinstance(m, int) and isinstance(s, int) and m != s:
-            raise KernelInputError(
-                f"{op}: mask {tuple(mask.shape)} does not broadcast onto scores {tuple(x.shape)} as the kernel reads "
-                f"it: each of its first three axes must be 1 or the scores' size, its last the scores' last")
-        if not (isinstance(m, int) and isinstance(s, int)):  # symbolic: a runtime assertion instead
-            torch._check(m == s, lambda: f"{op}: mask {tuple(mask.shape)} must broadcast onto scores {tuple(x.shape)}")
+    check_broadcast_4d(op, "mask", mask, "scores", x)
 
 
 def _masked_output(x, mask, scale):
@@ -514,10 +506,7 @@ def masked_scores(x: str, mask: str):
         xv, mv = (match.bindings[n].meta.get("val") for n in (x, mask))
         if not isinstance(xv, torch.Tensor) or not isinstance(mv, torch.Tensor):
             return False
-        if xv.dim() != 4 or mv.dim() != 4 or xv.dtype != mv.dtype:
-            return False
-        return statically_known_true(mv.shape[3] == xv.shape[3]) and all(
-            statically_known_true(m == 1) or statically_known_true(m == s) for m, s in zip(mv.shape[:3], xv.shape[:3]))
+        return xv.dtype == mv.dtype and broadcasts_4d(mv, xv)
 
     accept.__name__ = f"{mask}_broadcasts_onto_{x}_as_attention_masks_do"
     return accept
