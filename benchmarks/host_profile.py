@@ -10,6 +10,7 @@ from __future__ import annotations
 import cProfile
 import pstats
 import sys
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
@@ -69,6 +70,7 @@ def library() -> None:
     against its pattern run by eager PyTorch, then the profile of the rotary embedding's calls."""
     import fxkern.library as lib
     from fxkern.library import gelu, rmsnorm, rotary, softmax, swiglu
+    from fxkern.library._rules import NAMESPACE
 
     lib.rules()
     bf = torch.bfloat16
@@ -88,18 +90,57 @@ def library() -> None:
         "scaled_masked_softmax": ((scores, mask, 0.125), softmax.scaled_masked_softmax_float32),
         "rotary_embedding": ((q, cos, sin, 32), rotary.rotary_embedding),
     }
-    print(f"{'op':28s} {'fxkern us':>10s} {'eager pattern us':>17s}")
+    print(f"{'op':28s} {'fxkern us':>10s} {'its CUDA impl, no dispatcher':>29s} {'eager pattern us':>17s}")
     for name, (args, pattern) in calls.items():
-        op = lib.op(name).default
+        op, impl = lib.op(name).default, fxkern.kernel_op(f"{NAMESPACE}::{name}").cuda_impl
         ours, eager = host_us(lambda: op(*args), rounds=50), host_us(lambda: pattern(*args), rounds=50)
-        print(f"{name:28s} {ours:10.2f} {eager:17.2f}")
+        print(f"{name:28s} {ours:10.2f} {host_us(lambda: impl(*args), rounds=50):29.2f} {eager:17.2f}")
     op = lib.op("rotary_embedding").default
     print_profile(lambda: op(q, cos, sin, 32), 20000)
 
 
+def node_host_us(gm: torch.fx.GraphModule, args: tuple, forwards: int = 200) -> tuple[dict[str, tuple[float, float]], float]:
+    """Host us per forward of each call target in ``gm``'s graph (calls a forward, us a call), and the
+    forward's own us outside its nodes (module call, hooks, pytree, attribute reads): each node's call
+    wrapped in a timer, whose own cost outside the timed span is measured and taken off."""
+    import collections
+    import copy
+
+    spent, calls = collections.defaultdict(float), collections.Counter()
+
+    def timer(f, key):
+        def wrap(*a, **kw):
+            t0 = time.perf_counter()
+            out = f(*a, **kw)
+            spent[key] += time.perf_counter() - t0
+            calls[key] += 1
+            return out
+        return wrap
+
+    timed = copy.deepcopy(gm)
+    for n in timed.graph.nodes:
+        if n.op == "call_function":
+            n.target = timer(n.target, str(n.target))
+    timed.recompile()
+    probe, bare = timer(lambda: None, "probe"), lambda: None
+    cost = (host_us(probe, rounds=50) - host_us(bare, rounds=50)) - spent["probe"] / calls["probe"] * 1e6
+    for _ in range(3):
+        timed(*args)
+    torch.cuda.synchronize()
+    spent.clear(), calls.clear()
+    t0 = time.perf_counter()
+    for _ in range(forwards):
+        timed(*args)
+    total = (time.perf_counter() - t0) / forwards * 1e6
+    torch.cuda.synchronize()
+    table = {k: (calls[k] / forwards, spent[k] / calls[k] * 1e6) for k in spent}
+    return table, total - sum(c * (us + cost) for c, us in table.values())
+
+
 def model() -> None:
     """The host time of one forward of the demo model (hidden 2048, 4 layers, one sequence of 16 tokens:
-    kernels short enough that the host never waits) by variant, and the rewritten one's profile."""
+    kernels short enough that the host never waits) by variant, then where the exported and the
+    rewritten forwards spend it, by call target."""
     import dataclasses
 
     import fxkern.library as lib
@@ -111,8 +152,24 @@ def model() -> None:
     ep = torch.export.export(m, (ids,))
     plain, rewritten = ep.module(), fxkern.apply(ep, lib.rules()).module()
     with torch.no_grad():
-        for name, fn in (("eager", m), ("exported, not rewritten", plain), ("rewritten", rewritten)):
+        for name, fn in (("eager", m), ("exported, not rewritten", plain), ("rewritten", rewritten),
+                         ("rewritten, graph code only", rewritten.forward)):
             print(f"{name:28s} {host_us(lambda fn=fn: fn(ids), burst=5, rounds=40) / 1e3:7.2f} ms")
+        tables = {}
+        for name, gm in (("exported", plain), ("rewritten", rewritten)):
+            tables[name], outside = node_host_us(gm, (ids,))
+            print(f"{name}: {outside:7.1f} us a forward outside its nodes")
+        keys = sorted(set().union(*tables.values()), key=lambda k: -max(c * us for t in tables.values()
+                                                                         for c, us in [t.get(k, (0, 0))]))
+        print(f"{'target':48s} {'exported':>22s} {'rewritten':>22s}   (calls a forward x us = us)")
+        for k in keys:
+            cells = []
+            for t in tables.values():
+                c, us = t.get(k, (0, 0.0))
+                cells.append(f"{c:4.0f} x {us:5.1f} = {c * us:6.0f}" if c else "")
+            print(f"{k[:48]:48s} {cells[0]:>22s} {cells[1]:>22s}")
+        for name, t in tables.items():
+            print(f"{name}: nodes {sum(c * us for c, us in t.values()):7.0f} us a forward")
         print_profile(lambda: rewritten(ids), 200, top=25)
 
 

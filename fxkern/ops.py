@@ -336,6 +336,25 @@ def _cpu_impl(entry: KernelOp) -> Callable[..., Any]:
     return cpu
 
 
+# Signatures remembered per op; a model has a handful, a sequence growing one token a call one a call.
+MAX_SIGNATURES = 1024
+
+
+def _like(index: int, dtype: Optional[torch.dtype]) -> Callable[[List[torch.Tensor]], torch.Tensor]:
+    """An output allocated like input ``index`` (contiguous by then), in ``dtype`` if given."""
+    if dtype is None:
+        return lambda tensors: torch.empty_like(tensors[index])
+    return lambda tensors: torch.empty_like(tensors[index], dtype=dtype)
+
+
+def _new(shape: Tuple[int, ...], stride: Tuple[int, ...], dtype: torch.dtype, device: torch.device,
+         contiguous: bool) -> Callable[[List[torch.Tensor]], torch.Tensor]:
+    """An output of a fixed shape, strides and dtype (a derived shape, or a meta_fn's output)."""
+    if contiguous:
+        return lambda tensors: torch.empty(shape, dtype=dtype, device=device)
+    return lambda tensors: torch.empty_strided(shape, stride, dtype=dtype, device=device)
+
+
 def _cuda_impl(entry: KernelOp) -> Callable[..., Any]:
     """The derived eager launcher: check, allocate, compute geometry, launch."""
     plan, op = entry.plan, entry.qualname
@@ -389,24 +408,35 @@ def _cuda_impl(entry: KernelOp) -> Callable[..., Any]:
     grid_yz_const = grid_const[1] is not None and grid_const[2] is not None
     gy, gz = grid_const[1], grid_const[2]
 
-    def cuda(*args: Any) -> Any:
-        tensors = list(args) if all_tensors else [args[i] for i in positions]
+    # A call's checks, outputs, grid and extras depend only on its signature: each input's shape, dtype,
+    # device and contiguity (with a meta_fn, which may read them, its strides and the scalars too).
+    # They are worked out and checked once per signature, as a JIT guards a specialisation, and a
+    # model's repeated calls pay only for allocating, packing and launching.
+    scalar_positions = tuple(i for i in range(len(inputs)) if i not in positions)
+    launches: Dict[Any, Tuple[Any, ...]] = {}
+
+    def signature(args: Tuple[Any, ...], tensors: List[torch.Tensor]) -> Any:
+        if meta_fn is None:
+            return tuple([(t.shape, t.dtype, t.device, t.is_contiguous()) for t in tensors])
+        return (tuple([(t.shape, t.stride(), t.dtype, t.device) for t in tensors]),
+                tuple([args[i] for i in scalar_positions]))
+
+    def prepare(args: Tuple[Any, ...], tensors: List[torch.Tensor]) -> Tuple[Tuple[Any, ...], List[torch.Tensor]]:
+        """Check a new signature and decide its launch; returns it with this call's outputs."""
         ok, dtype = fast_check(tensors)
         if not ok:
             validate.check_devices(op, plan, tensors)
             dtype = validate.call_dtype(op, plan, tensors)
         device = tensors[0].device
-        for k, t in enumerate(tensors):
-            if not t.is_contiguous():
-                tensors[k] = t.contiguous()
+        copies = tuple(k for k, t in enumerate(tensors) if not t.is_contiguous())
+        for k in copies:
+            tensors[k] = tensors[k].contiguous()
         in_shapes = [t.shape for t in tensors]
         if simple_outputs and ok:
-            outs = [
-                torch.empty_like(tensors[i]) if src is None and dtype == tensors[i].dtype
-                else torch.empty_like(tensors[i], dtype=dtype if src is None else tensors[src].dtype)
-                for i, src in zip(same_as, dtype_from)
-            ]
-            env = (in_shapes, [in_shapes[i] for i in same_as])
+            allocs = tuple(_like(i, None if src is None and dtype == tensors[i].dtype
+                                 else dtype if src is None else tensors[src].dtype)
+                           for i, src in zip(same_as, dtype_from))
+            outs = [alloc(tensors) for alloc in allocs]
         else:
             if meta_fn is None:
                 shapes = [f((in_shapes, ())) for f in shape_fns]
@@ -415,19 +445,35 @@ def _cuda_impl(entry: KernelOp) -> Callable[..., Any]:
                 outs = [torch.empty(s, dtype=d, device=device) for s, d in zip(shapes, out_dtypes)]
             else:
                 outs = list(_as_tuple(meta_fn(*args)))
-            env = (in_shapes, [o.shape for o in outs])
-        if grid_yz_const:
-            grid = (grid_x(env), gy, gz)
-            if grid[0] > int32_max:
-                validate.check_grid(op, grid)
-        else:
-            grid = (grid_x(env), grid_fns[1](env), grid_fns[2](env))
-            if grid[0] > int32_max or grid[1] > 65535 or grid[2] > 65535:
-                validate.check_grid(op, grid)
+            allocs = tuple(_new(tuple(o.shape), o.stride(), o.dtype, device, o.is_contiguous()) for o in outs)
+        env = (in_shapes, [o.shape for o in outs])
+        grid = (grid_x(env), gy, gz) if grid_yz_const else (grid_x(env), grid_fns[1](env), grid_fns[2](env))
+        if grid[0] > int32_max or grid[1] > 65535 or grid[2] > 65535:
+            validate.check_grid(op, grid)
         extras = [f(env) for f in extra_fns]
         if extras and max(extras) > int32_max:
             validate.check_int32(op, extra_labels, extras)
-        if grid[0] and grid[1] and grid[2]:
+        smem = smem_const if smem_const is not None else smem_fn(env)
+        index = device.index
+        fn = (loaded.get((index, dtype)) or load(index, dtype)) if grid[0] and grid[1] and grid[2] else None
+        return (copies, allocs, fn, grid, smem, extras, index), outs
+
+    def cuda(*args: Any) -> Any:
+        tensors = list(args) if all_tensors else [args[i] for i in positions]
+        key = signature(args, tensors)
+        known = launches.get(key)
+        if known is None:
+            known, outs = prepare(args, tensors)
+            if len(launches) >= MAX_SIGNATURES:  # shapes that never repeat (a growing sequence): start over
+                launches.clear()
+            launches[key] = known
+            copies, _, fn, grid, smem, extras, index = known
+        else:
+            copies, allocs, fn, grid, smem, extras, index = known
+            for k in copies:
+                tensors[k] = tensors[k].contiguous()
+            outs = [alloc(tensors) for alloc in allocs]
+        if fn is not None:
             if all_tensors:
                 values = [t.data_ptr() for t in tensors]
             else:
@@ -439,9 +485,6 @@ def _cuda_impl(entry: KernelOp) -> Callable[..., Any]:
             values += extras
             for o in outs:
                 values.append(o.data_ptr())
-            index = device.index
-            fn = loaded.get((index, dtype)) or load(index, dtype)
-            smem = smem_const if smem_const is not None else smem_fn(env)
             if launcher.current_device() != index:
                 with torch.cuda.device(index):
                     launch(fn, grid, block, smem, launcher.current_stream_handle(index), values, op)

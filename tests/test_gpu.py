@@ -107,6 +107,27 @@ def test_bad_calls_leave_no_sticky_error(ops):
     torch.cuda.synchronize()
 
 
+def test_a_call_unlike_the_last_is_checked_afresh(ops):
+    """Checks and geometry are worked out once per call signature (shapes, dtypes, devices,
+    contiguity): repeats agree with eager, and a call that differs in any of them is checked anew."""
+    x = torch.randn(300, 200, device="cuda")
+    for _ in range(3):
+        torch.testing.assert_close(ops["add"](x, x), x + x)
+    t = torch.randn(200, 300, device="cuda").t()  # x's shape, not contiguous: copied first
+    torch.testing.assert_close(ops["add"](x, t), x + t)
+    with pytest.raises(KernelInputError, match="is on cpu"):
+        ops["add"](x, x.cpu())
+    with pytest.raises(KernelInputError, match="float64"):
+        ops["add"](x.double(), x.double())
+    with pytest.raises(KernelInputError, match="equal shapes"):
+        ops["add"](x, x[:, :199])
+    y = torch.randn(301, 200, device="cuda")  # a new shape gets its own grid
+    torch.testing.assert_close(ops["add"](y, y), y + y)
+    torch.testing.assert_close(ops["row_sum"](y), y.sum(-1), rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(ops["row_sum"](x), x.sum(-1), rtol=1e-5, atol=1e-4)
+    torch.cuda.synchronize()
+
+
 def test_sizes_past_int32_are_refused_before_launch(ops):
     n = 2**31 + 64
     try:

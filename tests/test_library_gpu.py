@@ -559,3 +559,17 @@ def test_rotary_embedding_reads_the_projection_in_place_and_empty_input():
     empty = x[:, :, :0]
     out = lib.op("rotary_embedding")(empty, cos[:, :, :0], sin[:, :, :0], 32)
     assert out.shape == empty.shape
+
+
+def test_private_rotary_op_checks_a_new_half_after_a_good_call():
+    """A meta_fn's checks read the scalars too, so the remembered launch of one call is not reused
+    for a call that differs only in ``half``."""
+    x = rand(2, 4, 16, 64, dtype=torch.float32)
+    cos, sin = rope_tables(1, 16, 64, torch.float32)
+    rows = torch.ops.fxkern_lib._rotary_rows
+    want = rotary.rotary_embedding(x, cos, sin, 32)
+    for _ in range(2):
+        torch.testing.assert_close(rows(x, cos, sin, 32), want, rtol=0, atol=0)
+    with pytest.raises(fxkern.KernelInputError, match="half = 16"):
+        rows(x, cos, sin, 16)
+    torch.cuda.synchronize()
