@@ -14,9 +14,7 @@ few forwards (torch.profiler), to see where each pair differs.
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -26,7 +24,7 @@ from common import cuda_time_ms, emit, machine, today  # noqa: E402
 
 import fxkern  # noqa: E402
 import fxkern.library  # noqa: E402
-from fxkern.demo import DTYPES, SIZES, build_model, compare  # noqa: E402
+from fxkern.demo import DTYPES, SIZES, build_model, compare, host_issue_ms  # noqa: E402
 
 
 def main(argv=None) -> int:
@@ -131,17 +129,10 @@ def cuda_graph(fn, ids):
 def host_ms(fn, ids, reps: int = 20) -> float:
     """Milliseconds the host takes to issue one forward (the GPU idle at the start, no sync inside):
     when it is longer than the forward's kernels, the host sets the pace."""
-    times = []
     with torch.no_grad():
         for _ in range(3):
             fn(ids)
-        for _ in range(reps):
-            torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            fn(ids)
-            times.append((time.perf_counter() - t0) * 1e3)
-    torch.cuda.synchronize()
-    return statistics.median(times)
+        return host_issue_ms(lambda: fn(ids), reps)
 
 
 def profile(name, fn, ids, steps: int = 5) -> float:

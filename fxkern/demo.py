@@ -435,6 +435,19 @@ def cuda_time_ms(fn: Callable[[], Any], *, warmup: int = 3, reps: int = 15, inne
     return statistics.median(times)
 
 
+def host_issue_ms(fn: Callable[[], Any], reps: int = 10) -> float:
+    """Median milliseconds the host takes to issue one call of ``fn``, from an idle GPU and with no
+    sync inside: where it is as long as a call's CUDA time, the host sets the pace, not the kernels."""
+    times = []
+    for _ in range(reps):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t0) * 1e3)
+    torch.cuda.synchronize()
+    return statistics.median(times)
+
+
 def _trt_status() -> tuple[bool, str]:
     """Whether ``fxkern.tensorrt.available()`` says Torch-TensorRT plugins are usable, and why not."""
     status = fxkern.tensorrt.available()
@@ -520,8 +533,8 @@ def _time_all(args: argparse.Namespace, model: nn.Module, rewritten: nn.Module, 
         trt_ok, _ = _trt_status()
         if trt_ok:
             variants.append(("Torch-TensorRT + fxkern", lambda: _trt_compile(model, rules, ids, dtype)))
-    rows: list[tuple[str, ...]] = [("variant", "ms/forward", "vs eager", "compile s", "rel err", "note")]
-    ok, base = True, None
+    rows: list[tuple[str, ...]] = [("variant", "ms/forward", "vs eager", "host ms", "compile s", "rel err", "note")]
+    ok, base, waits = True, None, []
     print("timing (CUDA events, warm-up, median):", file=err, flush=True)
     for name, make in variants:
         print(f"  {name}…", file=err, flush=True)
@@ -534,19 +547,27 @@ def _time_all(args: argparse.Namespace, model: nn.Module, rewritten: nn.Module, 
                 torch.cuda.synchronize()
                 t_compile = time.perf_counter() - t0
                 ms = cuda_time_ms(lambda f=fn: f(ids))
+                host = host_issue_ms(lambda f=fn: f(ids))
         except Exception as exc:  # noqa: BLE001  (one variant failing must not hide the others)
-            rows.append((name, "failed", "", "", "", f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:80]}"))
+            rows.append((name, "failed", "", "", "", "", f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:80]}"))
             ok = False
             continue
         check = compare(got, want, dtype)
         ok &= check.ok
         base = base or ms
         compiled = "compile" in name or "TensorRT" in name
-        rows.append((name, f"{ms:.3f}", f"{base / ms:.2f}x", f"{t_compile:.1f}" if compiled else "",
+        rows.append((name, f"{ms:.3f}", f"{base / ms:.2f}x", f"{host:.3f}", f"{t_compile:.1f}" if compiled else "",
                      f"{check.rel:.1e}", "" if check.ok else f"> tol {check.tol:.0e}"))
+        if host >= 0.9 * ms:
+            waits.append(name)
     if not any(r[-1] for r in rows[1:]):  # no notes: drop the column
         rows = [r[:-1] for r in rows]
-    print("\n" + _table(rows, right=(1, 2, 3, 4)), file=out)
+    print("\n" + _table(rows, right=(1, 2, 3, 4, 5)), file=out)
+    print("host ms: the host's time to issue one forward from an idle GPU", file=out)
+    if waits:
+        print(f"host-bound here: {', '.join(waits)}: Python issues the forward in about the time its kernels "
+              f"take, so a faster host, torch.compile or a CUDA graph (torch.cuda.graphs) is faster still "
+              f"(docs/library.md, \"Eager and the host\")", file=out)
     if backend.reports:
         replaced = Counter(m.rule for r in backend.reports for m in r.matches)
         if replaced:

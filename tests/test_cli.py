@@ -109,6 +109,7 @@ def test_demo_trt_says_why_it_is_unavailable(capsys):
 def test_demo_timing_table_checks_every_variant(monkeypatch, capsys):
     """The GPU-only timing step, run on the CPU with the CUDA timer stubbed out."""
     monkeypatch.setattr(demo, "cuda_time_ms", lambda fn: (fn(), 2.0)[1])
+    monkeypatch.setattr(demo, "host_issue_ms", lambda fn: (fn(), 1.9)[1])  # as long as the GPU's time: host-bound
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
     cfg = demo.SIZES["tiny"]
     model = demo.build_model(cfg, torch.device("cpu"), torch.float32)
@@ -119,8 +120,25 @@ def test_demo_timing_table_checks_every_variant(monkeypatch, capsys):
     args = cli.build_parser().parse_args(["demo", "--no-compile"])
     assert demo._time_all(args, model, rewritten, RULES, ids, want, torch.float32, sys.stdout, sys.stderr)
     out = capsys.readouterr().out
-    assert re.search(r"^eager \(original\) +2\.000 +1\.00x +0\.0e\+00$", out, re.MULTILINE), out
-    assert re.search(r"^eager, fxkern rewritten +2\.000 +1\.00x +\S+$", out, re.MULTILINE), out
+    assert re.search(r"^eager \(original\) +2\.000 +1\.00x +1\.900 +0\.0e\+00$", out, re.MULTILINE), out
+    assert re.search(r"^eager, fxkern rewritten +2\.000 +1\.00x +1\.900 +\S+$", out, re.MULTILINE), out
+    assert "host-bound here: eager (original), eager, fxkern rewritten:" in out
+
+
+def test_demo_says_nothing_of_the_host_when_the_gpu_sets_the_pace(monkeypatch, capsys):
+    monkeypatch.setattr(demo, "cuda_time_ms", lambda fn: (fn(), 2.0)[1])
+    monkeypatch.setattr(demo, "host_issue_ms", lambda fn: (fn(), 0.5)[1])
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
+    cfg = demo.SIZES["tiny"]
+    model = demo.build_model(cfg, torch.device("cpu"), torch.float32)
+    ids = torch.randint(0, cfg.vocab, (cfg.batch, cfg.seq))
+    with torch.no_grad():
+        want = model(ids)
+    args = cli.build_parser().parse_args(["demo", "--no-compile"])
+    assert demo._time_all(args, model, model, RULES, ids, want, torch.float32, sys.stdout, sys.stderr)
+    out = capsys.readouterr().out
+    assert re.search(r"^eager \(original\) +2\.000 +1\.00x +0\.500 +0\.0e\+00$", out, re.MULTILINE), out
+    assert "host-bound" not in out
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message given when no GPU is visible")

@@ -35,7 +35,7 @@ from torch.fx.experimental.symbolic_shapes import statically_known_true
 from fxkern.errors import KernelInputError
 from fxkern.library._rules import COMPILE_FREE_IRS, DTYPES, NAMESPACE, add_rule, broadcasts_4d, check_broadcast_4d
 from fxkern.library.cuda_common import COMMON, EW_BLOCK
-from fxkern.ops import cuda_kernel_op, kernel_op
+from fxkern.ops import MAX_SIGNATURES, cuda_kernel_op, kernel_op
 from fxkern.spec import Custom, DimSize, InputDecl, KernelSpec, Numel, OutputDecl, SameAs, ScalarInput
 from fxkern.symbolic import cdiv
 
@@ -261,19 +261,39 @@ def _compact(cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.
     """cos and sin, contiguous, with each axis both broadcast (stride 0) narrowed to one: an
     expanded table reaches the kernel at its own size, not copied out to x's. The kernel reads both
     with cos's sizes, so an axis is narrowed only where both are broadcast."""
-    for axis in range(cos.dim() - 1):
-        if cos.stride(axis) == 0 and sin.stride(axis) == 0 and cos.shape[axis] > 1:
-            cos, sin = cos.narrow(axis, 0, 1), sin.narrow(axis, 0, 1)
+    return _narrow(cos, sin, _broadcast_axes(cos, sin))
+
+
+def _broadcast_axes(cos: torch.Tensor, sin: torch.Tensor) -> tuple[int, ...]:
+    return tuple(a for a in range(cos.dim() - 1) if cos.stride(a) == 0 and sin.stride(a) == 0 and cos.shape[a] > 1)
+
+
+def _narrow(cos: torch.Tensor, sin: torch.Tensor, axes: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
+    for axis in axes:
+        cos, sin = cos.narrow(axis, 0, 1), sin.narrow(axis, 0, 1)
     return cos.contiguous(), sin.contiguous()
 
 
 def _on_cuda(rows, heads_inner):
+    """The public op on CUDA: checks, narrows broadcast tables, and reads x in the projection's
+    layout in place where it is that. All of it depends only on the call's signature, so it is
+    decided once per signature (as the launches under it are, fxkern.ops)."""
+    decided: dict = {}
+
     def on_cuda(x, cos, sin, half):
-        _check(x, cos, sin, half)
-        cos, sin = _compact(cos, sin)
-        xt = x.transpose(1, 2)
-        if not x.is_contiguous() and xt.is_contiguous():  # the projection's layout: read in place
-            return heads_inner(xt, cos, sin, half)
+        key = (x.shape, x.stride(), x.dtype, x.device, cos.shape, cos.stride(), cos.dtype, cos.device,
+               sin.shape, sin.stride(), sin.dtype, sin.device, half)
+        how = decided.get(key)
+        if how is None:
+            _check(x, cos, sin, half)
+            how = (_broadcast_axes(cos, sin), not x.is_contiguous() and x.transpose(1, 2).is_contiguous())
+            if len(decided) >= MAX_SIGNATURES:
+                decided.clear()
+            decided[key] = how
+        axes, projected = how
+        cos, sin = _narrow(cos, sin, axes)
+        if projected:  # the projection's layout: read in place
+            return heads_inner(x.transpose(1, 2), cos, sin, half)
         return rows(x, cos, sin, half)
 
     return on_cuda
