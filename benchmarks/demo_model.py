@@ -100,7 +100,7 @@ def main(argv=None) -> int:
     if kernel_us:
         body += ["", "GPU kernel time a forward (`--profile`, torch.profiler over 5 forwards): "
                  + ", ".join(f"{k} {v:.0f} us" for k, v in kernel_us.items()) + ". Host time to issue one "
-                 "forward from an idle GPU (`perf_counter`, no sync, median of 20): "
+                 "forward, the GPU still busy with earlier work (`fxkern.demo.host_issue_ms`, median of 20): "
                  + ", ".join(f"{k} {v:.2f} ms" for k, v in host.items()) + "."]
     emit("demo_model", "\n".join(body), args.section_out)
     return 0
@@ -127,7 +127,7 @@ def cuda_graph(fn, ids):
 
 
 def host_ms(fn, ids, reps: int = 20) -> float:
-    """Milliseconds the host takes to issue one forward (the GPU idle at the start, no sync inside):
+    """Milliseconds the host takes to issue one forward (`fxkern.demo.host_issue_ms`, after warm-up):
     when it is longer than the forward's kernels, the host sets the pace."""
     with torch.no_grad():
         for _ in range(3):
