@@ -24,7 +24,7 @@ from common import cuda_time_ms, emit, machine, today  # noqa: E402
 
 import fxkern  # noqa: E402
 import fxkern.library  # noqa: E402
-from fxkern.demo import DTYPES, SIZES, build_model, compare, host_issue_ms  # noqa: E402
+from fxkern.demo import DTYPES, SIZES, build_model, compare, cuda_graph  # noqa: E402
 
 
 def main(argv=None) -> int:
@@ -57,14 +57,12 @@ def main(argv=None) -> int:
         print(f"{name:48s} {ms:8.3f} ms  rel err {err.rel:.1e}", flush=True)
         return name, ms, err
 
-    kernel_us, host = {}, {}
+    kernel_us = {}
     if args.profile:
         for name, fn in (("eager", model), ("eager, fxkern.apply", rewritten), ("inductor", torch.compile(model)),
                          ("inductor + fxkern", torch.compile(model, backend=fxkern.backend(rules)))):
             torch._dynamo.reset()
             kernel_us[name] = profile(name, fn, ids)
-            host[name] = host_ms(fn, ids)
-        host["eager, exported, not rewritten"] = host_ms(ep.module(), ids)
 
     rows = [timed("eager", model), timed("eager, fxkern.apply (library rules)", rewritten),
             timed("torch.compile (inductor)", torch.compile(model))]
@@ -99,40 +97,9 @@ def main(argv=None) -> int:
         body.append(f"| {name} | {ms:.3f} | {eager_ms / ms:.2f}x | {inductor_ms / ms:.2f}x | {err.rel:.1e} |")
     if kernel_us:
         body += ["", "GPU kernel time a forward (`--profile`, torch.profiler over 5 forwards): "
-                 + ", ".join(f"{k} {v:.0f} us" for k, v in kernel_us.items()) + ". Host time to issue one "
-                 "forward, the GPU still busy with earlier work (`fxkern.demo.host_issue_ms`, median of 20): "
-                 + ", ".join(f"{k} {v:.2f} ms" for k, v in host.items()) + "."]
+                 + ", ".join(f"{k} {v:.0f} us" for k, v in kernel_us.items()) + "."]
     emit("demo_model", "\n".join(body), args.section_out)
     return 0
-
-
-def cuda_graph(fn, ids):
-    """``fn(ids)`` captured once in a CUDA graph: calling the result replays it (on ``ids`` as captured)
-    and returns the captured output."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.no_grad(), torch.cuda.stream(side):
-        for _ in range(3):
-            fn(ids)
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.no_grad(), torch.cuda.graph(graph):
-        out = fn(ids)
-
-    def replay(_ids):
-        graph.replay()
-        return out
-
-    return replay
-
-
-def host_ms(fn, ids, reps: int = 20) -> float:
-    """Milliseconds the host takes to issue one forward (`fxkern.demo.host_issue_ms`, after warm-up):
-    when it is longer than the forward's kernels, the host sets the pace."""
-    with torch.no_grad():
-        for _ in range(3):
-            fn(ids)
-        return host_issue_ms(lambda: fn(ids), reps)
 
 
 def profile(name, fn, ids, steps: int = 5) -> float:

@@ -106,10 +106,12 @@ def test_demo_trt_says_why_it_is_unavailable(capsys):
     assert not ok and why and why in line
 
 
-def test_demo_timing_table_checks_every_variant(monkeypatch, capsys):
-    """The GPU-only timing step, run on the CPU with the CUDA timer stubbed out."""
-    monkeypatch.setattr(demo, "cuda_time_ms", lambda fn: (fn(), 2.0)[1])
-    monkeypatch.setattr(demo, "host_issue_ms", lambda fn: (fn(), 1.9)[1])  # as long as the GPU's time: host-bound
+def _time_demo(monkeypatch, ms_by_variant):
+    """The GPU-only timing step, run on the CPU: the CUDA timer replaced by ``ms_by_variant`` (in
+    the order the variants are timed), a CUDA graph by the function itself."""
+    times = iter(ms_by_variant)
+    monkeypatch.setattr(demo, "cuda_time_ms", lambda fn: (fn(), next(times))[1])
+    monkeypatch.setattr(demo, "cuda_graph", lambda fn, ids: fn)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
     cfg = demo.SIZES["tiny"]
     model = demo.build_model(cfg, torch.device("cpu"), torch.float32)
@@ -118,27 +120,24 @@ def test_demo_timing_table_checks_every_variant(monkeypatch, capsys):
     with torch.no_grad():
         want = model(ids)
     args = cli.build_parser().parse_args(["demo", "--no-compile"])
-    assert demo._time_all(args, model, rewritten, RULES, ids, want, torch.float32, sys.stdout, sys.stderr)
-    out = capsys.readouterr().out
-    assert re.search(r"^eager \(original\) +2\.000 +1\.00x +1\.900 +0\.0e\+00$", out, re.MULTILINE), out
-    assert re.search(r"^eager, fxkern rewritten +2\.000 +1\.00x +1\.900 +\S+$", out, re.MULTILINE), out
-    assert "host-bound here: eager (original), eager, fxkern rewritten:" in out
+    return demo._time_all(args, model, rewritten, RULES, ids, want, torch.float32, sys.stdout, sys.stderr)
 
 
-def test_demo_says_nothing_of_the_host_when_the_gpu_sets_the_pace(monkeypatch, capsys):
-    monkeypatch.setattr(demo, "cuda_time_ms", lambda fn: (fn(), 2.0)[1])
-    monkeypatch.setattr(demo, "host_issue_ms", lambda fn: (fn(), 0.5)[1])
-    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
-    cfg = demo.SIZES["tiny"]
-    model = demo.build_model(cfg, torch.device("cpu"), torch.float32)
-    ids = torch.randint(0, cfg.vocab, (cfg.batch, cfg.seq))
-    with torch.no_grad():
-        want = model(ids)
-    args = cli.build_parser().parse_args(["demo", "--no-compile"])
-    assert demo._time_all(args, model, model, RULES, ids, want, torch.float32, sys.stdout, sys.stderr)
+def test_demo_timing_table_checks_every_variant(monkeypatch, capsys):
+    assert _time_demo(monkeypatch, [8.8, 4.0, 8.5, 3.9])
     out = capsys.readouterr().out
-    assert re.search(r"^eager \(original\) +2\.000 +1\.00x +0\.500 +0\.0e\+00$", out, re.MULTILINE), out
-    assert "host-bound" not in out
+    assert re.search(r"^eager \(original\) +8\.800 +1\.00x +0\.0e\+00$", out, re.MULTILINE), out
+    assert re.search(r"^eager, fxkern rewritten +4\.000 +2\.20x +\S+$", out, re.MULTILINE), out
+    assert re.search(r"^CUDA graph of the original +8\.500 +1\.04x +0\.0e\+00$", out, re.MULTILINE), out
+    assert re.search(r"^CUDA graph of the rewritten +3\.900 +2\.26x +\S+$", out, re.MULTILINE), out
+    assert "waits on the host" not in out  # eager within 10% of its CUDA graph: the GPU sets the pace
+
+
+def test_demo_says_when_the_rewritten_forward_waits_on_the_host(monkeypatch, capsys):
+    assert _time_demo(monkeypatch, [8.8, 5.0, 8.5, 4.0])
+    out = capsys.readouterr().out
+    assert "the rewritten forward waits on the host here: its kernels alone (the CUDA graph row) take 4.000 ms, " \
+           "1.25x less than eager" in out, out
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message given when no GPU is visible")
