@@ -14,15 +14,19 @@ a file lock per key makes processes that start cold compile once.
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import json
 import logging
 import os
 import re
 import tempfile
+import threading
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple, TypeVar
 
 from filelock import FileLock
 
@@ -35,6 +39,8 @@ DEFAULT_ARCH = "sm_90"
 
 # Counters for tests and the benchmark: how often we compiled vs hit the cache.
 stats = {"compiles": 0, "hits": 0}
+_stats_lock = threading.Lock()
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -136,17 +142,62 @@ def compile_source(
 
     hit = _read_entry(path)
     if hit is not None:
-        stats["hits"] += 1
+        _count("hits")
         return hit
     with FileLock(str(path) + ".lock"):
         hit = _read_entry(path)  # another process may have compiled it meanwhile
         if hit is not None:
-            stats["hits"] += 1
+            _count("hits")
             return hit
+        t0 = time.perf_counter()
         compiled = _nvrtc_compile(source, name_expressions, options, arch, filename)
-        stats["compiles"] += 1
+        _count("compiles")
         _write_entry(path, compiled)
+        log.info("fxkern: compiled %s for %s with NVRTC in %.1f s", filename, arch, time.perf_counter() - t0)
         return compiled
+
+
+def _count(what: str) -> None:
+    with _stats_lock:  # compiles may run on several threads (``concurrently``)
+        stats[what] += 1
+
+
+# ---- compiling side by side -------------------------------------------------------
+
+_block: Optional[Tuple[ThreadPoolExecutor, List[Future]]] = None
+
+
+@contextlib.contextmanager
+def concurrently(workers: Optional[int] = None) -> Iterator[None]:
+    """Run the compiles started in this block through :func:`later` side by side, one thread per
+    core: NVRTC releases the GIL, so registering many kernels from a cold cache (the library's 30-odd
+    programs take about a second each) takes about as long as the longest few. The block's end
+    waits for all of them and raises the first failure."""
+    global _block
+    if _block is not None:  # nested: the outer block waits
+        yield
+        return
+    pool, futures = ThreadPoolExecutor(max_workers=workers or os.cpu_count() or 1, thread_name_prefix="fxkern-nvrtc"), []
+    _block = (pool, futures)
+    try:
+        yield
+    finally:
+        _block = None
+        pool.shutdown(wait=True)
+    for f in futures:
+        f.result()
+
+
+def later(compile_fn: Callable[[], T]) -> Callable[[], T]:
+    """Start ``compile_fn()`` on the pool of an enclosing :func:`concurrently` block (else run it
+    now); returns a function that gives its result, waiting for it, or raises its error."""
+    block = _block
+    if block is None:
+        result = compile_fn()
+        return lambda: result
+    future = block[0].submit(compile_fn)
+    block[1].append(future)
+    return future.result
 
 
 def _check(err, what: str) -> None:

@@ -283,29 +283,24 @@ def resolve(args: argparse.Namespace) -> tuple[Config, torch.device, torch.dtype
 
 
 class _KernelProgress(logging.Handler):
-    """Turns fxkern's "registered <op>" log records into a progress line on stderr: each kernel
-    op as it becomes ready, and whether NVRTC compiled it or the disk cache had it."""
+    """Turns fxkern's log records into progress on stderr: each NVRTC compile as it finishes (they
+    run side by side on a cold cache), and a count of the kernel ops registered."""
 
     def __init__(self, stream: TextIO):
         super().__init__(logging.INFO)
-        from fxkern import compiler
-
-        self.stream, self.count, self.stats = stream, 0, compiler.stats
-        self.compiles, self.last = self.stats["compiles"], time.perf_counter()
+        self.stream, self.registered, self.compiled = stream, 0, 0
 
     def emit(self, record: logging.LogRecord) -> None:
         msg = record.getMessage()
-        if not msg.startswith("fxkern: registered "):
-            return
-        self.count += 1
-        now, compiles = time.perf_counter(), self.stats["compiles"]
-        how = f"compiled, {now - self.last:.1f} s" if compiles > self.compiles else "from the cache"
-        self.compiles, self.last = compiles, now
-        line = f"  kernel {self.count}: {msg.split()[2].split('(')[0]} ({how})"
-        if self.stream.isatty():  # one line, rewritten in place
-            print(f"\r{line}\033[K", end="", file=self.stream, flush=True)
-        else:
-            print(line, file=self.stream, flush=True)
+        if msg.startswith("fxkern: registered "):
+            self.registered += 1
+        elif msg.startswith("fxkern: compiled "):
+            self.compiled += 1
+            line = f"  compiled {self.compiled}: {msg.removeprefix('fxkern: compiled ')}"
+            if self.stream.isatty():  # one line, rewritten in place
+                print(f"\r{line}\033[K", end="", file=self.stream, flush=True)
+            else:
+                print(line, file=self.stream, flush=True)
 
 
 def load_rules_with_progress(load: Callable[[], fxkern.RuleSet], out: TextIO, err: TextIO) -> fxkern.RuleSet:
@@ -326,10 +321,10 @@ def load_rules_with_progress(load: Callable[[], fxkern.RuleSet], out: TextIO, er
     finally:
         log.removeHandler(handler)
         log.setLevel(old_level)
-        if handler.count and err.isatty():
+        if handler.compiled and err.isatty():
             print(file=err)
     compiled = compiler.stats["compiles"] - compiles
-    print(f"rules: {len(rules)} in {rules.name!r}; {handler.count} kernel ops registered "
+    print(f"rules: {len(rules)} in {rules.name!r}; {handler.registered} kernel ops registered "
           f"({compiled} compiled with NVRTC, the rest from the cache) in {time.perf_counter() - t0:.1f} s", file=out)
     return rules
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import ctypes
 import struct
 import threading
-from typing import Any, Callable, Dict, Sequence, Tuple
+from typing import Any, Callable, Dict, Sequence, Tuple, Union
 
 import torch
 
@@ -71,9 +71,9 @@ class DeviceFunctions:
     gives the bytes to load for a device (CUBIN for its arch, or PTX).
     """
 
-    def __init__(self, image_for: Callable[[int], bytes], entries: Sequence[str]):
+    def __init__(self, image_for: Callable[[int], bytes], entries: Union[Sequence[str], Callable[[], Sequence[str]]]):
         self._image_for = image_for
-        self._entries = tuple(entries)
+        self._entries = entries  # or a function giving them, read on first load
         self._loaded: Dict[int, Dict[str, Any]] = {}
         self._lock = threading.Lock()
         self._modules = []
@@ -99,7 +99,7 @@ class DeviceFunctions:
                 err, module = driver.cuModuleLoadData(ctypes.addressof(buffer))
                 _check(err, f"loading the kernel module on cuda:{device_index}")
                 functions = {}
-                for name in self._entries:
+                for name in (self._entries() if callable(self._entries) else self._entries):
                     err, fn = driver.cuModuleGetFunction(module, name.encode())
                     _check(err, f"cuModuleGetFunction({name!r})")
                     functions[name] = fn

@@ -43,7 +43,9 @@ class KernelOp:
     schema: str
     spec: Optional[KernelSpec]
     plan: Optional[KernelPlan]
-    compiled: Optional[compiler.CompiledKernel]  # for the registration arch (PTX for TensorRT)
+    # The kernel compiled for the registration arch (PTX for TensorRT): a CompiledKernel, or while a
+    # compile started in ``compiler.concurrently`` runs, the function that waits for it (``compiled``).
+    compile_result: Any
     source: str  # the source handed to NVRTC (preamble included)
     meta_fn: Optional[Callable[..., Any]]
     eager_fn: Optional[Callable[..., Any]]
@@ -55,6 +57,12 @@ class KernelOp:
     ptx: Optional[str] = None  # ptx_op's own PTX
     ptx_kernel: Optional[str] = None  # ptx_op's .entry name
     cuda_impl: Optional[Callable[..., Any]] = field(repr=False, default=None)
+
+    @property
+    def compiled(self) -> Optional[compiler.CompiledKernel]:
+        if callable(self.compile_result):
+            self.compile_result = self.compile_result()
+        return self.compile_result
 
     @property
     def op(self) -> torch._ops.OpOverloadPacket:
@@ -165,11 +173,11 @@ def cuda_kernel_op(
     if existing is not None:
         return existing
     plan = plan_kernel(spec, has_meta_fn=meta_fn is not None, has_eager_fn=eager_fn is not None, schema=schema)
-    source = kernel_source(spec)
-    compiled = compile_plan(plan, source, registration_arch(spec))
+    source, arch = kernel_source(spec), registration_arch(spec)
+    compiled = compiler.later(lambda: compile_plan(plan, source, arch))
     lib = _define(ns, name, plan.schema)
     entry = KernelOp(
-        qualname=op_name, schema=plan.schema, spec=spec, plan=plan, compiled=compiled, source=source,
+        qualname=op_name, schema=plan.schema, spec=spec, plan=plan, compile_result=compiled, source=source,
         meta_fn=meta_fn, eager_fn=eager_fn, aot_fn=aot_fn, reference=reference,
         supports_dynamic_shapes=supports_dynamic_shapes, library=lib, identity=identity,
     )
@@ -219,7 +227,7 @@ def ptx_op(
         return existing
     lib = _define(ns, name, schema)
     entry = KernelOp(
-        qualname=op_name, schema=schema, spec=None, plan=None, compiled=None, source="",
+        qualname=op_name, schema=schema, spec=None, plan=None, compile_result=None, source="",
         meta_fn=meta_fn, eager_fn=eager_fn, aot_fn=aot_fn, reference=reference,
         supports_dynamic_shapes=True, library=lib, identity=identity, ptx=text, ptx_kernel=kernel_name,
     )
@@ -336,6 +344,21 @@ def _cpu_impl(entry: KernelOp) -> Callable[..., Any]:
     return cpu
 
 
+class _Lowered(dict):
+    """``{dtype: lowered kernel name}``, filled on first lookup."""
+
+    def __init__(self, fill: Callable[[], Dict[Any, str]]):
+        super().__init__()
+        self._fill = fill
+
+    def __missing__(self, key: Any) -> str:
+        if self._fill is None:
+            raise KeyError(key)
+        self.update(self._fill())
+        self._fill = None
+        return self[key]
+
+
 # Signatures remembered per op; a model has a handful, a sequence growing one token a call one a call.
 MAX_SIGNATURES = 1024
 
@@ -379,11 +402,13 @@ def _cuda_impl(entry: KernelOp) -> Callable[..., Any]:
             compiled_by_arch[arch] = compile_plan(plan, entry.source, arch)
         return compiled_by_arch[arch]
 
+    # The kernels' lowered names, read from the registration compile when first needed (it may
+    # still be running in ``compiler.concurrently`` when the op is registered).
+    lowered = _Lowered(lambda: {d: entry.compiled.entry(n) for d, n in entry_names.items()})
     functions = launcher.DeviceFunctions(
         lambda idx: compiled_for(idx).cubin,
-        [entry.compiled.entry(n) for n in entry_names.values()],
+        lambda: [lowered[d] for d in entry_names],
     )
-    lowered = {d: entry.compiled.entry(n) for d, n in entry_names.items()}
     scalar_slots = [(i, d.name, d.py_type) for i, d in enumerate(inputs) if i not in positions]
     single = sum(p.role == "output" for p in plan.params) == 1
 

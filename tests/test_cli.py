@@ -73,7 +73,8 @@ def test_demo_runs_end_to_end_on_cpu_with_the_library():
     assert replaced["swiglu"] == 2 and replaced["scaled_masked_softmax_float32"] == 2, out
     assert sum(n for rule, n in replaced.items() if rule.startswith("bias_gelu_tanh")) == 2, out
     assert "demo.py:" in out  # locations point at the model code
-    assert "loading the rules" in proc.stderr and "kernel 1: fxkern_lib::" in proc.stderr
+    assert "loading the rules" in proc.stderr
+    assert re.search(r"^rules: \d+ in 'fxkern.library'; \d+ kernel ops registered \(\d+ compiled with NVRTC", out, re.M), out
 
 
 def test_demo_with_named_rules_prints_the_match_table(capsys):

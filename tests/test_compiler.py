@@ -168,3 +168,34 @@ def test_compile_leaves_interned_bytes_alone(fresh_cache):
 
     compiler.compile_source('extern "C" __global__ void k(float* x) {}', ("k",), arch="sm_90")
     assert b" " == bytes([32]) and b" " * 3 == bytes([32, 32, 32])
+
+
+def test_registrations_in_a_concurrent_block_compile_side_by_side(fresh_cache, op_name, caplog):
+    """Inside ``compiler.concurrently`` each registration's NVRTC compile runs on the block's thread
+    pool; the ops are usable once the block ends, with their kernels compiled once each."""
+    specs = [KernelSpec(seven_cases.SIGMOID, "sigmoid_kernel", inputs=[InputDecl("x")],
+                        outputs=[OutputDecl("y", SameAs("x"))], extras=[Numel("x")], geometry=Elementwise(),
+                        dtypes=dtypes)
+             for dtypes in ((torch.float32,), (torch.float32, torch.float16))]  # two sources: two compiles
+    caplog.set_level("INFO", logger="fxkern")
+    with compiler.concurrently(workers=2):
+        ops = [fxkern.cuda_kernel_op(f"{op_name}_{k}", spec, reference=torch.sigmoid) for k, spec in enumerate(specs)]
+    assert compiler.stats["compiles"] == 2
+    threads = {r.threadName for r in caplog.records if r.getMessage().startswith("fxkern: compiled ")}
+    assert len(threads) >= 1 and all(t.startswith("fxkern-nvrtc") for t in threads), threads
+    for k, op in enumerate(ops):
+        entry = fxkern.kernel_op(f"{op_name}_{k}")
+        assert entry.compiled.arch == "sm_90" and "sigmoid_kernel" in entry.compiled.ptx
+        x = torch.randn(10)
+        torch.testing.assert_close(op(x), torch.sigmoid(x))
+
+
+def test_a_failed_compile_in_a_concurrent_block_raises_at_its_end(fresh_cache, op_name):
+    spec = KernelSpec('extern "C" __global__ void broken(const float* x, int n, float* y) { y[0] = undefined_name; }',
+                      "broken", inputs=[InputDecl("x")], outputs=[OutputDecl("y", SameAs("x"))], extras=[Numel("x")],
+                      geometry=Elementwise())
+    with pytest.raises(CompileError, match="undefined_name"):
+        with compiler.concurrently(workers=2):
+            fxkern.cuda_kernel_op(op_name, spec, reference=torch.neg)
+    with pytest.raises(CompileError, match="undefined_name"):  # and where the op's kernel is asked for
+        fxkern.kernel_op(op_name).compiled

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import threading
 
+from fxkern import compiler
 from fxkern.library import gelu, layernorm, rmsnorm, rotary, softmax, swiglu
 from fxkern.library.gelu import (
     BIAS_GELU,
@@ -87,8 +88,9 @@ def rules() -> RuleSet:
         with _lock:
             if _rules is None:
                 built = RuleSet(NAME)
-                for module in _MODULES:
-                    module.register(built)
+                with compiler.concurrently():  # a cold cache compiles the kernels side by side
+                    for module in _MODULES:
+                        module.register(built)
                 _rules = built
     return _rules
 
