@@ -164,40 +164,48 @@ def _count(what: str) -> None:
 
 # ---- compiling side by side -------------------------------------------------------
 
-_block: Optional[Tuple[ThreadPoolExecutor, List[Future]]] = None
+class _Blocks(threading.local):
+    """The ``concurrently`` block open on this thread, if any (each thread has its own)."""
+
+    pool: Optional[ThreadPoolExecutor] = None
+    futures: Optional[List[Future]] = None
+
+
+_blocks = _Blocks()
 
 
 @contextlib.contextmanager
 def concurrently(workers: Optional[int] = None) -> Iterator[None]:
-    """Run the compiles started in this block through :func:`later` side by side, one thread per
-    core: NVRTC releases the GIL, so registering many kernels from a cold cache (the library's 30-odd
-    programs take about a second each) takes about as long as the longest few. The block's end
-    waits for all of them and raises the first failure."""
-    global _block
-    if _block is not None:  # nested: the outer block waits
+    """Run the compiles started on this thread in this block through :func:`later` side by side,
+    one thread per core: NVRTC releases the GIL, so registering many kernels from a cold cache (the
+    library's 30-odd programs take about a second each) takes about as long as the longest few.
+    The block's end waits for all of them and raises the first failure."""
+    if _blocks.pool is not None:  # nested: the outer block waits
         yield
         return
-    pool, futures = ThreadPoolExecutor(max_workers=workers or os.cpu_count() or 1, thread_name_prefix="fxkern-nvrtc"), []
-    _block = (pool, futures)
+    pool = ThreadPoolExecutor(max_workers=workers or os.cpu_count() or 1, thread_name_prefix="fxkern-nvrtc")
+    _blocks.pool, _blocks.futures = pool, []
+    futures = _blocks.futures
     try:
         yield
     finally:
-        _block = None
+        _blocks.pool = None
         pool.shutdown(wait=True)
     for f in futures:
         f.result()
 
 
-def later(compile_fn: Callable[[], T]) -> Callable[[], T]:
-    """Start ``compile_fn()`` on the pool of an enclosing :func:`concurrently` block (else run it
-    now); returns a function that gives its result, waiting for it, or raises its error."""
-    block = _block
-    if block is None:
-        result = compile_fn()
-        return lambda: result
-    future = block[0].submit(compile_fn)
-    block[1].append(future)
-    return future.result
+def later(compile_fn: Callable[[], T]) -> "Future[T]":
+    """``compile_fn()`` started on the pool of this thread's :func:`concurrently` block, or run now
+    (raising its error here) outside one; either way a future of its result."""
+    pool = _blocks.pool
+    if pool is not None:
+        future = pool.submit(compile_fn)
+        _blocks.futures.append(future)
+        return future
+    done: Future = Future()
+    done.set_result(compile_fn())
+    return done
 
 
 def _check(err, what: str) -> None:

@@ -21,6 +21,7 @@ import logging
 import os
 import re
 from dataclasses import dataclass, field
+from concurrent.futures import Future
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
@@ -43,9 +44,9 @@ class KernelOp:
     schema: str
     spec: Optional[KernelSpec]
     plan: Optional[KernelPlan]
-    # The kernel compiled for the registration arch (PTX for TensorRT): a CompiledKernel, or while a
-    # compile started in ``compiler.concurrently`` runs, the function that waits for it (``compiled``).
-    compile_result: Any
+    # The compile for the registration arch (PTX for TensorRT), a future: it may still be running
+    # in ``compiler.concurrently`` when the op is registered. ``compiled`` waits for it.
+    compile_result: Optional["Future[compiler.CompiledKernel]"]
     source: str  # the source handed to NVRTC (preamble included)
     meta_fn: Optional[Callable[..., Any]]
     eager_fn: Optional[Callable[..., Any]]
@@ -58,11 +59,18 @@ class KernelOp:
     ptx_kernel: Optional[str] = None  # ptx_op's .entry name
     cuda_impl: Optional[Callable[..., Any]] = field(repr=False, default=None)
 
+    compile_fn: Optional[Callable[[], compiler.CompiledKernel]] = field(repr=False, default=None)
+
     @property
     def compiled(self) -> Optional[compiler.CompiledKernel]:
-        if callable(self.compile_result):
-            self.compile_result = self.compile_result()
-        return self.compile_result
+        """The compiled kernel; raises the compile's error if it failed."""
+        return None if self.compile_result is None else self.compile_result.result()
+
+    def retry_failed_compile(self) -> None:
+        """Start the compile again if it failed (registering the same op again retries it)."""
+        done = self.compile_result
+        if done is not None and done.done() and done.exception() is not None and self.compile_fn is not None:
+            self.compile_result = compiler.later(self.compile_fn)
 
     @property
     def op(self) -> torch._ops.OpOverloadPacket:
@@ -174,10 +182,15 @@ def cuda_kernel_op(
         return existing
     plan = plan_kernel(spec, has_meta_fn=meta_fn is not None, has_eager_fn=eager_fn is not None, schema=schema)
     source, arch = kernel_source(spec), registration_arch(spec)
-    compiled = compiler.later(lambda: compile_plan(plan, source, arch))
+
+    def compile_fn() -> compiler.CompiledKernel:
+        return compile_plan(plan, source, arch)
+
+    compiled = compiler.later(compile_fn)
     lib = _define(ns, name, plan.schema)
     entry = KernelOp(
-        qualname=op_name, schema=plan.schema, spec=spec, plan=plan, compile_result=compiled, source=source,
+        qualname=op_name, schema=plan.schema, spec=spec, plan=plan, compile_result=compiled, compile_fn=compile_fn,
+        source=source,
         meta_fn=meta_fn, eager_fn=eager_fn, aot_fn=aot_fn, reference=reference,
         supports_dynamic_shapes=supports_dynamic_shapes, library=lib, identity=identity,
     )
@@ -264,6 +277,7 @@ def _existing(op_name: str, identity: Any) -> Optional[torch._ops.OpOverloadPack
         return None
     if entry.identity == identity:
         log.debug("fxkern: %s already registered with this spec", op_name)
+        entry.retry_failed_compile()  # raises here again, outside a concurrently block, if it still fails
         return entry.op
     raise RegistrationError(
         f"op {op_name} is already registered with a different spec or override; pick another "
@@ -478,9 +492,11 @@ def _cuda_impl(entry: KernelOp) -> Callable[..., Any]:
         extras = [f(env) for f in extra_fns]
         if extras and max(extras) > int32_max:
             validate.check_int32(op, extra_labels, extras)
-        smem = smem_const if smem_const is not None else smem_fn(env)
         index = device.index
-        fn = (loaded.get((index, dtype)) or load(index, dtype)) if grid[0] and grid[1] and grid[2] else None
+        fn = smem = None
+        if grid[0] and grid[1] and grid[2]:  # an empty input launches nothing (and may size nothing)
+            smem = smem_const if smem_const is not None else smem_fn(env)
+            fn = loaded.get((index, dtype)) or load(index, dtype)
         return (copies, allocs, fn, grid, smem, extras, index), outs
 
     def cuda(*args: Any) -> Any:

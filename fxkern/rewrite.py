@@ -523,25 +523,7 @@ def _rewrite(graph: fx.Graph, accepted: List[_Candidate], pos: Dict[fx.Node, flo
                     graph.erase_node(u)
             graph.erase_node(n)
             pos.pop(n, None)
-        for a in inputs:
-            for u in [u for u in a.users if _guarded_a_replaced_cast(u, a)]:
-                graph.erase_node(u)
     return renamed
-
-
-_CASTS = {"aten.to.dtype", "aten.to.dtype_layout", "aten.to.device", "aten._to_copy.default"}
-
-
-def _guarded_a_replaced_cast(node: fx.Node, value: fx.Node) -> bool:
-    """Whether ``node`` is the metadata assertion export put before a ``.to()`` of ``value`` that a
-    match replaced: it asserts the dtype ``value`` has, ``value`` is computed in the graph (so that
-    can never fail), and no cast of ``value`` is left. Left in, each costs an eager forward a dispatch."""
-    if str(node.target) != "aten._assert_tensor_metadata.default" or value.op != "call_function":
-        return False
-    val = value.meta.get("val")
-    if not isinstance(val, torch.Tensor) or node.kwargs.get("dtype", val.dtype) != val.dtype:
-        return False
-    return not any(str(u.target) in _CASTS for u in value.users)
 
 
 def _copy_meta(new: fx.Node, old: fx.Node) -> None:

@@ -199,3 +199,28 @@ def test_a_failed_compile_in_a_concurrent_block_raises_at_its_end(fresh_cache, o
             fxkern.cuda_kernel_op(op_name, spec, reference=torch.neg)
     with pytest.raises(CompileError, match="undefined_name"):  # and where the op's kernel is asked for
         fxkern.kernel_op(op_name).compiled
+    with pytest.raises(CompileError, match="undefined_name"):  # registering it again compiles again
+        fxkern.cuda_kernel_op(op_name, spec, reference=torch.neg)
+
+
+def test_a_concurrent_block_is_its_own_threads(fresh_cache, op_name):
+    """A registration on another thread while a block is open compiles on that thread, and its error
+    is raised there, not at the end of the other thread's block."""
+    import threading
+
+    broken = KernelSpec('extern "C" __global__ void broken(const float* x, int n, float* y) { y[0] = nope; }',
+                        "broken", inputs=[InputDecl("x")], outputs=[OutputDecl("y", SameAs("x"))], extras=[Numel("x")],
+                        geometry=Elementwise())
+    seen = []
+
+    def other():
+        try:
+            fxkern.cuda_kernel_op(op_name, broken, reference=torch.neg)
+        except CompileError as exc:
+            seen.append(exc)
+
+    with compiler.concurrently(workers=2):
+        t = threading.Thread(target=other)
+        t.start()
+        t.join()
+    assert len(seen) == 1 and "nope" in str(seen[0])

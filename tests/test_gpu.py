@@ -85,6 +85,21 @@ def test_empty_inputs(ops):
     torch.cuda.synchronize()
 
 
+def test_an_empty_input_sizes_no_launch(op_name):
+    """An empty input launches nothing, so geometry that only makes sense for a real launch (shared
+    memory divided by a size that is 0 here) is never evaluated."""
+    spec = fxkern.KernelSpec(
+        seven_cases.SIGMOID, "sigmoid_kernel", inputs=[fxkern.InputDecl("x")],
+        outputs=[fxkern.OutputDecl("y", fxkern.SameAs("x"))], extras=[fxkern.Numel("x")],
+        geometry=fxkern.Custom(lambda ins, outs: (fxkern.cdiv(ins[0].numel(), 256), 256, 4096 // ins[0].numel())),
+        dtypes=(torch.float32,))
+    op = fxkern.cuda_kernel_op(op_name, spec, reference=torch.sigmoid)
+    assert op(torch.randn(0, device="cuda")).shape == (0,)
+    x = torch.randn(1000, device="cuda")
+    torch.testing.assert_close(op(x), torch.sigmoid(x))
+    torch.cuda.synchronize()
+
+
 def test_scalar_input_values(ops):
     x = torch.randn(1000, device="cuda")
     for alpha in (0.0, -2.5, 1e-3, 3):
