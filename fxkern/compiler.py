@@ -164,6 +164,11 @@ def _count(what: str) -> None:
 
 # ---- compiling side by side -------------------------------------------------------
 
+# Each NVRTC compile holds its own front end's memory: beyond this many at once a big machine gains
+# little and spends memory.
+MAX_WORKERS = 16
+
+
 class _Blocks(threading.local):
     """The ``concurrently`` block open on this thread, if any (each thread has its own)."""
 
@@ -177,13 +182,15 @@ _blocks = _Blocks()
 @contextlib.contextmanager
 def concurrently(workers: Optional[int] = None) -> Iterator[None]:
     """Run the compiles started on this thread in this block through :func:`later` side by side,
-    one thread per core: NVRTC releases the GIL, so registering many kernels from a cold cache (the
-    library's 30-odd programs take about a second each) takes about as long as the longest few.
-    The block's end waits for all of them and raises the first failure."""
+    one thread per core (at most ``MAX_WORKERS`` unless ``workers`` says): NVRTC releases the GIL,
+    so registering many kernels from a cold cache (the library's 30-odd programs take about a
+    second each) takes about as long as the longest few. The block's end waits for all of them and
+    raises the first failure."""
     if _blocks.pool is not None:  # nested: the outer block waits
         yield
         return
-    pool = ThreadPoolExecutor(max_workers=workers or os.cpu_count() or 1, thread_name_prefix="fxkern-nvrtc")
+    workers = workers or min(os.cpu_count() or 1, MAX_WORKERS)
+    pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="fxkern-nvrtc")
     _blocks.pool, _blocks.futures = pool, []
     futures = _blocks.futures
     try:
