@@ -3,8 +3,10 @@ and writing a named section of docs/benchmarks.md."""
 
 from __future__ import annotations
 
+import argparse
 import datetime
 import platform
+import statistics
 import re
 import time
 from pathlib import Path
@@ -21,6 +23,31 @@ def cuda_time_ms(fn: Callable[[], object], *, warmup: int = 5, reps: int = 20, i
                  lead: bool = True) -> float:
     """Median milliseconds per call of ``fn`` with CUDA events: fxkern.demo's timer, with more samples."""
     return _cuda_time_ms(fn, warmup=warmup, reps=reps, inner=inner, lead=lead)
+
+
+def tuning_args(section: str, title: str, doc: str, argv=None) -> argparse.Namespace | None:
+    """A tuning benchmark's ``--rounds`` and ``--section-out``; None, after writing a section that
+    says so, on a machine without a GPU."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--section-out", type=Path, default=None)
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        emit(section, f"## {title}\n\nNo GPU on this machine: measured on the device only.", args.section_out)
+        return None
+    return args
+
+
+def bandwidth_rows(runners: dict[str, Callable[..., object]], cases: list[tuple[tuple, int]],
+                   rounds: int) -> dict[str, list[float]]:
+    """Useful GB/s of each runner on each case (its arguments, its bytes moved): the median of
+    ``rotated_rounds``, one list per runner in the cases' order."""
+    table: dict[str, list[float]] = {label: [] for label in runners}
+    for call, nbytes in cases:
+        samples = rotated_rounds({label: (lambda fn=fn: fn(*call)) for label, fn in runners.items()}, rounds)
+        for label in runners:
+            table[label].append(nbytes / (statistics.median(samples[label]) * 1e-3) / 1e9)
+    return table
 
 
 def rotated_rounds(runners: dict[str, Callable[[], object]], rounds: int, **timer) -> dict[str, list[float]]:

@@ -45,7 +45,7 @@ def main():
     x = torch.randn(1024, device="cuda")
     op(x)
     impl = entry.cuda_impl
-    kernel = impl.functions.load(0)[impl.lowered[torch.float32]]
+    kernel = impl.functions.load(0)[impl.lowered(torch.float32)]
     y = torch.empty_like(x)
     stream = launcher.current_stream_handle(0)
     values = [x.data_ptr(), x.numel(), y.data_ptr()]

@@ -35,7 +35,7 @@ def measure():
     ops["sigmoid"](x)
     entry = fxkern.kernel_op(f"{seven_cases.NS}::sigmoid")
     impl = entry.cuda_impl
-    name = impl.lowered[torch.float32]
+    name = impl.lowered(torch.float32)
     handle = impl.functions.load(0)[name]
     stream = launcher.current_stream_handle(0)
     values = [x.data_ptr(), x.numel(), y.data_ptr()]

@@ -12,9 +12,7 @@ order rotated each round); registers a thread per grid, float32/bfloat16, with s
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
-import statistics
 import sys
 from pathlib import Path
 
@@ -98,13 +96,8 @@ def registers(names) -> str:
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--section-out", type=Path, default=None)
-    args = parser.parse_args(argv)
-    if not torch.cuda.is_available():
-        common.emit("masked_tuning", "## Masked softmax tuning\n\nNo GPU on this machine: measured on the device only.",
-                    args.section_out)
+    args = common.tuning_args("masked_tuning", "Masked softmax tuning", __doc__, argv)
+    if args is None:
         return
     import fxkern.library
     from fxkern.library import softmax
@@ -125,13 +118,9 @@ def main(argv=None) -> None:
             compiled(x, mask, 0.125)
             cases.append((f"{b}x{h}x{s}x{s} {str(dt)[6:]}", x, mask))
     runners = {"inductor": compiled, **{label: fn for label, (fn, _) in fns.items()}}
-    table = {label: [] for label in runners}
-    for name, x, mask in cases:
-        nbytes = 2 * x.numel() * x.element_size() + mask.numel() * mask.element_size()
-        samples = common.rotated_rounds({label: (lambda fn=fn: fn(x, mask, 0.125)) for label, fn in runners.items()},
-                                        args.rounds)
-        for label in runners:
-            table[label].append(nbytes / (statistics.median(samples[label]) * 1e-3) / 1e9)
+    table = common.bandwidth_rows(
+        runners, [((x, mask, 0.125), 2 * x.numel() * x.element_size() + mask.numel() * mask.element_size())
+                  for _, x, mask in cases], args.rounds)
     lines = [
         "## Scaled, masked softmax tuning (`fxkern.library.softmax`, transformers' eager attention)",
         "",

@@ -11,9 +11,7 @@ order rotated each round).
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
-import statistics
 import sys
 from pathlib import Path
 
@@ -78,13 +76,8 @@ def variant_op(label: str, v: dict, index: int):
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--section-out", type=Path, default=None)
-    args = parser.parse_args(argv)
-    if not torch.cuda.is_available():
-        common.emit("rope_tuning", "## Rotary embedding tuning\n\nNo GPU on this machine: measured on the device only.",
-                    args.section_out)
+    args = common.tuning_args("rope_tuning", "Rotary embedding tuning", __doc__, argv)
+    if args is None:
         return
     import fxkern.library
     from fxkern.library import rotary
@@ -111,13 +104,9 @@ def main(argv=None) -> None:
             name = f"{b}x{h}x{s}x{d} {'projected' if projected else 'contiguous'} {str(dt)[6:]}"
             cases.append((name, (x, cos, sin, d // 2)))
     runners = {"inductor": compiled, **fns}
-    table = {label: [] for label in runners}
-    for name, call in cases:
-        x, cos, sin, _ = call
-        nbytes = 2 * x.numel() * x.element_size() + 2 * cos.numel() * cos.element_size()
-        samples = common.rotated_rounds({label: (lambda fn=fn: fn(*call)) for label, fn in runners.items()}, args.rounds)
-        for label in runners:
-            table[label].append(nbytes / (statistics.median(samples[label]) * 1e-3) / 1e9)
+    table = common.bandwidth_rows(
+        runners, [(call, 2 * call[0].numel() * call[0].element_size() + 2 * call[1].numel() * call[1].element_size())
+                  for _, call in cases], args.rounds)
     lines = [
         "## Rotary embedding tuning (`fxkern.library.rotary`)",
         "",

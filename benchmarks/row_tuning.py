@@ -152,7 +152,7 @@ def registers(qualname: str) -> str:
     fns = impl.functions.load(torch.cuda.current_device())
     out = []
     for dt in DTYPES:
-        fn = fns[impl.lowered[dt]]
+        fn = fns[impl.lowered(dt)]
         _, regs = driver.cuFuncGetAttribute(driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_NUM_REGS, fn)
         _, local = driver.cuFuncGetAttribute(driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES, fn)
         out.append(f"{regs}" + (f" ({local} B local)" if local else ""))

@@ -191,8 +191,8 @@ def concurrently(workers: Optional[int] = None) -> Iterator[None]:
         return
     workers = workers or min(os.cpu_count() or 1, MAX_WORKERS)
     pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="fxkern-nvrtc")
-    _blocks.pool, _blocks.futures = pool, []
-    futures = _blocks.futures
+    futures: List[Future] = []
+    _blocks.pool, _blocks.futures = pool, futures
     try:
         yield
     finally:

@@ -39,7 +39,7 @@ DESCRIPTION = (
     "Build a small Llama-style model in code (RMSNorm with the float32 upcast, rotary embeddings, eager "
     "attention with a float32 softmax, SwiGLU MLP, a bias+GELU residual block), export it, apply the kernel "
     "library's rules, print what matched where, check the outputs against the original, and on a "
-    "GPU time eager, rewritten, torch.compile and torch.compile with fxkern.backend."
+    "GPU time eager, rewritten, each in a CUDA graph, torch.compile and torch.compile with fxkern.backend."
 )
 
 

@@ -358,21 +358,6 @@ def _cpu_impl(entry: KernelOp) -> Callable[..., Any]:
     return cpu
 
 
-class _Lowered(dict):
-    """``{dtype: lowered kernel name}``, filled on first lookup."""
-
-    def __init__(self, fill: Callable[[], Dict[Any, str]]):
-        super().__init__()
-        self._fill = fill
-
-    def __missing__(self, key: Any) -> str:
-        if self._fill is None:
-            raise KeyError(key)
-        self.update(self._fill())
-        self._fill = None
-        return self[key]
-
-
 # Signatures remembered per op; a model has a handful, a sequence growing one token a call one a call.
 MAX_SIGNATURES = 1024
 
@@ -416,12 +401,14 @@ def _cuda_impl(entry: KernelOp) -> Callable[..., Any]:
             compiled_by_arch[arch] = compile_plan(plan, entry.source, arch)
         return compiled_by_arch[arch]
 
-    # The kernels' lowered names, read from the registration compile when first needed (it may
-    # still be running in ``compiler.concurrently`` when the op is registered).
-    lowered = _Lowered(lambda: {d: entry.compiled.entry(n) for d, n in entry_names.items()})
+    def lowered(dtype: Optional[torch.dtype]) -> str:
+        """A kernel's lowered name, read from the registration compile when first needed (it may
+        still be running in ``compiler.concurrently`` when the op is registered)."""
+        return entry.compiled.entry(entry_names[dtype])
+
     functions = launcher.DeviceFunctions(
         lambda idx: compiled_for(idx).cubin,
-        lambda: [lowered[d] for d in entry_names],
+        lambda: [lowered(d) for d in entry_names],
     )
     scalar_slots = [(i, d.name, d.py_type) for i, d in enumerate(inputs) if i not in positions]
     single = sum(p.role == "output" for p in plan.params) == 1
@@ -430,7 +417,7 @@ def _cuda_impl(entry: KernelOp) -> Callable[..., Any]:
     loaded: Dict[Tuple[int, Any], int] = {}
 
     def load(index: int, dtype: Optional[torch.dtype]) -> int:
-        loaded[(index, dtype)] = fn = functions.load(index)[lowered[dtype if dtypes else None]]
+        loaded[(index, dtype)] = fn = functions.load(index)[lowered(dtype if dtypes else None)]
         return fn
 
     fast_check = validate.fast_checker(plan)
@@ -451,7 +438,7 @@ def _cuda_impl(entry: KernelOp) -> Callable[..., Any]:
     # device and contiguity (with a meta_fn, which may read them, its strides and the scalars too).
     # They are worked out and checked once per signature, as a JIT guards a specialisation, and a
     # model's repeated calls pay only for allocating, packing and launching.
-    scalar_positions = tuple(i for i in range(len(inputs)) if i not in positions)
+    scalar_positions = tuple(i for i, _, _ in scalar_slots)
     launches: Dict[Any, Tuple[Any, ...]] = {}
 
     def signature(args: Tuple[Any, ...], tensors: List[torch.Tensor]) -> Any:
