@@ -24,37 +24,47 @@ import torch  # noqa: E402
 SHAPES = ((8, 32, 512), (2, 16, 2048))  # (batch, heads, sequence)
 DTYPES = (torch.float32, torch.bfloat16)
 
-# A variant: the grids' tuning, (threads, packs, blocks an SM) for the float32 and the 16-bit small
-# blocks and blocks an SM for the 256-thread float32 grids, and edits to softmax.SOURCE ((old, new)
-# pairs of text).
-SHIPPED = {"short_32bit": (64, 4, 16), "short": (32, 8, 32), "blocks_f32": 4, "edits": ()}
+# A variant: the grids' tuning as ``softmax._grids`` takes it ((threads, packs, blocks an SM) for the
+# float32 and the 16-bit small blocks, blocks an SM for the 256-thread float32 grid, the grids that
+# fetch a row before making its values), and edits to softmax.SOURCE ((old, new) pairs of text).
+def _variant(edits=(), **tuning) -> dict:
+    from fxkern.library import softmax
+
+    return {"tuning": {**softmax.MASKED_TUNING, **tuning}, "edits": edits}
+
 
 # Loads with cache eviction hints, as rmsnorm's two-read kernel makes them: the scores streamed
 # (evict first), the mask, read again for every head, kept (evict last).
 _HINTS = (
     ("template <typename T>\nstruct MaskedRows {",
      "#define FXK_EVICT_HINTS 1\n" + "{load_evict}\ntemplate <typename T>\nstruct MaskedRows {{"),
-    ("const Pack<T, V> a = load<T, V>(r.x + col), m = load<T, V>(r.m + col);",
-     "const Pack<T, V> a = load_evict<T, V, false>(r.x + col, l2_policy<false>()), "
-     "m = load_evict<T, V, true>(r.m + col, l2_policy<true>());"),
+    ("return {load<T, V>(r.x + col), load<T, V>(r.m + col)};",
+     "return {load_evict<T, V, false>(r.x + col, l2_policy<false>()), "
+     "load_evict<T, V, true>(r.m + col, l2_policy<true>())};"),
 )
 # Measured 2026-11-24 (H200) and not shipped: memory order for masks of at most 2 MB a batch, chosen
 # at run time (bfloat16 at 512 +4%, but the float32 kernels spilled 72 bytes and lost 5% at 2048);
-# the hints help rows of 2048 (float32 +10%, bfloat16 +4%)
-# and cost float32 rows of 512 15%; 16-bit small blocks at 16 an SM or 4 packs, float32 ones at 8 an SM
-# or 2 packs, and 256-thread float32 blocks at 3 an SM, were slower or level.
+# the hints help rows of 2048 (float32 +10%, bfloat16 +4%) and cost float32 rows of 512 15%.
+# 2026-11-25: fetching 2 or 4 of a row's 8 packs before making their values (at half the blocks an
+# SM) was slower than fetching none or all (2x16x2048x2048 float32: 2406 and 2817 GB/s, against 3369
+# and 3399); 16-bit blocks of 64 threads at 12 an SM, float32 small ones at 12 an SM, and 256-thread
+# float32 blocks at 3 an SM were slower or level.
 VARIANTS: dict[str, dict] = {
-    "shipped": SHIPPED,
-    "16-bit prologue on the float path": {**SHIPPED, "edits": (("#define FXK_MASK_PAIRS 1", "#define FXK_MASK_PAIRS 0"),)},
-    "rows in memory order (b, h, q), as before 2026-11-24 21:00 UTC": {**SHIPPED, "edits": (
-        ("if (sH == 0) {  // the same for every thread: no divergence", "if (false) {"),)},
-    "hints (scores evict first, mask evict last)": {**SHIPPED, "edits": _HINTS},
-    "16-bit small blocks t32 p8 b16": {**SHIPPED, "short": (32, 8, 16)},
-    "float32 small blocks t64 p2 b16": {**SHIPPED, "short_32bit": (64, 2, 16)},
+    "shipped": _variant(),
+    "the softmax's grids, values made as loads arrive (shipped before 2026-11-25)": _variant(
+        short_32bit=(64, 4, 16), short=(32, 8, 32), blocks_f32=None, fetch_first=()),
+    "16-bit values made as loads arrive": _variant(fetch_first=()),
+    "float32 long rows fetched first": _variant(fetch_first=("_short", "_32bit")),
+    "float32 small blocks at 16 an SM": _variant(short_32bit=(64, 4, 16)),
+    "float32 long rows at 4 an SM": _variant(blocks_f32=None),
+    "16-bit prologue on the float path": _variant(edits=(("#define FXK_MASK_PAIRS 1", "#define FXK_MASK_PAIRS 0"),)),
+    "rows in memory order (b, h, q), as before 2026-11-24 21:00 UTC": _variant(edits=(
+        ("if (sH == 0) {  // the same for every thread: no divergence", "if (false) {"),)),
+    "hints (scores evict first, mask evict last)": _variant(edits=_HINTS),
     # diagnostics, not candidates: what eager's second rounding and finding the mask row cost
-    "(one rounding: x * scale + mask in float32)": {**SHIPPED, "edits": (
-        ("        to_floats(from_floats<T, V>(f), f);  // rounded to T, as eager's multiplication stores it\n", ""),)},
-    "(every row reads mask row 0: no index math)": {**SHIPPED, "edits": (("mask + (size_t)mrow * D", "mask"),)},
+    "(one rounding: x * scale + mask in float32)": _variant(edits=(
+        ("        to_floats(from_floats<T, V>(f), f);  // rounded to T, as eager's multiplication stores it\n", ""),)),
+    "(every row reads mask row 0: no index math)": _variant(edits=(("mask + (size_t)mrow * D", "mask"),)),
 }
 
 
@@ -79,10 +89,7 @@ def variant_op(label: str, v: dict, index: int):
             raise SystemExit(f"variant {label!r}: {old!r} is not in softmax.SOURCE any more; update the variant")
         source = source.replace(old, new.replace("{load_evict}", _load_evict_source()).replace("{{", "{"))
     base = dataclasses.replace(softmax.SCALED_MASKED_SOFTMAX, kernel_source=source)
-    long = dataclasses.replace(base, kernel_source=f"#define FXK_ROW_BLOCKS_F32 {v['blocks_f32']}\n" + source)
-    grids = {"": long, "_32bit": dataclasses.replace(long, geometry=fxkern.Custom(softmax.row_geometry_8k)),
-             "_short_32bit": softmax._small_blocks(base, *v["short_32bit"], element_size=4)[0],
-             "_short": softmax._small_blocks(base, *v["short"], element_size=2)[0]}
+    grids = softmax._grids(base, **v["tuning"])
     names = {suffix: f"fxkern_tune::masked_{index}{suffix}" for suffix in grids}
     ops = {suffix: fxkern.cuda_kernel_op(names[suffix], spec) for suffix, spec in grids.items()}
     return lambda x, mask, scale: ops[softmax._grid(x, mask)](x, mask, scale), names

@@ -100,13 +100,17 @@ __device__ __forceinline__ void group_max_sum(float& m, float& s, int G, float (
 
 // A row's elements as the softmax reads them: the tensor itself (Rows), or attention scores scaled
 // and masked on the way in (MaskedRows). row(r) finds the r-th row the kernel visits, once: its
-// input, and its offset o in the input and the output; pack<V>(row, col) reads V elements.
+// input, and its offset o in the input and the output; pack<V>(row, col) reads V elements. With
+// FETCH_FIRST, softmax_rows fetches all of a row's packs (fetch<V>: their loads, Raw<V>) before it
+// makes their values (value<V>): the masked kernel makes each pack from two loads, and making it as
+// they arrive sent a thread's loads out a pair at a time (benchmarks/masked_tuning.py).
 template <typename T>
 struct Rows {
     const T* __restrict__ x;
     int D;
     struct Row { const T* x; size_t o; };
     __device__ __forceinline__ Row row(unsigned r) const { return {x + (size_t)r * D, (size_t)r * D}; }
+    static constexpr bool FETCH_FIRST = false;
     template <int V>
     __device__ __forceinline__ Pack<T, V> pack(const Row& r, int col) const { return load<T, V>(r.x + col); }
 };
@@ -123,6 +127,10 @@ struct Rows {
 // FXK_MASK_PAIRS=0 keeps the 16-bit prologue on the float path (benchmarks/masked_tuning.py's baseline).
 #ifndef FXK_MASK_PAIRS
 #define FXK_MASK_PAIRS 1
+#endif
+// FXK_MASK_FETCH_FIRST=1: MaskedRows fetches a row's scores and mask before it makes their values.
+#ifndef FXK_MASK_FETCH_FIRST
+#define FXK_MASK_FETCH_FIRST 0
 #endif
 template <typename T>
 struct MaskedRows {
@@ -155,9 +163,18 @@ struct MaskedRows {
         const size_t o = ((size_t)(b * H + h) * Q + q) * D;
         return {x + o, mask + (size_t)mrow * D, o};
     }
+    static constexpr bool FETCH_FIRST = FXK_MASK_FETCH_FIRST;
+    template <int V> struct Raw { Pack<T, V> x, m; };
     template <int V>
-    __device__ __forceinline__ Pack<T, V> pack(const Row& r, int col) const {
-        const Pack<T, V> a = load<T, V>(r.x + col), m = load<T, V>(r.m + col);
+    __device__ __forceinline__ Raw<V> fetch(const Row& r, int col) const {
+        return {load<T, V>(r.x + col), load<T, V>(r.m + col)};
+    }
+    template <int V>
+    __device__ __forceinline__ Pack<T, V> pack(const Row& r, int col) const { return value<V>(fetch<V>(r, col)); }
+    template <int V>
+    __device__ __forceinline__ Pack<T, V> value(const Raw<V>& raw) const {
+        const Pack<T, V>& a = raw.x;
+        const Pack<T, V>& m = raw.m;
         if constexpr (FXK_MASK_PAIRS && sizeof(T) == 2 && V % 2 == 0) {
             // 16-bit pairs through mul.rn/add.rn .x2 when the scale is a T: a product or sum of two
             // T values rounded once to T is eager's float32 product or sum rounded (exact in float32
@@ -198,10 +215,24 @@ __device__ __forceinline__ void softmax_rows(const In& in, int D, unsigned rows,
             const bool live = row < end;
             const auto xr = in.row(row);
             Pack<T, V> c[NV];
+            if constexpr (In::FETCH_FIRST) {
+                typename In::template Raw<V> raw[NV];
 #pragma unroll
-            for (int k = 0; k < NV; ++k) {
-                const int col = (k * G + t) * V;
-                if (live && col < D) c[k] = in.template pack<V>(xr, col);
+                for (int k = 0; k < NV; ++k) {
+                    const int col = (k * G + t) * V;
+                    if (live && col < D) raw[k] = in.template fetch<V>(xr, col);
+                }
+#pragma unroll
+                for (int k = 0; k < NV; ++k) {
+                    const int col = (k * G + t) * V;
+                    if (live && col < D) c[k] = in.template value<V>(raw[k]);
+                }
+            } else {
+#pragma unroll
+                for (int k = 0; k < NV; ++k) {
+                    const int col = (k * G + t) * V;
+                    if (live && col < D) c[k] = in.template pack<V>(xr, col);
+                }
             }
             float m = neg_inf();
 #pragma unroll
@@ -366,29 +397,44 @@ def _small_blocks(spec: KernelSpec, threads: int, packs: int, blocks: int, eleme
     return dataclasses.replace(spec, kernel_source=macros + spec.kernel_source, geometry=Custom(geometry)), elements
 
 
-def _grids(spec: KernelSpec) -> dict[str, KernelSpec]:
+def _grids(spec: KernelSpec, short_32bit=(64, 4, 16), short=(32, 8, 32), blocks_f32: int | None = None,
+           fetch_first: tuple[str, ...] = ()) -> dict[str, KernelSpec]:
     """The grids a softmax kernel runs in, by the suffix of their private ops' names.
 
     ``""``: ``spec``'s own, a 256-thread block per 16384 elements (TensorRT plugins carry it; a
     16-bit block's register-full). ``"_32bit"``: a block per 8192, a float32 block's register-full,
-    for float32 rows that fit (longer ones keep ``spec``'s grid, one block a row up to 16384 elements
-    rather than blocks left without a row). Short rows held in whole packs (attention's scores) run in
-    small blocks, many an SM: ``"_short_32bit"``, float32 rows of up to 1024 elements in 64-thread
-    blocks of 4 packs a thread, 16 an SM; ``"_short"``, 16-bit rows of up to 2048 in one-warp blocks
-    of 8 packs, 32 an SM. Measured faster there than the 256-thread blocks
-    (benchmarks/row_tuning.py --softmax; docs/library.md, "Rows")."""
-    return {"": spec, "_32bit": dataclasses.replace(spec, geometry=Custom(row_geometry_8k)),
-            "_short_32bit": _small_blocks(spec, threads=64, packs=4, blocks=16, element_size=4)[0],
-            "_short": _small_blocks(spec, threads=32, packs=8, blocks=32, element_size=2)[0]}
+    ``blocks_f32`` of them an SM (default: the source's), for float32 rows that fit (longer ones keep ``spec``'s grid, one
+    block a row up to 16384 elements rather than blocks left without a row). Short rows held in whole
+    packs (attention's scores) run in small blocks, many an SM: ``"_short_32bit"``, float32 rows of up
+    to 1024 elements, and ``"_short"``, 16-bit rows of up to 2048, each ``(threads, packs a thread,
+    blocks an SM)``; measured faster there than the 256-thread blocks (benchmarks/row_tuning.py
+    --softmax; docs/library.md, "Rows"). ``fetch_first``: the grids whose masked kernels fetch a
+    row's packs before they make their values (``FXK_MASK_FETCH_FIRST``), by suffix."""
+    blocks = f"#define FXK_ROW_BLOCKS_F32 {blocks_f32}\n" if blocks_f32 else ""
+    grids = {"": spec, "_32bit": dataclasses.replace(spec, geometry=Custom(row_geometry_8k),
+                                                     kernel_source=blocks + spec.kernel_source),
+             "_short_32bit": _small_blocks(spec, *short_32bit, element_size=4)[0],
+             "_short": _small_blocks(spec, *short, element_size=2)[0]}
+    return {suffix: dataclasses.replace(g, kernel_source="#define FXK_MASK_FETCH_FIRST 1\n" + g.kernel_source)
+            if suffix in fetch_first else g for suffix, g in grids.items()}
 
 
-SOFTMAX_GRIDS, SCALED_MASKED_GRIDS = _grids(SOFTMAX), _grids(SCALED_MASKED_SOFTMAX)
+# The masked kernel reads two tensors into registers: it runs fewer blocks an SM, each thread with
+# twice the registers, the 16-bit one fetching a row's scores and mask before it makes its values
+# (benchmarks/masked_tuning.py: 5-19% more bandwidth at 512 and 2048 keys than the softmax's grids).
+MASKED_TUNING = {"short_32bit": (64, 4, 8), "short": (32, 8, 16), "blocks_f32": 2, "fetch_first": ("_short",)}
+
+
+SOFTMAX_GRIDS, SCALED_MASKED_GRIDS = _grids(SOFTMAX), _grids(SCALED_MASKED_SOFTMAX, **MASKED_TUNING)
 SOFTMAX_32BIT, SOFTMAX_SHORT_32BIT, SOFTMAX_SHORT = (SOFTMAX_GRIDS[k] for k in ("_32bit", "_short_32bit", "_short"))
 ROWS, ROWS_32BIT = f"{NAMESPACE}::_softmax_rows", f"{NAMESPACE}::_softmax_rows_32bit"
 ROWS_SHORT, ROWS_SHORT_32BIT = f"{NAMESPACE}::_softmax_rows_short", f"{NAMESPACE}::_softmax_rows_short_32bit"
 MASKED_ROWS = f"{NAMESPACE}::_scaled_masked_softmax_rows"
 # The longest rows (by element size) the small blocks take.
 SHORT_ROWS = {4: _small_blocks(SOFTMAX, 64, 4, 16, 4)[1], 2: _small_blocks(SOFTMAX, 32, 8, 32, 2)[1]}
+# _grid picks the masked ops' grids by the same row lengths.
+assert all(_small_blocks(SOFTMAX, *MASKED_TUNING[k], element_size=size)[1] == SHORT_ROWS[size]
+           for k, size in (("short_32bit", 4), ("short", 2)))
 
 
 def _grid(x: torch.Tensor, *others: torch.Tensor) -> str:
