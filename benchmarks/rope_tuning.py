@@ -34,6 +34,30 @@ _OUTPUT_ORDER = ((
     "                const unsigned bh = ro / S, s = ro - bh * S, b = bh / H, h = bh - b * H;\n"
     "                const unsigned r = HEADS_INNER ? (b * S + s) * H + h : ro;\n"),)
 
+# Unsigned division by a run-time divisor as a multiply-high, an add and a shift (the divisor's magic
+# number worked out once a thread, before the loop), where `/` is about ten dependent instructions
+# in front of each item's loads.
+_FAST_DIV = (
+    ("template <typename T, int V, bool HEADS_INNER>\n__device__ __forceinline__ void rotary_rows(",
+     "struct FastDiv {\n"
+     "    unsigned m, l;\n"
+     "    __device__ __forceinline__ explicit FastDiv(unsigned d)\n"
+     "        : m((unsigned)((((unsigned long long)1 << 32) * ((1ull << (32 - __clz(d - 1))) - d)) / d + 1)),\n"
+     "          l(32 - __clz(d - 1)) {}\n"
+     "    __device__ __forceinline__ unsigned operator()(unsigned n) const {\n"
+     "        return (unsigned)(((unsigned long long)__umulhi(n, m) + n) >> l);\n"
+     "    }\n"
+     "};\n"
+     "template <typename T, int V, bool HEADS_INNER>\n__device__ __forceinline__ void rotary_rows("),
+    ("    const unsigned chunk = (items + gridDim.x - 1) / gridDim.x;\n",
+     "    const unsigned chunk = (items + gridDim.x - 1) / gridDim.x;\n"
+     "    const FastDiv byP(P), byA2(A2), byA1(A1);\n"),
+    ("const unsigned r = i / P, col = (i - r * P) * V;  // x's row r: (b, A1, A2)\n"
+     "                const unsigned outer = r / A2, a2 = r - outer * A2, b = outer / A1, a1 = outer - b * A1;",
+     "const unsigned r = byP(i), col = (i - r * P) * V;\n"
+     "                const unsigned outer = byA2(r), a2 = r - outer * A2, b = byA1(outer), a1 = outer - b * A1;"),
+)
+
 # A variant: source edits ((old, new) pairs), macros, and the elements a 128-thread block takes.
 SHIPPED = {"edits": (), "macros": "", "per_block": 4096}
 VARIANTS: dict[str, dict] = {
@@ -45,6 +69,15 @@ VARIANTS: dict[str, dict] = {
     "2048 a block": {**SHIPPED, "per_block": 2048},
     "8192 a block": {**SHIPPED, "per_block": 8192},
     "16384 a block": {**SHIPPED, "per_block": 16384},
+    "divisions by multiply-high and shift": {**SHIPPED, "edits": _FAST_DIV},
+    "divisions by multiply-high and shift, 2 items in flight": {**SHIPPED, "edits": _FAST_DIV,
+                                                                "macros": "#define FXK_ROPE_K 2\n"},
+    "divisions by multiply-high and shift, 8192 a block": {**SHIPPED, "edits": _FAST_DIV, "per_block": 8192},
+    # diagnostics, not candidates: what finding each item's rows costs (every item reads cos row 0)
+    "(no index math but i / P; result in x's layout)": {**SHIPPED, "edits": (
+        ("const unsigned outer = r / A2, a2 = r - outer * A2, b = outer / A1, a1 = outer - b * A1;",
+         "const unsigned outer = 0, a2 = 0, b = 0, a1 = 0;"),
+        ("out[k] = (size_t)((b * H + h) * S + s) * D + col;", "out[k] = xo;"))},
     # a diagnostic, not a candidate (its result has the projection's layout, not the op's): what
     # writing the contiguous (b, h, s, d) result costs against writing in x's own order
     "(result written in x's layout, as inductor writes it)": {**SHIPPED, "edits": (
