@@ -45,7 +45,7 @@ def test_rule_set_is_named_built_once_and_complete(rules):
     assert {"rms_norm", "t5_layer_norm", "gemma_rms_norm", "add_rms_norm", "add_t5_layer_norm",
             "add_gemma_rms_norm", "bias_gelu", "bias_gelu_residual", "bias_gelu_tanh",
             "bias_gelu_tanh_residual", "gelu_new", "bias_gelu_new", "bias_gelu_new_residual",
-            "megatron_bias_gelu", "swiglu", "softmax", "softmax_float32", "scaled_masked_softmax",
+            "megatron_bias_gelu", "swiglu", "geglu", "geglu_tanh", "softmax", "softmax_float32", "scaled_masked_softmax",
             "scaled_masked_softmax_float32", "divided_masked_softmax", "divided_masked_softmax_float32", "rotary_embedding",
             "add_layer_norm"} <= {r.name for r in rules}
     assert all(str(r.op).startswith("fxkern_lib.") for r in rules)
@@ -360,6 +360,49 @@ def test_swiglu_forms():
     g, u = torch.randn(2, 8, 64), torch.randn(2, 8, 64)
     assert replaced(SiLUModule(), g, u) == {"swiglu": 1}
     assert replaced(SiLUModule(), g, u, dtype=torch.bfloat16) == {"swiglu": 1}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
+def test_geglu_forms(dtype):
+    """Gemma's MLP (transformers' GemmaMLP, gelu_pytorch_tanh; litgpt's GemmaMLP, ``F.gelu(fc_1(x),
+    approximate="tanh") * fc_2(x)``) and the erf GELU as the gate's activation."""
+    from transformers.models.gemma.modeling_gemma import GemmaMLP
+
+    cfg = transformers.GemmaConfig(hidden_size=64, intermediate_size=128)
+    assert cfg.hidden_act == "gelu_pytorch_tanh"
+    assert replaced(GemmaMLP(cfg), torch.randn(2, 8, 64), dtype=dtype) == {"geglu_tanh": 1}
+
+    class LitGemmaMLP(nn.Module):
+        def __init__(self, approximate):
+            super().__init__()
+            self.fc_1, self.fc_2, self.proj = nn.Linear(64, 96), nn.Linear(64, 96), nn.Linear(96, 64)
+            self.approximate = approximate
+
+        def forward(self, x):
+            return self.proj(F.gelu(self.fc_1(x), approximate=self.approximate) * self.fc_2(x))
+
+    x = torch.randn(2, 8, 64)
+    assert replaced(LitGemmaMLP("tanh"), x, dtype=dtype) == {"geglu_tanh": 1}
+    assert replaced(LitGemmaMLP("none"), x, dtype=dtype) == {"geglu": 1}
+
+
+def test_gemma_model_is_replaced_end_to_end():
+    """A tiny GemmaForCausalLM: its norms, rotary embeddings and GEGLU MLPs all become library ops."""
+    torch.manual_seed(0)
+    cfg = transformers.GemmaConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                                   max_position_embeddings=64)
+    model = transformers.GemmaForCausalLM(cfg).eval()
+    ids = torch.randint(0, 128, (2, 16))
+    ep = torch.export.export(model, (ids,), kwargs={"use_cache": False})
+    new = fxkern.apply(ep, lib.rules(), verify=True)
+    targets = [n.target for n in new.graph.nodes]
+    assert targets.count(lib.op("geglu_tanh").default) == 2
+    assert targets.count(lib.op("rotary_embedding").default) == 4
+    assert targets.count(lib.op("add_gemma_rms_norm").default) + targets.count(lib.op("gemma_rms_norm").default) == 5
+    other = torch.randint(0, 128, (2, 16))
+    with torch.no_grad():
+        torch.testing.assert_close(new.module()(other, use_cache=False).logits, model(other, use_cache=False).logits)
 
 
 def test_chunked_swiglu_reads_the_halves_in_place():

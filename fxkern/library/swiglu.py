@@ -3,8 +3,9 @@ core ATen splits silu).
 
 Llama, Mistral, Qwen2 and most decoder MLPs write ``act_fn(gate_proj(x)) * up_proj(x)`` with
 ``act_fn = nn.SiLU()`` / ``F.silu`` (transformers' ``ACT2FN["silu"]``): ``swiglu``, where ``up`` may
-broadcast onto ``gate`` along trailing axes. The kernels keep the activation in float32 and round
-the product once (eager PyTorch also rounds the activation).
+broadcast onto ``gate`` along trailing axes. Gemma's MLP writes the same with the tanh GELU
+(``ACT2FN["gelu_pytorch_tanh"]``): ``geglu_tanh``; with the erf GELU it is ``geglu``. The kernels
+keep the activation in float32 and round the product once (eager PyTorch also rounds the activation).
 
 Models with one fused projection split its output in half instead, ``a, b = x.chunk(2, dim=-1)``:
 
@@ -20,6 +21,8 @@ than eager PyTorch does. The chunked forms are matched in the export IR, where `
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import torch.nn.functional as F
 from torch.fx.experimental.symbolic_shapes import statically_known_true
@@ -42,24 +45,31 @@ from fxkern.spec import Custom, DimSize, InputDecl, KernelSpec, Numel, OutputDec
 # The elementwise engine (fxk::map) lives with the GELU kernels; SwiGLU adds its functor.
 SOURCE = _GELU_SOURCE + r"""
 namespace fxk {
-enum { GLU_SILU = 0, GLU_GELU = 1 };
+enum { GLU_SILU = 0, GLU_GELU = 1, GLU_GELU_TANH = 2 };
 
 // act(gate) * up in float32, rounded once by the caller.
 template <int ACT, bool FAST>
 __device__ __forceinline__ float glu(float g, float u) {
     if (ACT == GLU_SILU) return g * rcp_sfu(1.0f + exp_sfu(-g)) * u;
+    if (ACT == GLU_GELU_TANH) return gelu<GELU_TANH, FAST>(g) * u;
     return gelu<GELU_ERF, FAST>(g) * u;
 }
 
-struct SiluMul {
-    __device__ __forceinline__ float operator()(float g, float u, float) const { return glu<GLU_SILU, false>(g, u); }
+template <int ACT, bool FAST>
+struct GluMul {
+    __device__ __forceinline__ float operator()(float g, float u, float) const { return glu<ACT, FAST>(g, u); }
 };
 }  // namespace fxk
 
-template <typename T>
-__global__ void __launch_bounds__(256) swiglu(const T* gate, const T* up, int n, int nu, T* y) {
-    fxk::map<T, 2>(gate, up, up, (unsigned)n, (unsigned)nu, 1u, y, fxk::SiluMul());
+// y = act(gate) * up, up broadcast along gate's leading axes (nu elements).
+#define FXK_GLU(NAME, ACT)                                                                             \
+template <typename T>                                                                                  \
+__global__ void __launch_bounds__(256) NAME(const T* gate, const T* up, int n, int nu, T* y) {         \
+    fxk::map<T, 2>(gate, up, up, (unsigned)n, (unsigned)nu, 1u, y, fxk::GluMul<ACT, sizeof(T) == 2>()); \
 }
+FXK_GLU(swiglu, fxk::GLU_SILU)
+FXK_GLU(geglu, fxk::GLU_GELU)
+FXK_GLU(geglu_tanh, fxk::GLU_GELU_TANH)
 
 namespace fxk {
 // y = act(gate) * other over rows of x split in half (x.chunk(2, -1)): x has rows of D2 elements,
@@ -129,9 +139,25 @@ SWIGLU = KernelSpec(
 )
 
 
+# GEGLU with separate projections: the same kernel with GELU as the activation.
+GEGLU = dataclasses.replace(SWIGLU, kernel_name="geglu")
+GEGLU_TANH = dataclasses.replace(SWIGLU, kernel_name="geglu_tanh")
+
+
 def swiglu(gate, up):
     """LlamaMLP's ``act_fn(gate_proj(x)) * up_proj(x)`` with ``act_fn`` SiLU."""
     return F.silu(gate) * up
+
+
+def geglu_tanh(gate, up):
+    """GemmaMLP's ``act_fn(gate_proj(x)) * up_proj(x)`` with ``act_fn`` transformers'
+    ``gelu_pytorch_tanh`` (Gemma, Gemma 2 and 3): ``F.gelu(gate, approximate="tanh") * up``."""
+    return F.gelu(gate, approximate="tanh") * up
+
+
+def geglu(gate, up):
+    """The same with the erf GELU (``ACT2FN["gelu"]``, ``nn.GELU()``): ``F.gelu(gate) * up``."""
+    return F.gelu(gate) * up
 
 
 def _contiguous_operands(match) -> bool:
@@ -189,7 +215,8 @@ def register(rules) -> None:
     # Not inside inductor: there its own silu * mul kernel ran 2% faster than this one in the demo
     # model (the matmul outputs it reads are still in L2), which left the compiled model 0.98-1.01x
     # of plain inductor (benchmarks/demo_model.py --profile). In eager, export and TensorRT it pays.
-    add_rule(rules, swiglu, SWIGLU, "swiglu", filter=_contiguous_operands, irs=COMPILE_FREE_IRS)
+    for pattern, spec in ((swiglu, SWIGLU), (geglu_tanh, GEGLU_TANH), (geglu, GEGLU)):
+        add_rule(rules, pattern, spec, pattern.__name__, filter=_contiguous_operands, irs=COMPILE_FREE_IRS)
     for pattern, spec in ((swiglu_chunked, SWIGLU_CHUNKED), (swiglu_chunked_gate_last, SWIGLU_CHUNKED_GATE_LAST),
                           (geglu_chunked, GEGLU_CHUNKED)):
         name = pattern.__name__
