@@ -58,6 +58,11 @@ _FAST_DIV = (
      "                const unsigned outer = byA2(r), a2 = r - outer * A2, b = byA1(outer), a1 = outer - b * A1;"),
 )
 
+# Measured 2026-11-25 00:40 UTC (H200) and not shipped: a thread per (position, pack column, group of
+# heads) that reads cos and sin once and rotates 2-8 heads' rows with them (2, 4 or 8 heads' loads
+# in flight, 4096-16384 elements a block): 3959-3987 GB/s at 16x32x2048x128 projected float32,
+# against the shipped kernel's 4039 and inductor's 4190 in the same run.
+
 # A variant: source edits ((old, new) pairs), macros, and the elements a 128-thread block takes.
 SHIPPED = {"edits": (), "macros": "", "per_block": 4096}
 VARIANTS: dict[str, dict] = {
