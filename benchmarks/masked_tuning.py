@@ -24,9 +24,9 @@ import torch  # noqa: E402
 SHAPES = ((8, 32, 512), (2, 16, 2048))  # (batch, heads, sequence)
 DTYPES = (torch.float32, torch.bfloat16)
 
-# A variant: the grids' tuning as ``softmax._grids`` takes it ((threads, packs, blocks an SM) for the
-# float32 and the 16-bit small blocks, blocks an SM for the 256-thread float32 grid, the grids that
-# fetch a row before making its values), and edits to softmax.SOURCE ((old, new) pairs of text).
+# A variant: the grids' tuning as ``softmax._grids`` takes it (blocks an SM for the float32 and the
+# 16-bit small blocks and for the 256-thread float32 grid, the grids that fetch a row before making
+# its values), and edits to softmax.SOURCE ((old, new) pairs of text).
 def _variant(edits=(), **tuning) -> dict:
     from fxkern.library import softmax
 
@@ -52,10 +52,10 @@ _HINTS = (
 VARIANTS: dict[str, dict] = {
     "shipped": _variant(),
     "the softmax's grids, values made as loads arrive (shipped before 2026-11-25)": _variant(
-        short_32bit=(64, 4, 16), short=(32, 8, 32), blocks_f32=None, fetch_first=()),
+        blocks_short_32bit=16, blocks_short=32, blocks_f32=None, fetch_first=()),
     "16-bit values made as loads arrive": _variant(fetch_first=()),
     "float32 long rows fetched first": _variant(fetch_first=("_short", "_32bit")),
-    "float32 small blocks at 16 an SM": _variant(short_32bit=(64, 4, 16)),
+    "float32 small blocks at 16 an SM": _variant(blocks_short_32bit=16),
     "float32 long rows at 4 an SM": _variant(blocks_f32=None),
     "16-bit prologue on the float path": _variant(edits=(("#define FXK_MASK_PAIRS 1", "#define FXK_MASK_PAIRS 0"),)),
     "rows in memory order (b, h, q), as before 2026-11-24 21:00 UTC": _variant(edits=(

@@ -382,11 +382,19 @@ DIVIDED_MASKED_SOFTMAX = dataclasses.replace(
     inputs=[InputDecl("x"), InputDecl("mask"), ScalarInput("divisor", float)])
 
 
-def _small_blocks(spec: KernelSpec, threads: int, packs: int, blocks: int, element_size: int) -> tuple[KernelSpec, int]:
-    """``spec`` for one element size in blocks of ``threads`` threads holding ``packs`` 16-byte packs
-    each, ``blocks`` resident an SM, a block per register-full of elements; returns the spec and that
-    register-full, the longest row such a block holds (a longer one takes the second read)."""
-    elements = threads * packs * 16 // element_size
+# Short rows held in whole packs (attention's scores) run in small blocks, many an SM: float32 rows of
+# up to 1024 elements in 64-thread blocks of 4 packs a thread, 16-bit rows of up to 2048 in one-warp
+# blocks of 8 packs. (threads, packs) by element size; a block's register-full is the longest row
+# _grid sends it.
+SHORT_BLOCKS = {4: (64, 4), 2: (32, 8)}
+SHORT_ROWS = {size: threads * packs * 16 // size for size, (threads, packs) in SHORT_BLOCKS.items()}
+
+
+def _small_blocks(spec: KernelSpec, element_size: int, blocks: int) -> KernelSpec:
+    """``spec`` for one element size in the small blocks (``SHORT_BLOCKS``), ``blocks`` resident an
+    SM (its launch bounds), a block per register-full of elements."""
+    threads, packs = SHORT_BLOCKS[element_size]
+    elements = SHORT_ROWS[element_size]
     size = "F32" if element_size == 4 else "HALF"
     macros = "".join(f"#define {k} {v}\n" for k, v in
                      (("ROW_THREADS", threads), (f"FXK_ROW_PACKS_{size}", packs), (f"FXK_ROW_BLOCKS_{size}", blocks)))
@@ -394,35 +402,36 @@ def _small_blocks(spec: KernelSpec, threads: int, packs: int, blocks: int, eleme
     def geometry(inputs, outputs):
         return (cdiv(inputs[0].numel(), elements),), (threads,)
 
-    return dataclasses.replace(spec, kernel_source=macros + spec.kernel_source, geometry=Custom(geometry)), elements
+    return dataclasses.replace(spec, kernel_source=macros + spec.kernel_source, geometry=Custom(geometry))
 
 
-def _grids(spec: KernelSpec, short_32bit=(64, 4, 16), short=(32, 8, 32), blocks_f32: int | None = None,
+def _grids(spec: KernelSpec, blocks_short_32bit: int = 16, blocks_short: int = 32, blocks_f32: int | None = None,
            fetch_first: tuple[str, ...] = ()) -> dict[str, KernelSpec]:
     """The grids a softmax kernel runs in, by the suffix of their private ops' names.
 
     ``""``: ``spec``'s own, a 256-thread block per 16384 elements (TensorRT plugins carry it; a
     16-bit block's register-full). ``"_32bit"``: a block per 8192, a float32 block's register-full,
-    ``blocks_f32`` of them an SM (default: the source's), for float32 rows that fit (longer ones keep ``spec``'s grid, one
-    block a row up to 16384 elements rather than blocks left without a row). Short rows held in whole
-    packs (attention's scores) run in small blocks, many an SM: ``"_short_32bit"``, float32 rows of up
-    to 1024 elements, and ``"_short"``, 16-bit rows of up to 2048, each ``(threads, packs a thread,
-    blocks an SM)``; measured faster there than the 256-thread blocks (benchmarks/row_tuning.py
-    --softmax; docs/library.md, "Rows"). ``fetch_first``: the grids whose masked kernels fetch a
-    row's packs before they make their values (``FXK_MASK_FETCH_FIRST``), by suffix."""
+    ``blocks_f32`` of them an SM (default: the source's), for float32 rows that fit (longer ones keep
+    ``spec``'s grid, one block a row up to 16384 elements rather than blocks left without a row).
+    ``"_short_32bit"`` and ``"_short"``: the small blocks (``SHORT_BLOCKS``) for float32 and 16-bit
+    rows, ``blocks_short_32bit`` and ``blocks_short`` of them an SM; measured faster there than the
+    256-thread blocks (benchmarks/row_tuning.py --softmax; docs/library.md, "Rows").
+    ``fetch_first``: the grids whose masked kernels fetch a row's packs before they make their
+    values (``FXK_MASK_FETCH_FIRST``), by suffix."""
     blocks = f"#define FXK_ROW_BLOCKS_F32 {blocks_f32}\n" if blocks_f32 else ""
     grids = {"": spec, "_32bit": dataclasses.replace(spec, geometry=Custom(row_geometry_8k),
                                                      kernel_source=blocks + spec.kernel_source),
-             "_short_32bit": _small_blocks(spec, *short_32bit, element_size=4)[0],
-             "_short": _small_blocks(spec, *short, element_size=2)[0]}
+             "_short_32bit": _small_blocks(spec, 4, blocks_short_32bit),
+             "_short": _small_blocks(spec, 2, blocks_short)}
     return {suffix: dataclasses.replace(g, kernel_source="#define FXK_MASK_FETCH_FIRST 1\n" + g.kernel_source)
             if suffix in fetch_first else g for suffix, g in grids.items()}
 
 
-# The masked kernel reads two tensors into registers: it runs fewer blocks an SM, each thread with
-# twice the registers, the 16-bit one fetching a row's scores and mask before it makes its values
-# (benchmarks/masked_tuning.py: 5-19% more bandwidth at 512 and 2048 keys than the softmax's grids).
-MASKED_TUNING = {"short_32bit": (64, 4, 8), "short": (32, 8, 16), "blocks_f32": 2, "fetch_first": ("_short",)}
+# The masked kernel reads two tensors into registers: it runs half the blocks an SM, each thread with
+# twice the registers, and in the 16-bit small blocks fetches a row's scores and mask before it
+# makes their values (benchmarks/masked_tuning.py: 5-19% more bandwidth at 512 and 2048 keys than
+# the softmax's grids).
+MASKED_TUNING = {"blocks_short_32bit": 8, "blocks_short": 16, "blocks_f32": 2, "fetch_first": ("_short",)}
 
 
 SOFTMAX_GRIDS, SCALED_MASKED_GRIDS = _grids(SOFTMAX), _grids(SCALED_MASKED_SOFTMAX, **MASKED_TUNING)
@@ -430,11 +439,6 @@ SOFTMAX_32BIT, SOFTMAX_SHORT_32BIT, SOFTMAX_SHORT = (SOFTMAX_GRIDS[k] for k in (
 ROWS, ROWS_32BIT = f"{NAMESPACE}::_softmax_rows", f"{NAMESPACE}::_softmax_rows_32bit"
 ROWS_SHORT, ROWS_SHORT_32BIT = f"{NAMESPACE}::_softmax_rows_short", f"{NAMESPACE}::_softmax_rows_short_32bit"
 MASKED_ROWS = f"{NAMESPACE}::_scaled_masked_softmax_rows"
-# The longest rows (by element size) the small blocks take.
-SHORT_ROWS = {4: _small_blocks(SOFTMAX, 64, 4, 16, 4)[1], 2: _small_blocks(SOFTMAX, 32, 8, 32, 2)[1]}
-# _grid picks the masked ops' grids by the same row lengths.
-assert all(_small_blocks(SOFTMAX, *MASKED_TUNING[k], element_size=size)[1] == SHORT_ROWS[size]
-           for k, size in (("short_32bit", 4), ("short", 2)))
 
 
 def _grid(x: torch.Tensor, *others: torch.Tensor) -> str:
