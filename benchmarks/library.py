@@ -70,6 +70,8 @@ def cases():
          lambda dt: (t(rows, d, dtype=dt), t(rows, d, dtype=dt))),
         ("GEGLU, tanh (Gemma)", "geglu_tanh", swiglu.geglu_tanh,
          lambda dt: (t(rows, d, dtype=dt), t(rows, d, dtype=dt))),
+        ("GEGLU, gelu_new (T5 v1.1)", "geglu_new", swiglu.geglu_new,
+         lambda dt: (t(rows, d, dtype=dt), t(rows, d, dtype=dt))),
         ("SwiGLU, chunked halves (Phi-3)", "swiglu_chunked", swiglu.swiglu_chunked,
          lambda dt: (t(rows, 2 * d, dtype=dt),)),
         ("GEGLU, chunked halves (diffusers)", "geglu_chunked", swiglu.geglu_chunked,

@@ -45,7 +45,7 @@ def test_rule_set_is_named_built_once_and_complete(rules):
     assert {"rms_norm", "t5_layer_norm", "gemma_rms_norm", "add_rms_norm", "add_t5_layer_norm",
             "add_gemma_rms_norm", "bias_gelu", "bias_gelu_residual", "bias_gelu_tanh",
             "bias_gelu_tanh_residual", "gelu_new", "bias_gelu_new", "bias_gelu_new_residual",
-            "megatron_bias_gelu", "swiglu", "geglu", "geglu_tanh", "softmax", "softmax_float32", "scaled_masked_softmax",
+            "megatron_bias_gelu", "swiglu", "geglu", "geglu_tanh", "geglu_new", "softmax", "softmax_float32", "scaled_masked_softmax",
             "scaled_masked_softmax_float32", "divided_masked_softmax", "divided_masked_softmax_float32", "rotary_embedding",
             "add_layer_norm"} <= {r.name for r in rules}
     assert all(str(r.op).startswith("fxkern_lib.") for r in rules)
@@ -403,6 +403,29 @@ def test_gemma_model_is_replaced_end_to_end():
     other = torch.randint(0, 128, (2, 16))
     with torch.no_grad():
         torch.testing.assert_close(new.module()(other, use_cache=False).logits, model(other, use_cache=False).logits)
+
+
+def test_t5_gated_gelu_new_is_one_op_not_gelu_new_and_a_mul():
+    """T5 v1.1 / Flan-T5's ``T5DenseGatedActDense``: ``gelu_new(wi_0(h)) * wi_1(h)``. The gated rule
+    wins over the plain ``gelu_new`` rule, which would leave the product to another pass."""
+    from transformers.models.t5.modeling_t5 import T5DenseGatedActDense
+
+    cfg = transformers.T5Config(d_model=64, d_ff=128, feed_forward_proj="gated-gelu", dropout_rate=0.0)
+    assert cfg.dense_act_fn == "gelu_new" and cfg.is_gated_act
+    x = torch.randn(2, 8, 64)
+    assert replaced(T5DenseGatedActDense(cfg), x) == {"geglu_new": 1}
+    assert replaced(T5DenseGatedActDense(cfg), x, dtype=torch.bfloat16) == {"geglu_new": 1}
+
+    torch.manual_seed(0)
+    cfg = transformers.T5Config(vocab_size=128, d_model=64, d_kv=16, d_ff=128, num_layers=2, num_heads=4,
+                                feed_forward_proj="gated-gelu")
+    encoder = transformers.T5EncoderModel(cfg).eval()
+    ids = torch.randint(0, 128, (2, 16))
+    new = fxkern.apply(torch.export.export(encoder, (ids,)), lib.rules(), verify=True)
+    targets = [n.target for n in new.graph.nodes]
+    assert targets.count(lib.op("geglu_new").default) == 2 and lib.op("gelu_new").default not in targets
+    with torch.no_grad():
+        torch.testing.assert_close(new.module()(ids).last_hidden_state, encoder(ids).last_hidden_state)
 
 
 def test_chunked_swiglu_reads_the_halves_in_place():

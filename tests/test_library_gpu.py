@@ -96,6 +96,7 @@ CASES = {
     "swiglu": (swiglu.swiglu, ew_case(2, False)),
     "geglu": (swiglu.geglu, ew_case(2, False)),
     "geglu_tanh": (swiglu.geglu_tanh, ew_case(2, False)),
+    "geglu_new": (swiglu.geglu_new, ew_case(2, False)),
     # d is each half's width: x has rows of 2 * d
     "swiglu_chunked": (swiglu.swiglu_chunked, lambda rows, d, dtype: (rand(rows, 2 * d, dtype=dtype, scale=2.0),)),
     "swiglu_chunked_gate_last": (swiglu.swiglu_chunked_gate_last,
@@ -292,7 +293,7 @@ def test_special_values_follow_pytorch():
 
 
 ACTIVATIONS = ["bias_gelu", "bias_gelu_tanh", "bias_gelu_residual", "gelu_new", "megatron_bias_gelu", "swiglu",
-               "geglu", "geglu_tanh", "geglu_chunked"]
+               "geglu", "geglu_tanh", "geglu_new", "geglu_chunked"]
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).removeprefix("torch."))

@@ -10,7 +10,7 @@ pattern functions (each pattern is also its op's CPU reference):
   ``nn.RMSNorm``, each also fused with the residual add before it;
 * :mod:`~fxkern.library.layernorm` — a residual add and the ``nn.LayerNorm`` after it (BERT, GPT-2, ViT);
 * :mod:`~fxkern.library.gelu` — bias + GELU (+ residual) for erf, tanh, ``gelu_new`` and Megatron GELU;
-* :mod:`~fxkern.library.swiglu` — ``silu(gate) * up``, ``gelu(gate) * up`` (Gemma), and SwiGLU/GEGLU
+* :mod:`~fxkern.library.swiglu` — ``silu(gate) * up``, ``gelu(gate) * up`` (Gemma, T5), and SwiGLU/GEGLU
   over the two halves of one projection (``x.chunk(2, -1)``: Phi-3, diffusers);
 * :mod:`~fxkern.library.softmax` — softmax over the last axis, HF's float32 form too, and attention's
   scaled, masked softmax (``scores * scaling + mask`` or ``scores / sqrt(d) + mask``, then softmax);

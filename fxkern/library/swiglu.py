@@ -4,7 +4,8 @@ core ATen splits silu).
 Llama, Mistral, Qwen2 and most decoder MLPs write ``act_fn(gate_proj(x)) * up_proj(x)`` with
 ``act_fn = nn.SiLU()`` / ``F.silu`` (transformers' ``ACT2FN["silu"]``): ``swiglu``, where ``up`` may
 broadcast onto ``gate`` along trailing axes. Gemma's MLP writes the same with the tanh GELU
-(``ACT2FN["gelu_pytorch_tanh"]``): ``geglu_tanh``; with the erf GELU it is ``geglu``. The kernels
+(``ACT2FN["gelu_pytorch_tanh"]``): ``geglu_tanh``; with the erf GELU it is ``geglu``, with T5's
+``gelu_new`` (T5 v1.1, Flan-T5) ``geglu_new``. The kernels
 keep the activation in float32 and round the product once (eager PyTorch also rounds the activation).
 
 Models with one fused projection split its output in half instead, ``a, b = x.chunk(2, dim=-1)``:
@@ -39,19 +40,21 @@ from fxkern.library._rules import (
 )
 from fxkern.errors import KernelInputError
 from fxkern.library.gelu import SOURCE as _GELU_SOURCE
+from fxkern.library.gelu import gelu_new as _gelu_new
 from fxkern.ops import cuda_kernel_op
 from fxkern.spec import Custom, DimSize, InputDecl, KernelSpec, Numel, OutputDecl, SameAs
 
 # The elementwise engine (fxk::map) lives with the GELU kernels; SwiGLU adds its functor.
 SOURCE = _GELU_SOURCE + r"""
 namespace fxk {
-enum { GLU_SILU = 0, GLU_GELU = 1, GLU_GELU_TANH = 2 };
+enum { GLU_SILU = 0, GLU_GELU = 1, GLU_GELU_TANH = 2, GLU_GELU_NEW = 3 };
 
 // act(gate) * up in float32, rounded once by the caller.
 template <int ACT, bool FAST>
 __device__ __forceinline__ float glu(float g, float u) {
     if (ACT == GLU_SILU) return g * rcp_sfu(1.0f + exp_sfu(-g)) * u;
     if (ACT == GLU_GELU_TANH) return gelu<GELU_TANH, FAST>(g) * u;
+    if (ACT == GLU_GELU_NEW) return gelu<GELU_NEW, FAST>(g) * u;
     return gelu<GELU_ERF, FAST>(g) * u;
 }
 
@@ -70,6 +73,7 @@ __global__ void __launch_bounds__(256) NAME(const T* gate, const T* up, int n, i
 FXK_GLU(swiglu, fxk::GLU_SILU)
 FXK_GLU(geglu, fxk::GLU_GELU)
 FXK_GLU(geglu_tanh, fxk::GLU_GELU_TANH)
+FXK_GLU(geglu_new, fxk::GLU_GELU_NEW)
 
 namespace fxk {
 // y = act(gate) * other over rows of x split in half (x.chunk(2, -1)): x has rows of D2 elements,
@@ -142,6 +146,7 @@ SWIGLU = KernelSpec(
 # GEGLU with separate projections: the same kernel with GELU as the activation.
 GEGLU = dataclasses.replace(SWIGLU, kernel_name="geglu")
 GEGLU_TANH = dataclasses.replace(SWIGLU, kernel_name="geglu_tanh")
+GEGLU_NEW = dataclasses.replace(SWIGLU, kernel_name="geglu_new")
 
 
 def swiglu(gate, up):
@@ -158,6 +163,12 @@ def geglu_tanh(gate, up):
 def geglu(gate, up):
     """The same with the erf GELU (``ACT2FN["gelu"]``, ``nn.GELU()``): ``F.gelu(gate) * up``."""
     return F.gelu(gate) * up
+
+
+def geglu_new(gate, up):
+    """T5's gated MLP (``T5DenseGatedActDense``: T5 v1.1, Flan-T5, mT5, UMT5, LongT5), ``act(wi_0(h)) *
+    wi_1(h)`` with ``act`` transformers' ``gelu_new`` written out (``NewGELUActivation``)."""
+    return _gelu_new(gate) * up
 
 
 def _contiguous_operands(match) -> bool:
@@ -217,6 +228,10 @@ def register(rules) -> None:
     # of plain inductor (benchmarks/demo_model.py --profile). In eager, export and TensorRT it pays.
     for pattern, spec in ((swiglu, SWIGLU), (geglu_tanh, GEGLU_TANH), (geglu, GEGLU)):
         add_rule(rules, pattern, spec, pattern.__name__, filter=_contiguous_operands, irs=COMPILE_FREE_IRS)
+    # Ahead of the gelu module's plain gelu_new rule, added earlier, which would take the activation
+    # and leave the product to a second pass.
+    add_rule(rules, geglu_new, GEGLU_NEW, "geglu_new", filter=_contiguous_operands, irs=COMPILE_FREE_IRS,
+             priority=-1)
     for pattern, spec in ((swiglu_chunked, SWIGLU_CHUNKED), (swiglu_chunked_gate_last, SWIGLU_CHUNKED_GATE_LAST),
                           (geglu_chunked, GEGLU_CHUNKED)):
         name = pattern.__name__
