@@ -79,7 +79,17 @@ class Report:
     rules: Dict[str, RuleReport] = field(default_factory=dict)
 
     def __getitem__(self, rule_name: str) -> RuleReport:
-        return self.rules[rule_name]
+        try:
+            return self.rules[rule_name]
+        except KeyError:
+            raise KeyError(f"no rule named {rule_name!r} in this report; its rules: {', '.join(self.rules) or 'none'}") from None
+
+    def __contains__(self, rule_name: object) -> bool:
+        return rule_name in self.rules
+
+    def __iter__(self):
+        """The rule names, in the rule set's order (``for name in report: report[name]``)."""
+        return iter(self.rules)
 
     def __str__(self) -> str:
         lines = []

@@ -78,6 +78,15 @@ def test_literal_that_differs_is_a_near_miss_not_a_match(bgr):
     assert count_target(fxkern.apply(ep, rs), rule.op) == 0
 
 
+def test_report_lists_its_rules_and_names_an_unknown_one(bgr):
+    rs, rule = bgr
+    report = fxkern.explain(export(Fn(lambda x, b: F.gelu(x + b)), torch.randn(4, 8), torch.randn(8)), rs)
+    assert "bias_gelu_res" in report and "rms_norm" not in report
+    assert list(report) == [r.name for r in rs]
+    with pytest.raises(KeyError, match="no rule named 'rms_norm'.*bias_gelu_res"):
+        report["rms_norm"]
+
+
 def test_captured_scalar_matches_any_value_and_is_passed_on(rmsr):
     rs, rule = rmsr
     w = torch.randn(8)
