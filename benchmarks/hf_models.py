@@ -1,24 +1,26 @@
-"""fxkern.library on models nobody here wrote: transformers' own decoder models, built from configs.
+"""fxkern.library on models nobody here wrote: transformers' own models, built from configs.
 
     python benchmarks/hf_models.py [--models llama,gemma,...] [--layers 4] [--rounds 3] [--section-out FILE]
 
-Each model (random weights, no downloads) at hidden size 2048, 16 heads of 128, MLP 5632 (GPT-2
-and GPT-NeoX: 8192), vocabulary 8192, in bfloat16 with transformers' default attention (SDPA), on
-8x512 tokens: exported with ``use_cache=False``, rewritten with ``fxkern.apply(ep,
+Each model (random weights, no downloads) at hidden size 2048, 16 heads of 128, MLP 5632 (GPT-2,
+GPT-NeoX and BERT: 8192), vocabulary 8192, in bfloat16 with transformers' default attention (SDPA;
+BERT: its eager attention, given a padding mask), on 8x512 tokens: seven decoders (exported with
+``use_cache=False``) and two encoders (Flan-T5's and BERT's), rewritten with ``fxkern.apply(ep,
 fxkern.library.rules())``, and timed in one run against the alternatives a user has: the model in
 eager, its export run as is, and ``torch.compile(model)`` (inductor, default mode). The eager model
 and the rewritten program are also captured in CUDA graphs: their kernels alone, no Python between
 them, so "kernels" compares what the GPU does and "eager" adds what the host does. CUDA events
 around 10 back-to-back forwards, warm-up, median of 20, then the median of 3 rounds with the order
 rotated each round; a one-layer copy of the first model runs first, untimed, to take the process's
-one-time costs. "rel. err" is ‖Δlogits‖/‖logits‖ against the eager model on fresh tokens. Writes the
-``hf_models`` section of docs/benchmarks.md.
+one-time costs. "rel. err" is ‖Δ‖/‖ref‖ of the logits (encoders: the last hidden state) against the
+eager model on fresh tokens. Writes the ``hf_models`` section of docs/benchmarks.md.
 """
 
 from __future__ import annotations
 
 import argparse
 import math
+from dataclasses import dataclass
 import statistics
 import sys
 import time
@@ -37,41 +39,74 @@ from fxkern.demo import compare, cuda_graph  # noqa: E402
 HIDDEN, HEADS, MLP, VOCAB, BATCH, SEQ = 2048, 16, 5632, 8192, 8, 512
 
 
-def configs(layers: int) -> dict[str, tuple[str, dict]]:
-    """Model class name and config keyword arguments, by short name."""
+@dataclass
+class Model:
+    """A transformers model to build: its class, its config's class and arguments, and how it is called."""
+
+    cls: str
+    config_cls: str
+    config: dict
+    decoder: bool = True  # called with use_cache=False, read at .logits; else an encoder, at .last_hidden_state
+    attention: str | None = None  # the attention implementation, when not transformers' default (SDPA)
+    mask: bool = False  # called with an all-ones attention_mask, as a padded batch would be
+
+    def build(self, dtype: torch.dtype, device: str = "cuda") -> torch.nn.Module:
+        import transformers
+
+        config = getattr(transformers, self.config_cls)(**self.config)
+        if self.attention:
+            config._attn_implementation = self.attention
+        torch.manual_seed(0)
+        with torch.device(device):
+            model = getattr(transformers, self.cls)(config)
+        return model.to(dtype).eval()
+
+    def kwargs(self, tokens: torch.Tensor) -> dict:
+        """The forward's keyword arguments besides the tokens."""
+        out = {"use_cache": False} if self.decoder else {}
+        if self.mask:
+            out["attention_mask"] = torch.ones_like(tokens)
+        return out
+
+    def output(self, fn, tokens: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():
+            result = fn(tokens, **self.kwargs(tokens))
+        return result.logits if self.decoder else result.last_hidden_state
+
+
+def configs(layers: int) -> dict[str, Model]:
+    """The models, by short name."""
     llama_like = dict(vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=MLP, num_hidden_layers=layers,
                       num_attention_heads=HEADS, num_key_value_heads=HEADS // 2, max_position_embeddings=SEQ)
     return {
-        "llama": ("LlamaForCausalLM", llama_like),
-        "qwen2": ("Qwen2ForCausalLM", llama_like),
-        "mistral": ("MistralForCausalLM", llama_like),
-        "phi3": ("Phi3ForCausalLM", {**llama_like, "pad_token_id": 0, "eos_token_id": 0}),
-        "gemma": ("GemmaForCausalLM", {**llama_like, "head_dim": HIDDEN // HEADS}),
-        "gpt2": ("GPT2LMHeadModel", dict(vocab_size=VOCAB, n_embd=HIDDEN, n_layer=layers, n_head=HEADS,
-                                         n_positions=SEQ, bos_token_id=0, eos_token_id=0)),
-        "gpt_neox": ("GPTNeoXForCausalLM", dict(vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=4 * HIDDEN,
-                                                num_hidden_layers=layers, num_attention_heads=HEADS,
-                                                max_position_embeddings=SEQ, bos_token_id=0, eos_token_id=0)),
+        "llama": Model("LlamaForCausalLM", "LlamaConfig", llama_like),
+        "qwen2": Model("Qwen2ForCausalLM", "Qwen2Config", llama_like),
+        "mistral": Model("MistralForCausalLM", "MistralConfig", llama_like),
+        "phi3": Model("Phi3ForCausalLM", "Phi3Config", {**llama_like, "pad_token_id": 0, "eos_token_id": 0}),
+        "gemma": Model("GemmaForCausalLM", "GemmaConfig", {**llama_like, "head_dim": HIDDEN // HEADS}),
+        "gpt2": Model("GPT2LMHeadModel", "GPT2Config", dict(vocab_size=VOCAB, n_embd=HIDDEN, n_layer=layers,
+                                                             n_head=HEADS, n_positions=SEQ, bos_token_id=0,
+                                                             eos_token_id=0)),
+        "gpt_neox": Model("GPTNeoXForCausalLM", "GPTNeoXConfig", dict(
+            vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=4 * HIDDEN, num_hidden_layers=layers,
+            num_attention_heads=HEADS, max_position_embeddings=SEQ, bos_token_id=0, eos_token_id=0)),
+        # encoders: Flan-T5's (gated gelu_new MLP, T5's RMSNorm) and BERT with its eager attention
+        # (scaled, masked softmax), given a padding mask
+        "t5_encoder": Model("T5EncoderModel", "T5Config", dict(
+            vocab_size=VOCAB, d_model=HIDDEN, d_kv=HIDDEN // HEADS, d_ff=MLP, num_layers=layers, num_heads=HEADS,
+            feed_forward_proj="gated-gelu"), decoder=False),
+        "bert": Model("BertModel", "BertConfig", dict(
+            vocab_size=VOCAB, hidden_size=HIDDEN, num_hidden_layers=layers, num_attention_heads=HEADS,
+            intermediate_size=4 * HIDDEN, max_position_embeddings=SEQ), decoder=False, attention="eager", mask=True),
     }
 
 
-def build(class_name: str, kwargs: dict, dtype: torch.dtype) -> torch.nn.Module:
-    import transformers
-
-    cls = getattr(transformers, class_name)
-    config = getattr(transformers, class_name.replace("ForCausalLM", "Config").replace("LMHeadModel", "Config"))(**kwargs)
-    torch.manual_seed(0)
-    with torch.device("cuda"):
-        model = cls(config)
-    return model.to(dtype).eval()
-
-
-def measure(name: str, class_name: str, kwargs: dict, dtype: torch.dtype, rules, rounds: int) -> dict:
-    model = build(class_name, kwargs, dtype)
+def measure(name: str, spec: Model, dtype: torch.dtype, rules, rounds: int) -> dict:
+    model = spec.build(dtype)
     ids = torch.randint(0, VOCAB, (BATCH, SEQ), device="cuda")
     fresh = torch.randint(0, VOCAB, (BATCH, SEQ), device="cuda")
     t0 = time.perf_counter()
-    ep = torch.export.export(model, (ids,), kwargs={"use_cache": False})
+    ep = torch.export.export(model, (ids,), kwargs=spec.kwargs(ids))
     t1 = time.perf_counter()
     new = fxkern.apply(ep, rules)
     t2 = time.perf_counter()
@@ -79,32 +114,28 @@ def measure(name: str, class_name: str, kwargs: dict, dtype: torch.dtype, rules,
                        if getattr(n.target, "namespace", None) == "fxkern_lib")
     original, rewritten = ep.module(), new.module()
     compiled = torch.compile(model)
-
-    def logits(fn, tokens):
-        with torch.no_grad():
-            return fn(tokens, use_cache=False).logits
-
-    want = logits(model, fresh)
+    want = spec.output(model, fresh)
     t3 = time.perf_counter()
-    logits(compiled, ids)
+    spec.output(compiled, ids)
     compile_s = time.perf_counter() - t3
     runs = {
-        "eager": lambda: logits(model, ids),
-        "export": lambda: logits(original, ids),
-        "fxkern": lambda: logits(rewritten, ids),
-        "inductor": lambda: logits(compiled, ids),
+        "eager": lambda: spec.output(model, ids),
+        "export": lambda: spec.output(original, ids),
+        "fxkern": lambda: spec.output(rewritten, ids),
+        "inductor": lambda: spec.output(compiled, ids),
     }
     for label, fn in (("eager", model), ("fxkern", rewritten)):
         try:
-            graph = cuda_graph(lambda t, fn=fn: fn(t, use_cache=False).logits, ids)
+            graph = cuda_graph(lambda t, fn=fn: spec.output(fn, t), ids)
         except RuntimeError as e:  # a forward that syncs with the host cannot be captured
             print(f"  {label}: no CUDA graph ({str(e).splitlines()[0][:200]})", flush=True)
             continue
         runs[f"{label}, CUDA graph"] = lambda graph=graph: graph(ids)
     times = {label: statistics.median(ms) for label, ms in rotated_rounds(runs, rounds).items()}
-    check = compare(logits(rewritten, fresh), want, dtype)
+    check = compare(spec.output(rewritten, fresh), want, dtype)
     torch._dynamo.reset()
-    return {"name": name, "class": class_name, "replaced": replaced, "times": times, "rel": check.rel, "ok": check.ok,
+    return {"name": name, "class": spec.cls + (f" ({spec.attention} attention)" if spec.attention else ""),
+            "replaced": replaced, "times": times, "rel": check.rel, "ok": check.ok,
             "export_s": t1 - t0, "apply_s": t2 - t1, "compile_s": compile_s}
 
 
@@ -129,12 +160,11 @@ def main(argv=None) -> int:
     # One-time costs (loading the library's kernels, inductor's and dynamo's first compile, cuBLAS's
     # first choices) go to an untimed one-layer copy of the first model, not to its row.
     print(f"warm-up: {names[0]}, one layer…", flush=True)
-    measure(names[0], *configs(1)[names[0]], torch.bfloat16, rules, rounds=1)
+    measure(names[0], configs(1)[names[0]], torch.bfloat16, rules, rounds=1)
     rows = []
     for name in names:
-        class_name, kwargs = table[name]
-        print(f"{name}: {class_name}…", flush=True)
-        r = measure(name, class_name, kwargs, torch.bfloat16, rules, args.rounds)
+        print(f"{name}: {table[name].cls}…", flush=True)
+        r = measure(name, table[name], torch.bfloat16, rules, args.rounds)
         print(f"  {dict(r['replaced'])} " + ", ".join(f"{k} {v:.3f} ms" for k, v in r["times"].items())
               + f"; rel {r['rel']:.1e}", flush=True)
         rows.append(r)
@@ -147,7 +177,7 @@ def main(argv=None) -> int:
         f"Command: `python benchmarks/hf_models.py --layers {args.layers} --rounds {args.rounds}"
         f"{' --models ' + args.models if args.models else ''}`.",
         "",
-        " ".join(__doc__.split("\n\n")[1].split()),
+        " ".join(__doc__.split("\n\n")[2].split()),
         "",
         "| model | what fxkern replaced | eager ms | export ms | fxkern ms | fxkern vs eager | eager, CUDA graph ms "
         "| fxkern, CUDA graph ms | kernels: fxkern vs eager | inductor ms | inductor vs eager | rel. err "

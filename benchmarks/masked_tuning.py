@@ -134,7 +134,7 @@ def main(argv=None) -> None:
         f"Machine: {common.machine()}. Date: {common.today()}. Command: `python benchmarks/masked_tuning.py "
         f"--rounds {args.rounds}`.",
         "",
-        " ".join(__doc__.split("\n\n")[1].split()),
+        " ".join(__doc__.split("\n\n")[2].split()),
         "",
         "| variant | " + " | ".join(name for name, _, _ in cases) + " | registers |",
         "| --- | " + " | ".join("---:" for _ in cases) + " | --- |",
