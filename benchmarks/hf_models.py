@@ -74,30 +74,31 @@ class Model:
         return result.logits if self.decoder else result.last_hidden_state
 
 
-def configs(layers: int) -> dict[str, Model]:
-    """The models, by short name."""
-    llama_like = dict(vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=MLP, num_hidden_layers=layers,
-                      num_attention_heads=HEADS, num_key_value_heads=HEADS // 2, max_position_embeddings=SEQ)
+def configs(layers: int, hidden: int = HIDDEN, heads: int = HEADS, mlp: int = MLP, vocab: int = VOCAB,
+            seq: int = SEQ) -> dict[str, Model]:
+    """The models, by short name (the sizes' defaults are the benchmark's; tests build them small)."""
+    llama_like = dict(vocab_size=vocab, hidden_size=hidden, intermediate_size=mlp, num_hidden_layers=layers,
+                      num_attention_heads=heads, num_key_value_heads=heads // 2, max_position_embeddings=seq)
     return {
         "llama": Model("LlamaForCausalLM", "LlamaConfig", llama_like),
         "qwen2": Model("Qwen2ForCausalLM", "Qwen2Config", llama_like),
         "mistral": Model("MistralForCausalLM", "MistralConfig", llama_like),
         "phi3": Model("Phi3ForCausalLM", "Phi3Config", {**llama_like, "pad_token_id": 0, "eos_token_id": 0}),
-        "gemma": Model("GemmaForCausalLM", "GemmaConfig", {**llama_like, "head_dim": HIDDEN // HEADS}),
-        "gpt2": Model("GPT2LMHeadModel", "GPT2Config", dict(vocab_size=VOCAB, n_embd=HIDDEN, n_layer=layers,
-                                                             n_head=HEADS, n_positions=SEQ, bos_token_id=0,
+        "gemma": Model("GemmaForCausalLM", "GemmaConfig", {**llama_like, "head_dim": hidden // heads}),
+        "gpt2": Model("GPT2LMHeadModel", "GPT2Config", dict(vocab_size=vocab, n_embd=hidden, n_layer=layers,
+                                                             n_head=heads, n_positions=seq, bos_token_id=0,
                                                              eos_token_id=0)),
         "gpt_neox": Model("GPTNeoXForCausalLM", "GPTNeoXConfig", dict(
-            vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=4 * HIDDEN, num_hidden_layers=layers,
-            num_attention_heads=HEADS, max_position_embeddings=SEQ, bos_token_id=0, eos_token_id=0)),
+            vocab_size=vocab, hidden_size=hidden, intermediate_size=4 * hidden, num_hidden_layers=layers,
+            num_attention_heads=heads, max_position_embeddings=seq, bos_token_id=0, eos_token_id=0)),
         # encoders: Flan-T5's (gated gelu_new MLP, T5's RMSNorm) and BERT with its eager attention
         # (scaled, masked softmax), given a padding mask
         "t5_encoder": Model("T5EncoderModel", "T5Config", dict(
-            vocab_size=VOCAB, d_model=HIDDEN, d_kv=HIDDEN // HEADS, d_ff=MLP, num_layers=layers, num_heads=HEADS,
+            vocab_size=vocab, d_model=hidden, d_kv=hidden // heads, d_ff=mlp, num_layers=layers, num_heads=heads,
             feed_forward_proj="gated-gelu"), decoder=False),
         "bert": Model("BertModel", "BertConfig", dict(
-            vocab_size=VOCAB, hidden_size=HIDDEN, num_hidden_layers=layers, num_attention_heads=HEADS,
-            intermediate_size=4 * HIDDEN, max_position_embeddings=SEQ), decoder=False, attention="eager", mask=True),
+            vocab_size=vocab, hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
+            intermediate_size=4 * hidden, max_position_embeddings=seq), decoder=False, attention="eager", mask=True),
     }
 
 

@@ -1,0 +1,56 @@
+"""The transformers models benchmarks/hf_models.py times, built small on the CPU: each one's norms,
+MLP activation, rotary embeddings and (where eager) attention softmax become library ops, and the
+rewritten program's output equals the model's. A transformers release that writes one of these
+differently fails here, not first in a benchmark run on the GPU."""
+
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import torch
+
+import fxkern
+
+pytest.importorskip("transformers", reason="transformers is not installed (pip install '.[test]')")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+import hf_models  # noqa: E402
+
+import fxkern.library as lib  # noqa: E402
+
+LAYERS = 2
+# What each model's rewritten program calls, for LAYERS layers.
+EXPECTED = {
+    "llama": {"add_rms_norm": 2 * LAYERS, "rms_norm": 1, "rotary_embedding": 2 * LAYERS, "swiglu": LAYERS},
+    "qwen2": {"add_rms_norm": 2 * LAYERS, "rms_norm": 1, "rotary_embedding": 2 * LAYERS, "swiglu": LAYERS},
+    "mistral": {"add_rms_norm": 2 * LAYERS, "rms_norm": 1, "rotary_embedding": 2 * LAYERS, "swiglu": LAYERS},
+    "phi3": {"add_rms_norm": 2 * LAYERS, "rms_norm": 1, "rotary_embedding": 2 * LAYERS, "swiglu_chunked": LAYERS},
+    "gemma": {"add_gemma_rms_norm": 2 * LAYERS, "gemma_rms_norm": 1, "rotary_embedding": 2 * LAYERS,
+              "geglu_tanh": LAYERS},
+    # the first block's ln_1 has no residual add before it
+    "gpt2": {"add_layer_norm": 2 * LAYERS, "gelu_new": LAYERS},
+    # a parallel residual: both branches' norms read the same input, one add joins them
+    "gpt_neox": {"add_layer_norm": LAYERS, "rotary_embedding": 2 * LAYERS},
+    "t5_encoder": {"add_rms_norm": 2 * LAYERS, "rms_norm": 1, "geglu_new": LAYERS},
+    # the embeddings' LayerNorm follows an add of position embeddings broadcast over the batch, which
+    # the add + LayerNorm kernel does not read (its filter declines it)
+    "bert": {"add_layer_norm": 2 * LAYERS, "scaled_masked_softmax": LAYERS},
+}
+
+
+def test_every_benchmarked_model_has_its_expectation():
+    assert set(EXPECTED) == set(hf_models.configs(LAYERS))
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_model_is_rewritten_and_keeps_its_output(name):
+    spec = hf_models.configs(LAYERS, hidden=64, heads=4, mlp=96, vocab=128, seq=32)[name]
+    model = spec.build(torch.float32, device="cpu")
+    ids = torch.randint(0, 128, (2, 16), generator=torch.Generator().manual_seed(0))
+    ep = torch.export.export(model, (ids,), kwargs=spec.kwargs(ids))
+    new = fxkern.apply(ep, lib.rules(), verify=True)
+    replaced = Counter(n.target.name().split("::")[1].split(".")[0] for n in new.graph.nodes
+                       if getattr(n.target, "namespace", None) == "fxkern_lib")
+    assert dict(replaced) == EXPECTED[name]
+    other = torch.randint(0, 128, (2, 16), generator=torch.Generator().manual_seed(1))
+    torch.testing.assert_close(spec.output(new.module(), other), spec.output(model, other), rtol=0, atol=0)
