@@ -4,9 +4,9 @@
 
 Each model (random weights, no downloads) at hidden size 2048, 16 heads of 128, MLP 5632 (GPT-2,
 GPT-NeoX and BERT: 8192), vocabulary 8192, in bfloat16 with transformers' default attention (SDPA;
-BERT: its eager attention, given a padding mask), on 8x512 tokens: seven decoders (exported with
-``use_cache=False``) and two encoders (Flan-T5's and BERT's), rewritten with ``fxkern.apply(ep,
-fxkern.library.rules())``, and timed in one run against the alternatives a user has: the model in
+eager for Gemma 2, whose default it is, and for BERT, given a padding mask), on 8x512 tokens: nine
+decoders (exported with ``use_cache=False``) and two encoders (Flan-T5's and BERT's), rewritten
+with ``fxkern.apply(ep, fxkern.library.rules())``, and timed in one run against the alternatives a user has: the model in
 eager, its export run as is, and ``torch.compile(model)`` (inductor, default mode). The eager model
 and the rewritten program are also captured in CUDA graphs: their kernels alone, no Python between
 them, so "kernels" compares what the GPU does and "eager" adds what the host does. CUDA events
@@ -85,6 +85,10 @@ def configs(layers: int, hidden: int = HIDDEN, heads: int = HEADS, mlp: int = ML
         "mistral": Model("MistralForCausalLM", "MistralConfig", llama_like),
         "phi3": Model("Phi3ForCausalLM", "Phi3Config", {**llama_like, "pad_token_id": 0, "eos_token_id": 0}),
         "gemma": Model("GemmaForCausalLM", "GemmaConfig", {**llama_like, "head_dim": hidden // heads}),
+        # Gemma 2: norms after attention and the MLP too, soft-capped scores and eager attention (its default)
+        "gemma2": Model("Gemma2ForCausalLM", "Gemma2Config", {**llama_like, "head_dim": hidden // heads}),
+        # Gemma 3: also RMSNorms of the queries and keys
+        "gemma3": Model("Gemma3ForCausalLM", "Gemma3TextConfig", {**llama_like, "head_dim": hidden // heads}),
         "gpt2": Model("GPT2LMHeadModel", "GPT2Config", dict(vocab_size=vocab, n_embd=hidden, n_layer=layers,
                                                              n_head=heads, n_positions=seq, bos_token_id=0,
                                                              eos_token_id=0)),

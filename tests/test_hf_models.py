@@ -27,6 +27,13 @@ EXPECTED = {
     "phi3": {"add_rms_norm": 2 * LAYERS, "rms_norm": 1, "rotary_embedding": 2 * LAYERS, "swiglu_chunked": LAYERS},
     "gemma": {"add_gemma_rms_norm": 2 * LAYERS, "gemma_rms_norm": 1, "rotary_embedding": 2 * LAYERS,
               "geglu_tanh": LAYERS},
+    # Gemma 2 also normalises the attention's and the MLP's outputs before the residual adds, and its
+    # eager attention soft-caps the scores (tanh(x / cap) * cap: the masked softmax's scale is the cap)
+    "gemma2": {"add_gemma_rms_norm": 2 * LAYERS, "gemma_rms_norm": 2 * LAYERS + 1, "rotary_embedding": 2 * LAYERS,
+               "scaled_masked_softmax": LAYERS, "geglu_tanh": LAYERS},
+    # Gemma 3 adds RMSNorms of the queries and keys
+    "gemma3": {"add_gemma_rms_norm": 2 * LAYERS, "gemma_rms_norm": 4 * LAYERS + 1, "rotary_embedding": 2 * LAYERS,
+               "geglu_tanh": LAYERS},
     # the first block's ln_1 has no residual add before it
     "gpt2": {"add_layer_norm": 2 * LAYERS, "gelu_new": LAYERS},
     # a parallel residual: both branches' norms read the same input, one add joins them
