@@ -5,8 +5,8 @@ Llama, Mistral, Qwen2 and most decoder MLPs write ``act_fn(gate_proj(x)) * up_pr
 ``act_fn = nn.SiLU()`` / ``F.silu`` (transformers' ``ACT2FN["silu"]``): ``swiglu``, where ``up`` may
 broadcast onto ``gate`` along trailing axes. Gemma's MLP writes the same with the tanh GELU
 (``ACT2FN["gelu_pytorch_tanh"]``): ``geglu_tanh``; with the erf GELU it is ``geglu``, with T5's
-``gelu_new`` (T5 v1.1, Flan-T5) ``geglu_new``. The kernels
-keep the activation in float32 and round the product once (eager PyTorch also rounds the activation).
+``gelu_new`` (T5 v1.1, Flan-T5) ``geglu_new``. The kernels keep the activation in float32 and
+round the product once (eager PyTorch also rounds the activation).
 
 Models with one fused projection split its output in half instead, ``a, b = x.chunk(2, dim=-1)``:
 
