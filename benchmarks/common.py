@@ -91,6 +91,27 @@ def host_us(fn: Callable[[], object], burst: int = 200, rounds: int = 200) -> fl
     return best
 
 
+def kernel_profile(name: str, fn: Callable[[], object], steps: int = 5, top: int = 30) -> float:
+    """Print the GPU time of each kernel (microseconds a call) over ``steps`` calls of ``fn`` after
+    warm-up (torch.profiler), to see where two ways of running the same model differ; return the total."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with torch.no_grad():
+        for _ in range(3):
+            fn()
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(steps):
+                fn()
+            torch.cuda.synchronize()
+    events = [e for e in prof.key_averages() if e.device_type == torch.autograd.DeviceType.CUDA]
+    total = sum(e.self_device_time_total for e in events) / steps
+    print(f"\n{name}: {total:.0f} us of kernels a call", flush=True)
+    for e in sorted(events, key=lambda e: -e.self_device_time_total)[:top]:
+        print(f"  {e.self_device_time_total / steps:8.1f} us  x{e.count // steps:<3d} {e.key[:110]}", flush=True)
+    return total
+
+
 def machine() -> str:
     parts = [f"{platform.node() or 'host'}", f"Python {platform.python_version()}", f"torch {torch.__version__}"]
     if torch.cuda.is_available():

@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import cuda_time_ms, emit, machine, today  # noqa: E402
+from common import cuda_time_ms, emit, kernel_profile, machine, today  # noqa: E402
 
 import fxkern  # noqa: E402
 import fxkern.library  # noqa: E402
@@ -62,7 +62,7 @@ def main(argv=None) -> int:
         for name, fn in (("eager", model), ("eager, fxkern.apply", rewritten), ("inductor", torch.compile(model)),
                          ("inductor + fxkern", torch.compile(model, backend=fxkern.backend(rules)))):
             torch._dynamo.reset()
-            kernel_us[name] = profile(name, fn, ids)
+            kernel_us[name] = kernel_profile(name, lambda fn=fn: fn(ids))
 
     rows = [timed("eager", model), timed("eager, fxkern.apply (library rules)", rewritten),
             timed("torch.compile (inductor)", torch.compile(model))]
@@ -100,28 +100,6 @@ def main(argv=None) -> int:
                  + ", ".join(f"{k} {v:.0f} us" for k, v in kernel_us.items()) + "."]
     emit("demo_model", "\n".join(body), args.section_out)
     return 0
-
-
-def profile(name, fn, ids, steps: int = 5) -> float:
-    """Print the GPU time of each kernel (microseconds a forward) over ``steps`` forwards after
-    warm-up; return the total."""
-    from torch.profiler import ProfilerActivity
-    from torch.profiler import profile as torch_profile
-
-    with torch.no_grad():
-        for _ in range(3):
-            fn(ids)
-        torch.cuda.synchronize()
-        with torch_profile(activities=[ProfilerActivity.CUDA]) as prof:
-            for _ in range(steps):
-                fn(ids)
-            torch.cuda.synchronize()
-    events = [e for e in prof.key_averages() if e.device_type == torch.autograd.DeviceType.CUDA]
-    total = sum(e.self_device_time_total for e in events) / steps
-    print(f"\n{name}: {total:.0f} us of kernels a forward", flush=True)
-    for e in sorted(events, key=lambda e: -e.self_device_time_total)[:30]:
-        print(f"  {e.self_device_time_total / steps:8.1f} us  x{e.count // steps:<3d} {e.key[:110]}", flush=True)
-    return total
 
 
 if __name__ == "__main__":
