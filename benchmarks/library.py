@@ -96,6 +96,11 @@ def cases():
          softmax.scaled_masked_softmax_float32, lambda dt: attention(8, 32, 512, dt)),
         ("HF attention scaled masked softmax, 2x16x2048x2048", "scaled_masked_softmax_float32",
          softmax.scaled_masked_softmax_float32, lambda dt: attention(2, 16, 2048, dt)),
+        # Gemma 2's eager attention: scaling 1/16, scores soft-capped at 50 (scores drawn so x * scaling / cap
+        # spreads over tanh's curve), causal mask
+        ("Gemma 2 soft-capped masked softmax, 8x32x512x512", "softcapped_masked_softmax_float32",
+         softmax.softcapped_masked_softmax_float32,
+         lambda dt: (t(8, 32, 512, 512, dtype=dt, scale=800.0), *attention(8, 32, 512, dt)[1:2], 0.0625, 50.0)),
         # transformers' apply_rotary_pos_emb on projected queries: 16x2048 tokens, 32 heads of 128 (16384x8192)
         ("RoPE (transformers), q 16x32x2048x128", "rotary_embedding", rotary.rotary_embedding,
          lambda dt: rope(16, 2048, 32, 128, dt)),

@@ -78,8 +78,9 @@ def _load_evict_source() -> str:
     return src[start:end]  # inserted inside softmax's namespace fxk
 
 
-def variant_op(label: str, v: dict, index: int):
-    """The variant as a callable ``(x, mask, scale)`` on the library's grid choice, and its ops' names."""
+def variant_op(label: str, v: dict, index: int, base=None, prefix: str = "masked"):
+    """The variant of ``base`` (default: the scaled, masked softmax's spec) as a callable ``(x, mask,
+    *scalars)`` on the library's grid choice, and its ops' names."""
     import fxkern
     from fxkern.library import softmax
 
@@ -88,11 +89,11 @@ def variant_op(label: str, v: dict, index: int):
         if old not in source:
             raise SystemExit(f"variant {label!r}: {old!r} is not in softmax.SOURCE any more; update the variant")
         source = source.replace(old, new.replace("{load_evict}", _load_evict_source()).replace("{{", "{"))
-    base = dataclasses.replace(softmax.SCALED_MASKED_SOFTMAX, kernel_source=source)
+    base = dataclasses.replace(base or softmax.SCALED_MASKED_SOFTMAX, kernel_source=source)
     grids = softmax._grids(base, **v["tuning"])
-    names = {suffix: f"fxkern_tune::masked_{index}{suffix}" for suffix in grids}
+    names = {suffix: f"fxkern_tune::{prefix}_{index}{suffix}" for suffix in grids}
     ops = {suffix: fxkern.cuda_kernel_op(names[suffix], spec) for suffix, spec in grids.items()}
-    return lambda x, mask, scale: ops[softmax._grid(x, mask)](x, mask, scale), names
+    return lambda x, mask, *scalars: ops[softmax._grid(x, mask)](x, mask, *scalars), names
 
 
 def registers(names) -> str:

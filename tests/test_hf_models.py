@@ -28,9 +28,9 @@ EXPECTED = {
     "gemma": {"add_gemma_rms_norm": 2 * LAYERS, "gemma_rms_norm": 1, "rotary_embedding": 2 * LAYERS,
               "geglu_tanh": LAYERS},
     # Gemma 2 also normalises the attention's and the MLP's outputs before the residual adds, and its
-    # eager attention soft-caps the scores (tanh(x / cap) * cap: the masked softmax's scale is the cap)
+    # eager attention soft-caps the scores (cap * tanh(x * scaling / cap), then the mask, in one kernel)
     "gemma2": {"add_gemma_rms_norm": 2 * LAYERS, "gemma_rms_norm": 2 * LAYERS + 1, "rotary_embedding": 2 * LAYERS,
-               "scaled_masked_softmax": LAYERS, "geglu_tanh": LAYERS},
+               "softcapped_masked_softmax": LAYERS, "geglu_tanh": LAYERS},
     # Gemma 3 adds RMSNorms of the queries and keys
     "gemma3": {"add_gemma_rms_norm": 2 * LAYERS, "gemma_rms_norm": 4 * LAYERS + 1, "rotary_embedding": 2 * LAYERS,
                "geglu_tanh": LAYERS},

@@ -46,12 +46,13 @@ def test_rule_set_is_named_built_once_and_complete(rules):
             "add_gemma_rms_norm", "bias_gelu", "bias_gelu_residual", "bias_gelu_tanh",
             "bias_gelu_tanh_residual", "gelu_new", "bias_gelu_new", "bias_gelu_new_residual",
             "megatron_bias_gelu", "swiglu", "geglu", "geglu_tanh", "geglu_new", "softmax", "softmax_float32", "scaled_masked_softmax",
-            "scaled_masked_softmax_float32", "divided_masked_softmax", "divided_masked_softmax_float32", "rotary_embedding",
-            "add_layer_norm"} <= {r.name for r in rules}
+            "scaled_masked_softmax_float32", "divided_masked_softmax", "divided_masked_softmax_float32",
+            "softcapped_masked_softmax", "softcapped_masked_softmax_float32", "rotary_embedding", "add_layer_norm"} <= {r.name for r in rules}
     assert all(str(r.op).startswith("fxkern_lib.") for r in rules)
     # every tensor input comes before the scalars (TensorRT plugins need that)
     for spec in (lib.RMS_NORM, lib.GEMMA_RMS_NORM, lib.ADD_RMS_NORM, lib.SOFTMAX, lib.SWIGLU, lib.BIAS_GELU_RESIDUAL,
-                 lib.SCALED_MASKED_SOFTMAX, lib.DIVIDED_MASKED_SOFTMAX, lib.ROTARY, lib.ADD_LAYER_NORM):
+                 lib.SCALED_MASKED_SOFTMAX, lib.DIVIDED_MASKED_SOFTMAX, lib.SOFTCAPPED_MASKED_SOFTMAX, lib.ROTARY,
+                 lib.ADD_LAYER_NORM):
         kinds = [type(d).__name__ for d in spec.inputs]
         assert kinds == sorted(kinds, key=lambda k: k != "InputDecl")
 
@@ -540,6 +541,42 @@ def test_scaled_masked_softmax_forms(dtype, divide, float32):
     pad[1, ..., 12:] = torch.finfo(dtype).min  # BERT's padding mask, (b, 1, 1, s)
     for mask in (causal(2, 16), causal(1, 16), pad, torch.randn(2, 4, 16, 16)):
         assert replaced(Scores(divide, float32), q, k, mask, dtype=dtype) == {name: 1}
+
+
+class SoftcappedScores(torch.nn.Module):
+    """transformers' Gemma 2 eager attention scores: scaled, soft-capped, masked, float32 softmax."""
+
+    def __init__(self, cap=50.0, float32=True):
+        super().__init__()
+        self.cap, self.float32 = cap, float32
+
+    def forward(self, q, k, mask):
+        w = torch.matmul(q, k.transpose(2, 3)) * 0.0625
+        w = w / self.cap
+        w = torch.tanh(w)
+        w = w * self.cap
+        w = w + mask
+        if self.float32:
+            return F.softmax(w, dim=-1, dtype=torch.float32).to(q.dtype)
+        return F.softmax(w, dim=-1)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
+@pytest.mark.parametrize("float32", [False, True], ids=["plain", "float32"])
+def test_softcapped_masked_softmax_forms(dtype, float32):
+    """The cap, tanh and mask go into one kernel with the softmax; without its cap the same scores are
+    the scaled, masked form, which must not take the soft-capped one's place (or the reverse)."""
+    torch.manual_seed(0)
+    q, k = torch.randn(2, 4, 16, 8) * 30, torch.randn(2, 4, 16, 8) * 30  # scores past the cap
+    for mask in (causal(2, 16), torch.randn(2, 4, 16, 16)):
+        assert replaced(SoftcappedScores(float32=float32), q, k, mask, dtype=dtype) == {"softcapped_masked_softmax": 1}
+    from fxkern.library import softmax as sm
+
+    x, mask = torch.randn(2, 3, 8, 16) * 200, torch.zeros(1, 1, 8, 16)
+    mask[..., 10:] = torch.finfo(torch.float32).min
+    got = lib.op("softcapped_masked_softmax")(x, mask, 0.0625, 5.0)
+    torch.testing.assert_close(got, sm.softcapped_masked_softmax(x, mask, 0.0625, 5.0))
+    assert not torch.allclose(got, sm.scaled_masked_softmax(x, mask, 0.0625))  # the cap did something
 
 
 def test_masked_softmax_near_misses_take_the_plain_softmax():

@@ -383,6 +383,38 @@ def test_scaled_masked_softmax_on_every_grid_and_mask(dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).removeprefix("torch."))
+def test_softcapped_masked_softmax_on_every_grid_and_mask(dtype):
+    """Gemma 2's soft-capped scores. float32 and float16 round each step as eager does (tanhf), so they
+    are held to the plain softmax's tolerances against eager. bfloat16's tanh.approx can round a
+    capped score to the neighbouring bfloat16 where eager's tanhf does not, so it is held to being as
+    close to the exact (float64) softmax as eager is."""
+    torch.manual_seed(9)
+    grids = {s: getattr(torch.ops.fxkern_lib, (softmax.SOFTCAPPED_ROWS + s).split("::")[1])
+             for s in softmax.SOFTCAPPED_MASKED_GRIDS}
+    public = lib.op("softcapped_masked_softmax")
+    for q, d in MASKED_SIZES:
+        x = rand(2, 3, q, d, dtype=dtype, scale=8.0)  # x * 0.5 / 5 spans tanh's curve
+        for mask in masks_for(q, d, dtype):
+            want = softmax.softcapped_masked_softmax(x, mask, 0.5, 5.0)
+            exact = softmax.softcapped_masked_softmax(x.double(), mask.double(), 0.5, 5.0)
+            for name, op in [*grids.items(), ("public", public)]:
+                where = f"{name} {dtype} x{tuple(x.shape)} mask{tuple(mask.shape)}"
+                poison()
+                got = op(x, mask, 0.5, 5.0)
+                if dtype != torch.bfloat16:
+                    check_masked(got, want, where)
+                    continue
+                assert got.shape == want.shape and torch.equal(got.isnan(), want.isnan()), where
+                live = ~want.isnan()
+                err, eager_err = ((t.double() - exact)[live].abs() for t in (got, want))
+                assert err.max() <= 2 * eager_err.max() + 1e-3, f"{where}: max error {err.max():.2e}, eager's {eager_err.max():.2e}"
+                assert err.norm() <= 1.25 * eager_err.norm() + 1e-4, f"{where}: error norm {err.norm():.2e}, eager's {eager_err.norm():.2e}"
+            if dtype == torch.float32:
+                rel = float((public(x, mask, 0.5, 5.0).double() - exact).nan_to_num().norm() / exact.nan_to_num().norm())
+                assert rel < 1e-5, f"x{tuple(x.shape)} mask{tuple(mask.shape)}: rel. error vs float64 {rel:.2e}"
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).removeprefix("torch."))
 def test_scaled_masked_softmax_reads_expanded_and_strided_masks(dtype):
     """transformers expands its causal mask over the batch (stride 0): the op reads it in place, one
     mask row for every batch; a sliced mask (a longer cache's) is copied first. Both are right."""

@@ -13,7 +13,8 @@ pattern functions (each pattern is also its op's CPU reference):
 * :mod:`~fxkern.library.swiglu` — ``silu(gate) * up``, ``gelu(gate) * up`` (Gemma, T5), and SwiGLU/GEGLU
   over the two halves of one projection (``x.chunk(2, -1)``: Phi-3, diffusers);
 * :mod:`~fxkern.library.softmax` — softmax over the last axis, HF's float32 form too, and attention's
-  scaled, masked softmax (``scores * scaling + mask`` or ``scores / sqrt(d) + mask``, then softmax);
+  scaled, masked softmax (``scores * scaling + mask`` or ``scores / sqrt(d) + mask``, then softmax),
+  also with Gemma 2's soft-capped scores;
 * :mod:`~fxkern.library.rotary` — rotary position embedding as transformers and litgpt write it,
   ``q * cos + rotate_half(q) * sin``, reading the projection's transposed layout in place.
 
@@ -62,11 +63,14 @@ from fxkern.library.rotary import ROTARY, rotary_embedding
 from fxkern.library.softmax import (
     DIVIDED_MASKED_SOFTMAX,
     SCALED_MASKED_SOFTMAX,
+    SOFTCAPPED_MASKED_SOFTMAX,
     SOFTMAX,
     divided_masked_softmax,
     divided_masked_softmax_float32,
     scaled_masked_softmax,
     scaled_masked_softmax_float32,
+    softcapped_masked_softmax,
+    softcapped_masked_softmax_float32,
     softmax_float32,
 )
 from fxkern.library.swiglu import SWIGLU
@@ -118,6 +122,7 @@ __all__ = [
     "RMS_NORM",
     "ROTARY",
     "SCALED_MASKED_SOFTMAX",
+    "SOFTCAPPED_MASKED_SOFTMAX",
     "SOFTMAX",
     "SWIGLU",
     "add_gemma_rmsnorm",
@@ -145,6 +150,8 @@ __all__ = [
     "rules",
     "scaled_masked_softmax",
     "scaled_masked_softmax_float32",
+    "softcapped_masked_softmax",
+    "softcapped_masked_softmax_float32",
     "softmax",
     "softmax_float32",
     "swiglu",

@@ -6,7 +6,8 @@ Forms matched: ``F.softmax(x, dim=-1)``, ``x.softmax(-1)``, ``torch.softmax(x, -
 Both compute in float32 and round once, so they share one kernel; a softmax over another axis
 (``dim=0``, or a positive index of the last axis) is not matched. Attention's scale and mask add
 before it (``scores * scaling + mask`` or ``scores / math.sqrt(d) + mask``, transformers' eager
-attention) run in the same kernel, read on the way in (``MaskedRows``).
+attention) run in the same kernel, read on the way in (``MaskedRows``), and so does Gemma 2's soft
+cap of the scores (``cap * tanh(scores * scaling / cap) + mask``).
 
 Kernel: the row layout of :mod:`fxkern.library.rmsnorm` (a 256-thread block per register-full of
 elements, 8192 in float32 and 16384 in 16-bit, 1 to 256 threads a row, the row in registers; short
@@ -132,19 +133,37 @@ struct Rows {
 #ifndef FXK_MASK_FETCH_FIRST
 #define FXK_MASK_FETCH_FIRST 0
 #endif
-template <typename T>
+//
+// CAP (Gemma 2's soft-capped scores): T(T(cap * T(tanh(T(T(x * scale) * (1 / cap))))) + mask), each
+// op rounded to T as eager rounds it (its division by a Python number multiplies by the float32
+// reciprocal). tanh is tanhf, except in bfloat16, where tanh.approx (relative error under 2^-10.9,
+// under a quarter of bfloat16's half ulp) costs one instruction instead of tanhf's twenty or so,
+// which left the kernel short of issue slots.
+template <bool FAST>
+__device__ __forceinline__ float tanh_(float v) {
+    if (FAST) {
+        float r;
+        asm("tanh.approx.f32 %0, %1;" : "=f"(r) : "f"(v));
+        return r;
+    }
+    return tanhf(v);
+}
+template <typename T> struct IsBf16 { static constexpr bool value = false; };
+template <> struct IsBf16<__nv_bfloat16> { static constexpr bool value = true; };
+
+template <typename T, bool CAP = false>
 struct MaskedRows {
     const T* __restrict__ x;
     const T* __restrict__ mask;
-    float scale;
+    float scale, cap, inv_cap;
     int D;
     unsigned H, Q, sB, sH, sQ;  // the mask's row strides per batch, head and query (0: broadcast)
     bool scale_is_t;            // the scale is exactly a T (0.125 is; 1 / sqrt(96) is not)
     __device__ __forceinline__ MaskedRows(const T* x_, const T* mask_, float scale_, int D_, int H_, int Q_,
-                                          int mB, int mH, int mQ)
-        : x(x_), mask(mask_), scale(scale_), D(D_), H((unsigned)H_), Q((unsigned)Q_),
-          sB(mB > 1 ? (unsigned)(mH * mQ) : 0u), sH(mH > 1 ? (unsigned)mQ : 0u), sQ(mQ > 1 ? 1u : 0u),
-          scale_is_t(to_f<T>(from_f<T>(scale_)) == scale_) {}
+                                          int mB, int mH, int mQ, float cap_ = 1.0f)
+        : x(x_), mask(mask_), scale(scale_), cap(cap_), inv_cap(__frcp_rn(cap_)), D(D_), H((unsigned)H_),
+          Q((unsigned)Q_), sB(mB > 1 ? (unsigned)(mH * mQ) : 0u), sH(mH > 1 ? (unsigned)mQ : 0u),
+          sQ(mQ > 1 ? 1u : 0u), scale_is_t(to_f<T>(from_f<T>(scale_)) == scale_) {}
     struct Row { const T* x; const T* m; size_t o; };
     __device__ __forceinline__ Row row(unsigned r) const {
         unsigned b, h, q;
@@ -175,6 +194,27 @@ struct MaskedRows {
     __device__ __forceinline__ Pack<T, V> value(const Raw<V>& raw) const {
         const Pack<T, V>& a = raw.x;
         const Pack<T, V>& m = raw.m;
+        if constexpr (CAP) {
+            // __fmul_rn/__fadd_rn: each op on its own, never contracted into an fma eager does not do
+            float f[V], g[V];
+            to_floats(a, f);
+#pragma unroll
+            for (int j = 0; j < V; ++j) f[j] = __fmul_rn(f[j], scale);
+            to_floats(from_floats<T, V>(f), f);
+#pragma unroll
+            for (int j = 0; j < V; ++j) f[j] = __fmul_rn(f[j], inv_cap);
+            to_floats(from_floats<T, V>(f), f);
+#pragma unroll
+            for (int j = 0; j < V; ++j) f[j] = tanh_<IsBf16<T>::value>(f[j]);
+            to_floats(from_floats<T, V>(f), f);
+#pragma unroll
+            for (int j = 0; j < V; ++j) f[j] = __fmul_rn(f[j], cap);
+            to_floats(from_floats<T, V>(f), f);
+            to_floats(m, g);
+#pragma unroll
+            for (int j = 0; j < V; ++j) f[j] = __fadd_rn(f[j], g[j]);
+            return from_floats<T, V>(f);
+        }
         if constexpr (FXK_MASK_PAIRS && sizeof(T) == 2 && V % 2 == 0) {
             // 16-bit pairs through mul.rn/add.rn .x2 when the scale is a T: a product or sum of two
             // T values rounded once to T is eager's float32 product or sum rounded (exact in float32
@@ -325,14 +365,15 @@ __global__ void __launch_bounds__(ROW_THREADS, sizeof(T) == 4 ? FXK_ROW_BLOCKS_F
 
 // softmax(T(T(x * scale) + mask)) over rows of x viewed as (B, H, Q, D), the mask (mB, mH, mQ, D).
 // DIV: the scale is a divisor, applied as x * (1 / divisor), as PyTorch's CUDA division by a Python
-// number does.
-template <typename T, bool DIV>
+// number does. CAP: the scores soft-capped before the mask is added (MaskedRows).
+template <typename T, bool DIV, bool CAP = false>
 __device__ __forceinline__ void masked_softmax(const T* x, const T* mask, float scale, int H, int Q, int D, int n,
-                                               int mB, int mH, int mQ, T* y, float (*red)[ROW_WARPS]) {
+                                               int mB, int mH, int mQ, T* y, float (*red)[ROW_WARPS],
+                                               float cap = 1.0f) {
     if (D <= 0) return;
     const unsigned rows = (unsigned)n / (unsigned)D;
     constexpr int V = 16 / sizeof(T);
-    const fxk::MaskedRows<T> in(x, mask, DIV ? __frcp_rn(scale) : scale, D, H, Q, mB, mH, mQ);
+    const fxk::MaskedRows<T, CAP> in(x, mask, DIV ? __frcp_rn(scale) : scale, D, H, Q, mB, mH, mQ, cap);
     if (D % V == 0 && fxk::aligned16(x) && fxk::aligned16(mask) && fxk::aligned16(y))
         fxk::softmax_rows<T, V, (sizeof(T) == 4 ? FXK_ROW_PACKS_F32 : FXK_ROW_PACKS_HALF)>(in, D, rows, y, red);
     else
@@ -352,6 +393,14 @@ divided_masked_softmax(const T* x, const T* mask, float divisor, int H, int Q, i
                        T* y) {
     __shared__ float red[4][ROW_WARPS];
     masked_softmax<T, true>(x, mask, divisor, H, Q, D, n, mB, mH, mQ, y, red);
+}
+
+template <typename T>
+__global__ void __launch_bounds__(ROW_THREADS, sizeof(T) == 4 ? FXK_ROW_BLOCKS_F32 : FXK_ROW_BLOCKS_HALF)
+softcapped_masked_softmax(const T* x, const T* mask, float scale, float cap, int H, int Q, int D, int n, int mB,
+                          int mH, int mQ, T* y) {
+    __shared__ float red[4][ROW_WARPS];
+    masked_softmax<T, false, true>(x, mask, scale, H, Q, D, n, mB, mH, mQ, y, red, cap);
 }
 """
 
@@ -380,6 +429,10 @@ SCALED_MASKED_SOFTMAX = KernelSpec(
 DIVIDED_MASKED_SOFTMAX = dataclasses.replace(
     SCALED_MASKED_SOFTMAX, kernel_name="divided_masked_softmax",
     inputs=[InputDecl("x"), InputDecl("mask"), ScalarInput("divisor", float)])
+# Gemma 2's soft-capped scores: ``cap * tanh(scores * scale / cap) + mask``.
+SOFTCAPPED_MASKED_SOFTMAX = dataclasses.replace(
+    SCALED_MASKED_SOFTMAX, kernel_name="softcapped_masked_softmax",
+    inputs=[InputDecl("x"), InputDecl("mask"), ScalarInput("scale", float), ScalarInput("cap", float)])
 
 
 # Short rows held in whole packs (attention's scores) run in small blocks, many an SM: float32 rows of
@@ -435,10 +488,16 @@ MASKED_TUNING = {"blocks_short_32bit": 8, "blocks_short": 16, "blocks_f32": 2, "
 
 
 SOFTMAX_GRIDS, SCALED_MASKED_GRIDS = _grids(SOFTMAX), _grids(SCALED_MASKED_SOFTMAX, **MASKED_TUNING)
+# The soft-capped kernel's: float32 rows of up to 8192 fetched before their values are made too, since
+# tanhf's branches otherwise kept a thread's loads apart, and float32 small blocks 16 an SM
+# (benchmarks/softcap_tuning.py: float32 +18% at 512 keys, +15% at 2048; bfloat16 level).
+SOFTCAP_TUNING = {**MASKED_TUNING, "blocks_short_32bit": 16, "fetch_first": ("_short", "_32bit", "_short_32bit")}
+SOFTCAPPED_MASKED_GRIDS = _grids(SOFTCAPPED_MASKED_SOFTMAX, **SOFTCAP_TUNING)
 SOFTMAX_32BIT, SOFTMAX_SHORT_32BIT, SOFTMAX_SHORT = (SOFTMAX_GRIDS[k] for k in ("_32bit", "_short_32bit", "_short"))
 ROWS, ROWS_32BIT = f"{NAMESPACE}::_softmax_rows", f"{NAMESPACE}::_softmax_rows_32bit"
 ROWS_SHORT, ROWS_SHORT_32BIT = f"{NAMESPACE}::_softmax_rows_short", f"{NAMESPACE}::_softmax_rows_short_32bit"
 MASKED_ROWS = f"{NAMESPACE}::_scaled_masked_softmax_rows"
+SOFTCAPPED_ROWS = f"{NAMESPACE}::_softcapped_masked_softmax_rows"
 
 
 def _grid(x: torch.Tensor, *others: torch.Tensor) -> str:
@@ -475,7 +534,7 @@ def _check_masked(x: torch.Tensor, mask: torch.Tensor) -> None:
     check_broadcast_4d(op, "mask", mask, "scores", x)
 
 
-def _masked_output(x, mask, scale):
+def _masked_output(x, mask, *scalars):
     """The masked ops' output (and their fake impl): checks the shapes, one contiguous tensor like x."""
     _check_masked(x, mask)
     return x.new_empty(x.shape)
@@ -492,10 +551,12 @@ def _compact(mask: torch.Tensor) -> torch.Tensor:
     return mask
 
 
-def _scaled_masked_on_cuda(impls):
-    def on_cuda(x, mask, scale):
+def _masked_on_cuda(impls):
+    """A masked op's CUDA implementation: the mask compacted, the grid picked per call (``_grid``)."""
+
+    def on_cuda(x, mask, *scalars):
         mask = _compact(mask)
-        return impls[_grid(x, mask)](x, mask, scale)
+        return impls[_grid(x, mask)](x, mask, *scalars)
 
     return on_cuda
 
@@ -538,6 +599,17 @@ def scaled_masked_softmax_float32(x, mask, scale: float):
     return F.softmax(x * scale + mask, dim=-1, dtype=torch.float32).to(x.dtype)
 
 
+def softcapped_masked_softmax(x, mask, scale: float, cap: float):
+    """Soft-capped scores (Gemma 2's ``attn_logit_softcapping``) in a softmax of their dtype."""
+    return F.softmax(torch.tanh(x * scale / cap) * cap + mask, dim=-1)
+
+
+def softcapped_masked_softmax_float32(x, mask, scale: float, cap: float):
+    """transformers' Gemma 2 ``eager_attention_forward``: scores times ``scaling``, divided by
+    ``softcap``, ``tanh``, times ``softcap``, plus the mask, a float32 softmax cast back."""
+    return F.softmax(torch.tanh(x * scale / cap) * cap + mask, dim=-1, dtype=torch.float32).to(x.dtype)
+
+
 def divided_masked_softmax(x, mask, divisor: float):
     """The older BERT/RoBERTa/ViT attention: ``scores / math.sqrt(head_size) + attention_mask``, softmax."""
     return F.softmax(x / divisor + mask, dim=-1)
@@ -575,15 +647,23 @@ def register(rules) -> None:
     irs = COMPILE_FREE_IRS
     for suffix, spec in SCALED_MASKED_GRIDS.items():
         cuda_kernel_op(MASKED_ROWS + suffix, spec, reference=scaled_masked_softmax, meta_fn=_masked_output)
-    scaled_on_cuda = _scaled_masked_on_cuda({suffix: kernel_op(MASKED_ROWS + suffix).cuda_impl
-                                             for suffix in SCALED_MASKED_GRIDS})
+    for suffix, spec in SOFTCAPPED_MASKED_GRIDS.items():
+        cuda_kernel_op(SOFTCAPPED_ROWS + suffix, spec, reference=softcapped_masked_softmax, meta_fn=_masked_output)
+    scaled_on_cuda = _masked_on_cuda({suffix: kernel_op(MASKED_ROWS + suffix).cuda_impl
+                                      for suffix in SCALED_MASKED_GRIDS})
+    softcapped = cuda_kernel_op(f"{NAMESPACE}::softcapped_masked_softmax", SOFTCAPPED_MASKED_SOFTMAX,
+                                reference=softcapped_masked_softmax, meta_fn=_masked_output,
+                                eager_fn=_masked_on_cuda({suffix: kernel_op(SOFTCAPPED_ROWS + suffix).cuda_impl
+                                                          for suffix in SOFTCAPPED_MASKED_GRIDS}))
     scaled = cuda_kernel_op(f"{NAMESPACE}::scaled_masked_softmax", SCALED_MASKED_SOFTMAX, reference=scaled_masked_softmax,
                             meta_fn=_masked_output, eager_fn=scaled_on_cuda)
     divided = cuda_kernel_op(f"{NAMESPACE}::divided_masked_softmax", DIVIDED_MASKED_SOFTMAX,
                              reference=divided_masked_softmax, meta_fn=_masked_output,
                              eager_fn=_divided_masked_on_cuda(scaled_on_cuda))
     # Each float32 form computes its plain form's numbers (float32 arithmetic, one rounding): the same op.
-    for pattern, op in ((scaled_masked_softmax, scaled), (scaled_masked_softmax_float32, scaled),
+    # The soft-capped forms first: a scaled, masked softmax matches inside them, capping as its scale.
+    for pattern, op in ((softcapped_masked_softmax, softcapped), (softcapped_masked_softmax_float32, softcapped),
+                        (scaled_masked_softmax, scaled), (scaled_masked_softmax_float32, scaled),
                         (divided_masked_softmax, divided), (divided_masked_softmax_float32, divided)):
         add_rule(rules, pattern, op, pattern.__name__, filter=masked_scores("x", "mask"), irs=irs)
 
