@@ -38,7 +38,7 @@ def _masked(**changes) -> dict:
 
 # Measured 2026-11-25 (H200, --rounds 3; GB/s at 512 and 2048 keys), starting from the masked
 # softmax's tuning (float32 2676 and 2291, bfloat16 2476 and 2568; inductor 2011 and 1977, 1026 and
-# 1013). Shipped since 02:40 UTC: float32 small blocks at 16 an SM and every float32 grid up to 8192
+# 1013). Shipped since 01:50 UTC: float32 small blocks at 16 an SM and every float32 grid up to 8192
 # fetching first, 3157 and 2625 (its small blocks spill 32 bytes and are still the fastest; at 8 an
 # SM without fetching first: 2823). Slower: every grid fetching first (the 256-thread grid for rows
 # over 8192 spilled), 16-bit small blocks at 32 an SM (bfloat16 1117 and 1191: spilled).
@@ -47,7 +47,7 @@ def _masked(**changes) -> dict:
 # score in float32, bfloat16 2795 and 2910 (+13%): eager's roundings, kept, cost that much.
 VARIANTS: dict[str, dict] = {
     "shipped": _variant(),
-    "the masked softmax's tuning (shipped before 02:40 UTC)": _variant(**_masked()),
+    "the masked softmax's tuning (shipped before 01:50 UTC)": _variant(**_masked()),
     "float32 small blocks at 16 an SM": _variant(**_masked(blocks_short_32bit=16)),
     "float32 small blocks at 16 an SM, rows of up to 8192 fetched first": _variant(**_masked(
         blocks_short_32bit=16, fetch_first=("_short", "_32bit"))),
