@@ -92,6 +92,8 @@ def configs(layers: int, hidden: int = HIDDEN, heads: int = HEADS, mlp: int = ML
                         attention="eager"),
         # Gemma 3: also RMSNorms of the queries and keys
         "gemma3": Model("Gemma3ForCausalLM", "Gemma3TextConfig", {**llama_like, "head_dim": hidden // heads}),
+        # Qwen3: Llama's layout with RMSNorms of the queries and keys, each head's before RoPE
+        "qwen3": Model("Qwen3ForCausalLM", "Qwen3Config", {**llama_like, "head_dim": hidden // heads}),
         "gpt2": Model("GPT2LMHeadModel", "GPT2Config", dict(vocab_size=vocab, n_embd=hidden, n_layer=layers,
                                                              n_head=heads, n_positions=seq, bos_token_id=0,
                                                              eos_token_id=0)),

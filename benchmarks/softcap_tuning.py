@@ -52,7 +52,8 @@ VARIANTS: dict[str, dict] = {
     "float32 small blocks at 16 an SM, rows of up to 8192 fetched first": _variant(**_masked(
         blocks_short_32bit=16, fetch_first=("_short", "_32bit"))),
     "float32 small blocks at 8 an SM, fetched first": _variant(blocks_short_32bit=8),
-    # diagnostic: what rounding each step to bfloat16, as eager does, costs
+    # diagnostics: what tanhf would cost bfloat16, and what rounding each step to bfloat16, as eager does, costs
+    "(tanhf in bfloat16 too)": _variant(edits=(("tanh_<IsBf16<T>::value>(f[j])", "tanh_<false>(f[j])"),)),
     "(one rounding: the capped, masked score computed in float32)": _variant(edits=tuple(
         (f"            for (int j = 0; j < V; ++j) f[j] = {op};\n            to_floats(from_floats<T, V>(f), f);\n",
          f"            for (int j = 0; j < V; ++j) f[j] = {op};\n")

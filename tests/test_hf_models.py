@@ -34,6 +34,8 @@ EXPECTED = {
     # Gemma 3 adds RMSNorms of the queries and keys
     "gemma3": {"add_gemma_rms_norm": 2 * LAYERS, "gemma_rms_norm": 4 * LAYERS + 1, "rotary_embedding": 2 * LAYERS,
                "geglu_tanh": LAYERS},
+    # Qwen3 normalises each head's queries and keys (plain RMSNorms: no add before them)
+    "qwen3": {"add_rms_norm": 2 * LAYERS, "rms_norm": 2 * LAYERS + 1, "rotary_embedding": 2 * LAYERS, "swiglu": LAYERS},
     # the first block's ln_1 has no residual add before it
     "gpt2": {"add_layer_norm": 2 * LAYERS, "gelu_new": LAYERS},
     # a parallel residual: both branches' norms read the same input, one add joins them

@@ -544,39 +544,52 @@ def test_scaled_masked_softmax_forms(dtype, divide, float32):
 
 
 class SoftcappedScores(torch.nn.Module):
-    """transformers' Gemma 2 eager attention scores: scaled, soft-capped, masked, float32 softmax."""
+    """transformers' Gemma 2 eager attention scores: scaled, soft-capped, masked, float32 softmax
+    (``uncap``: what multiplies tanh's output, the cap unless a test says otherwise)."""
 
-    def __init__(self, cap=50.0, float32=True):
+    def __init__(self, cap=50.0, float32=True, uncap=None):
         super().__init__()
-        self.cap, self.float32 = cap, float32
+        self.cap, self.float32, self.uncap = cap, float32, cap if uncap is None else uncap
 
     def forward(self, q, k, mask):
         w = torch.matmul(q, k.transpose(2, 3)) * 0.0625
         w = w / self.cap
         w = torch.tanh(w)
-        w = w * self.cap
+        w = w * self.uncap
         w = w + mask
         if self.float32:
             return F.softmax(w, dim=-1, dtype=torch.float32).to(q.dtype)
         return F.softmax(w, dim=-1)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=["float32", "float16", "bfloat16"])
 @pytest.mark.parametrize("float32", [False, True], ids=["plain", "float32"])
 def test_softcapped_masked_softmax_forms(dtype, float32):
-    """The cap, tanh and mask go into one kernel with the softmax; without its cap the same scores are
-    the scaled, masked form, which must not take the soft-capped one's place (or the reverse)."""
+    """The scale, cap, tanh and mask go into one kernel with the softmax. A tanh multiplied by another
+    number than the one it was divided by is not a soft cap: the scaled, masked rule takes the
+    softmax then, with that number as its scale, and the rest stays with PyTorch."""
     torch.manual_seed(0)
     q, k = torch.randn(2, 4, 16, 8) * 30, torch.randn(2, 4, 16, 8) * 30  # scores past the cap
-    for mask in (causal(2, 16), torch.randn(2, 4, 16, 16)):
+    for mask in (causal(2, 16, dtype), torch.randn(2, 4, 16, 16)):
         assert replaced(SoftcappedScores(float32=float32), q, k, mask, dtype=dtype) == {"softcapped_masked_softmax": 1}
+        assert replaced(SoftcappedScores(float32=float32, uncap=30.0), q, k, mask, dtype=dtype) == {
+            "scaled_masked_softmax": 1}
+
+
+def test_softcapped_masked_softmax_op_computes_the_cap_and_names_itself_in_errors():
     from fxkern.library import softmax as sm
 
     x, mask = torch.randn(2, 3, 8, 16) * 200, torch.zeros(1, 1, 8, 16)
     mask[..., 10:] = torch.finfo(torch.float32).min
-    got = lib.op("softcapped_masked_softmax")(x, mask, 0.0625, 5.0)
-    torch.testing.assert_close(got, sm.softcapped_masked_softmax(x, mask, 0.0625, 5.0))
-    assert not torch.allclose(got, sm.scaled_masked_softmax(x, mask, 0.0625))  # the cap did something
+    op = lib.op("softcapped_masked_softmax")
+    capped = op(x, mask, 0.0625, 5.0)
+    exact = F.softmax(5.0 * torch.tanh(x.double() * 0.0625 / 5.0) + mask.double(), dim=-1)
+    torch.testing.assert_close(capped, exact.float(), rtol=1e-5, atol=1e-6)
+    assert not torch.allclose(capped, sm.scaled_masked_softmax(x, mask, 0.0625))  # the cap changed the scores
+    with pytest.raises(fxkern.KernelInputError, match=r"fxkern_lib::softcapped_masked_softmax: .*must both be 4-d"):
+        op(x, torch.zeros(8, 16), 0.0625, 5.0)
+    with pytest.raises(fxkern.KernelInputError, match=r"fxkern_lib::divided_masked_softmax: .*mask\[None, None\]"):
+        lib.op("divided_masked_softmax")(x, torch.zeros(8, 16), 3.0)
 
 
 def test_masked_softmax_near_misses_take_the_plain_softmax():

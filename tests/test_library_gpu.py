@@ -407,8 +407,11 @@ def test_softcapped_masked_softmax_on_every_grid_and_mask(dtype):
                 assert got.shape == want.shape and torch.equal(got.isnan(), want.isnan()), where
                 live = ~want.isnan()
                 err, eager_err = ((t.double() - exact)[live].abs() for t in (got, want))
-                assert err.max() <= 2 * eager_err.max() + 1e-3, f"{where}: max error {err.max():.2e}, eager's {eager_err.max():.2e}"
-                assert err.norm() <= 1.25 * eager_err.norm() + 1e-4, f"{where}: error norm {err.norm():.2e}, eager's {eager_err.norm():.2e}"
+                assert err.max() <= 2 * eager_err.max() + 1e-6, f"{where}: max error {err.max():.2e}, eager's {eager_err.max():.2e}"
+                assert err.norm() <= 1.25 * eager_err.norm() + 1e-6, f"{where}: error norm {err.norm():.2e}, eager's {eager_err.norm():.2e}"
+                # and eager's numbers but for capped scores tanh.approx rounded to the neighbouring bfloat16
+                close = torch.isclose(got[live].float(), want[live].float(), rtol=1.6e-2, atol=1e-2)
+                assert close.float().mean() >= 0.995, f"{where}: {1 - close.float().mean():.2%} of elements off eager's"
             if dtype == torch.float32:
                 rel = float((public(x, mask, 0.5, 5.0).double() - exact).nan_to_num().norm() / exact.nan_to_num().norm())
                 assert rel < 1e-5, f"x{tuple(x.shape)} mask{tuple(mask.shape)}: rel. error vs float64 {rel:.2e}"

@@ -489,8 +489,9 @@ MASKED_TUNING = {"blocks_short_32bit": 8, "blocks_short": 16, "blocks_f32": 2, "
 
 SOFTMAX_GRIDS, SCALED_MASKED_GRIDS = _grids(SOFTMAX), _grids(SCALED_MASKED_SOFTMAX, **MASKED_TUNING)
 # The soft-capped kernel's: float32 rows of up to 8192 fetched before their values are made too, since
-# tanhf's branches otherwise kept a thread's loads apart, and float32 small blocks 16 an SM
-# (benchmarks/softcap_tuning.py: float32 +18% at 512 keys, +15% at 2048; bfloat16 level).
+# tanhf's branches otherwise kept a thread's loads apart, and float32 small blocks 16 an SM, where
+# they keep 32 bytes in local memory and are still the fastest (benchmarks/softcap_tuning.py: float32
+# +16% at 512 keys, +14% at 2048, against the masked softmax's tuning; bfloat16 level).
 SOFTCAP_TUNING = {**MASKED_TUNING, "blocks_short_32bit": 16, "fetch_first": ("_short", "_32bit", "_short_32bit")}
 SOFTCAPPED_MASKED_GRIDS = _grids(SOFTCAPPED_MASKED_SOFTMAX, **SOFTCAP_TUNING)
 SOFTMAX_32BIT, SOFTMAX_SHORT_32BIT, SOFTMAX_SHORT = (SOFTMAX_GRIDS[k] for k in ("_32bit", "_short_32bit", "_short"))
@@ -521,10 +522,9 @@ def grid_for(x: torch.Tensor) -> str:
 # ---- scaled, masked scores ------------------------------------------------------------------------
 
 
-def _check_masked(x: torch.Tensor, mask: torch.Tensor) -> None:
-    """The shapes the masked kernel reads: scores (B, H, Q, D), a mask (mB, mH, mQ, D) of their
-    dtype, each of mB, mH, mQ 1 or the scores' size."""
-    op = f"{NAMESPACE}::scaled_masked_softmax"
+def _check_masked(x: torch.Tensor, mask: torch.Tensor, op: str) -> None:
+    """The shapes the masked kernels read: scores (B, H, Q, D), a mask (mB, mH, mQ, D) of their
+    dtype, each of mB, mH, mQ 1 or the scores' size. ``op`` names the op in the errors."""
     if x.dim() != 4 or mask.dim() != 4:
         raise KernelInputError(
             f"{op}: scores {tuple(x.shape)} and mask {tuple(mask.shape)} must both be 4-d (batch, heads, queries, "
@@ -534,10 +534,14 @@ def _check_masked(x: torch.Tensor, mask: torch.Tensor) -> None:
     check_broadcast_4d(op, "mask", mask, "scores", x)
 
 
-def _masked_output(x, mask, *scalars):
-    """The masked ops' output (and their fake impl): checks the shapes, one contiguous tensor like x."""
-    _check_masked(x, mask)
-    return x.new_empty(x.shape)
+def _masked_output(op: str):
+    """A masked op's output (and its fake impl): checks the shapes, one contiguous tensor like x."""
+
+    def output(x, mask, *scalars):
+        _check_masked(x, mask, f"{NAMESPACE}::{op}")
+        return x.new_empty(x.shape)
+
+    return output
 
 
 def _compact(mask: torch.Tensor) -> torch.Tensor:
@@ -646,19 +650,22 @@ def register(rules) -> None:
     # softmax inside.
     irs = COMPILE_FREE_IRS
     for suffix, spec in SCALED_MASKED_GRIDS.items():
-        cuda_kernel_op(MASKED_ROWS + suffix, spec, reference=scaled_masked_softmax, meta_fn=_masked_output)
+        cuda_kernel_op(MASKED_ROWS + suffix, spec, reference=scaled_masked_softmax,
+                       meta_fn=_masked_output("scaled_masked_softmax"))
     for suffix, spec in SOFTCAPPED_MASKED_GRIDS.items():
-        cuda_kernel_op(SOFTCAPPED_ROWS + suffix, spec, reference=softcapped_masked_softmax, meta_fn=_masked_output)
+        cuda_kernel_op(SOFTCAPPED_ROWS + suffix, spec, reference=softcapped_masked_softmax,
+                       meta_fn=_masked_output("softcapped_masked_softmax"))
     scaled_on_cuda = _masked_on_cuda({suffix: kernel_op(MASKED_ROWS + suffix).cuda_impl
                                       for suffix in SCALED_MASKED_GRIDS})
     softcapped = cuda_kernel_op(f"{NAMESPACE}::softcapped_masked_softmax", SOFTCAPPED_MASKED_SOFTMAX,
-                                reference=softcapped_masked_softmax, meta_fn=_masked_output,
+                                reference=softcapped_masked_softmax,
+                                meta_fn=_masked_output("softcapped_masked_softmax"),
                                 eager_fn=_masked_on_cuda({suffix: kernel_op(SOFTCAPPED_ROWS + suffix).cuda_impl
                                                           for suffix in SOFTCAPPED_MASKED_GRIDS}))
     scaled = cuda_kernel_op(f"{NAMESPACE}::scaled_masked_softmax", SCALED_MASKED_SOFTMAX, reference=scaled_masked_softmax,
-                            meta_fn=_masked_output, eager_fn=scaled_on_cuda)
+                            meta_fn=_masked_output("scaled_masked_softmax"), eager_fn=scaled_on_cuda)
     divided = cuda_kernel_op(f"{NAMESPACE}::divided_masked_softmax", DIVIDED_MASKED_SOFTMAX,
-                             reference=divided_masked_softmax, meta_fn=_masked_output,
+                             reference=divided_masked_softmax, meta_fn=_masked_output("divided_masked_softmax"),
                              eager_fn=_divided_masked_on_cuda(scaled_on_cuda))
     # Each float32 form computes its plain form's numbers (float32 arithmetic, one rounding): the same op.
     # The soft-capped forms first: a scaled, masked softmax matches inside them, capping as its scale.
