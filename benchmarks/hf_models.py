@@ -5,7 +5,7 @@
 
 Each model (random weights, no downloads) at hidden size 2048, 16 heads of 128, MLP 5632 (GPT-2,
 GPT-NeoX and BERT: 8192), vocabulary 8192, in bfloat16 with transformers' default attention (SDPA;
-eager for Gemma 2, whose soft-capped scores need it, and for BERT, given a padding mask), on 8x512 tokens: nine
+eager for Gemma 2, whose soft-capped scores need it, and for BERT, given a padding mask), on 8x512 tokens: ten
 decoders (exported with ``use_cache=False``) and two encoders (Flan-T5's and BERT's), rewritten
 with ``fxkern.apply(ep, fxkern.library.rules())``, and timed in one run against the alternatives a user has: the model in
 eager, its export run as is, and ``torch.compile(model)`` (inductor, default mode). The eager model
@@ -15,7 +15,7 @@ around 10 back-to-back forwards, warm-up, median of 20, then the median of 3 rou
 rotated each round; a one-layer copy of the first model runs first, untimed, to take the process's
 one-time costs. "rel. err" is ‖Δ‖/‖ref‖ of the logits (encoders: the last hidden state) against the
 eager model on fresh tokens. "—": a forward that copies between host and GPU cannot be captured
-in a CUDA graph (BERT's eager model does). Writes the ``hf_models`` section of docs/benchmarks.md.
+in a CUDA graph (Gemma 2's and BERT's eager models do). Writes the ``hf_models`` section of docs/benchmarks.md.
 """
 
 from __future__ import annotations

@@ -137,8 +137,8 @@ struct Rows {
 // CAP (Gemma 2's soft-capped scores): T(T(cap * T(tanh(T(T(x * scale) * (1 / cap))))) + mask), each
 // op rounded to T as eager rounds it (its division by a Python number multiplies by the float32
 // reciprocal). tanh is tanhf, except in bfloat16, where tanh.approx (relative error under 2^-10.9,
-// under a quarter of bfloat16's half ulp) costs one instruction instead of tanhf's twenty or so,
-// which left the kernel short of issue slots.
+// about a quarter of bfloat16's half ulp) costs one instruction instead of tanhf's twenty or so,
+// which left the kernel short of issue slots (benchmarks/softcap_tuning.py).
 template <bool FAST>
 __device__ __forceinline__ float tanh_(float v) {
     if (FAST) {
@@ -491,7 +491,7 @@ SOFTMAX_GRIDS, SCALED_MASKED_GRIDS = _grids(SOFTMAX), _grids(SCALED_MASKED_SOFTM
 # The soft-capped kernel's: float32 rows of up to 8192 fetched before their values are made too, since
 # tanhf's branches otherwise kept a thread's loads apart, and float32 small blocks 16 an SM, where
 # they keep 32 bytes in local memory and are still the fastest (benchmarks/softcap_tuning.py: float32
-# +16% at 512 keys, +14% at 2048, against the masked softmax's tuning; bfloat16 level).
+# +17% at 512 keys, +14% at 2048, against the masked softmax's tuning; bfloat16 level).
 SOFTCAP_TUNING = {**MASKED_TUNING, "blocks_short_32bit": 16, "fetch_first": ("_short", "_32bit", "_short_32bit")}
 SOFTCAPPED_MASKED_GRIDS = _grids(SOFTCAPPED_MASKED_SOFTMAX, **SOFTCAP_TUNING)
 SOFTMAX_32BIT, SOFTMAX_SHORT_32BIT, SOFTMAX_SHORT = (SOFTMAX_GRIDS[k] for k in ("_32bit", "_short_32bit", "_short"))
