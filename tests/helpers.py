@@ -71,8 +71,9 @@ def library_ops():
 def library_inputs(op, dtype, device, rows=37, cols=1000):
     """Inputs for a library op: (rows, cols) tensors, (cols,) for inputs the kernel broadcasts, small
     scalars; attention's masked softmax gets (2, 3, rows, cols) scores, a (2, 1, rows, cols) mask and
-    a scale (or divisor) of 8; the rotary embedding (2, 3, rows, d) queries with d the even one of cols
-    and cols - 1, (2, 1, rows, d) cos and sin and half = d // 2."""
+    a scale (or divisor) of 8, and Gemma 2's a cap of 0.1 (randn scores times 1/8, over 0.1, reach
+    tanh's curve); the rotary embedding (2, 3, rows, d) queries with d the even one of cols and
+    cols - 1, (2, 1, rows, d) cos and sin and half = d // 2."""
     from fxkern import kernel_op
 
     name = str(op.default._schema.name)
@@ -89,8 +90,8 @@ def library_inputs(op, dtype, device, rows=37, cols=1000):
         if isinstance(d, InputDecl):
             shape = (cols,) if d.broadcast and ("weight" in d.name or "bias" in d.name) else (rows, cols)
             args.append(torch.randn(shapes.get(d.name, shape), dtype=d.dtype or dtype, device=device))
-        elif d.name in ("scale", "divisor"):
-            args.append(1 / 8 if d.name == "scale" else 8.0)
+        elif d.name in ("scale", "divisor", "cap"):
+            args.append({"scale": 1 / 8, "divisor": 8.0, "cap": 0.1}[d.name])
         elif d.name == "normalized_size":  # F.rms_norm's [D]: the row length
             args.append(cols)
         else:
