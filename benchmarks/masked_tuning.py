@@ -107,35 +107,49 @@ def main(argv=None) -> None:
     args = common.tuning_args("masked_tuning", "Masked softmax tuning", __doc__, argv)
     if args is None:
         return
-    import fxkern.library
     from fxkern.library import softmax
+
+    compare_variants(VARIANTS, softmax.SCALED_MASKED_SOFTMAX, softmax.scaled_masked_softmax_float32, (0.125,),
+                     x_scale=3.0, prefix="masked", section="masked_tuning", script="masked_tuning.py", args=args,
+                     title="Scaled, masked softmax tuning (`fxkern.library.softmax`, transformers' eager attention)",
+                     doc=__doc__)
+
+
+def compare_variants(variants: dict, base, pattern, scalars: tuple, x_scale: float, prefix: str, section: str,
+                     script: str, args, title: str, doc: str) -> None:
+    """Time each variant of the masked kernel ``base`` (its ops named ``fxkern_tune::<prefix>_<i>``)
+    and inductor's ``pattern`` on ``SHAPES`` x ``DTYPES``: scores of randn times ``x_scale``, the
+    causal mask, ``scalars`` after them. Candidates are checked against ``pattern`` first (labels in
+    parentheses are diagnostics, not checked). Writes ``section``, titled ``title``, with ``doc``'s
+    third paragraph as its description."""
+    import fxkern.library
 
     fxkern.library.rules()
     torch.manual_seed(0)
-    fns = {label: variant_op(label, v, i) for i, (label, v) in enumerate(VARIANTS.items())}
-    compiled = common.inductor(softmax.scaled_masked_softmax_float32)
+    fns = {label: variant_op(label, v, i, base=base, prefix=prefix) for i, (label, v) in enumerate(variants.items())}
+    compiled = common.inductor(pattern)
     cases = []
     for b, h, s in SHAPES:
         for dt in DTYPES:
-            x = (torch.randn(b, h, s, s, device="cuda") * 3).to(dt)
+            x = (torch.randn(b, h, s, s, device="cuda") * x_scale).to(dt)
             mask = torch.full((s, s), torch.finfo(dt).min, device="cuda", dtype=dt).triu(1).expand(b, 1, s, s).contiguous()
-            want = softmax.scaled_masked_softmax_float32(x, mask, 0.125)
+            want = pattern(x, mask, *scalars)
             for label, (fn, _) in fns.items():
                 if not label.startswith("("):
-                    torch.testing.assert_close(fn(x, mask, 0.125), want, rtol=1.6e-2, atol=1e-5)
-            compiled(x, mask, 0.125)
+                    torch.testing.assert_close(fn(x, mask, *scalars), want, rtol=1.6e-2, atol=1e-5)
+            compiled(x, mask, *scalars)
             cases.append((f"{b}x{h}x{s}x{s} {str(dt)[6:]}", x, mask))
     runners = {"inductor": compiled, **{label: fn for label, (fn, _) in fns.items()}}
     table = common.bandwidth_rows(
-        runners, [((x, mask, 0.125), 2 * x.numel() * x.element_size() + mask.numel() * mask.element_size())
+        runners, [((x, mask, *scalars), 2 * x.numel() * x.element_size() + mask.numel() * mask.element_size())
                   for _, x, mask in cases], args.rounds)
     lines = [
-        "## Scaled, masked softmax tuning (`fxkern.library.softmax`, transformers' eager attention)",
+        f"## {title}",
         "",
-        f"Machine: {common.machine()}. Date: {common.today()}. Command: `python benchmarks/masked_tuning.py "
+        f"Machine: {common.machine()}. Date: {common.today()}. Command: `python benchmarks/{script} "
         f"--rounds {args.rounds}`.",
         "",
-        " ".join(__doc__.split("\n\n")[2].split()),
+        " ".join(doc.split("\n\n")[2].split()),
         "",
         "| variant | " + " | ".join(name for name, _, _ in cases) + " | registers |",
         "| --- | " + " | ".join("---:" for _ in cases) + " | --- |",
@@ -143,7 +157,7 @@ def main(argv=None) -> None:
     for label, gbs in table.items():
         regs = registers(fns[label][1]) if label in fns else ""
         lines.append(f"| {label} | " + " | ".join(f"{g:.0f}" for g in gbs) + f" | {regs} |")
-    common.emit("masked_tuning", "\n".join(lines), args.section_out)
+    common.emit(section, "\n".join(lines), args.section_out)
 
 
 if __name__ == "__main__":

@@ -18,8 +18,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import common  # noqa: E402
-import torch  # noqa: E402
-from masked_tuning import DTYPES, SHAPES, registers, variant_op  # noqa: E402
+from masked_tuning import compare_variants  # noqa: E402
 
 SCALE, CAP = 0.0625, 50.0
 
@@ -66,44 +65,12 @@ def main(argv=None) -> None:
     args = common.tuning_args("softcap_tuning", "Soft-capped masked softmax tuning", __doc__, argv)
     if args is None:
         return
-    import fxkern.library
     from fxkern.library import softmax
 
-    fxkern.library.rules()
-    torch.manual_seed(0)
-    fns = {label: variant_op(label, v, i, base=softmax.SOFTCAPPED_MASKED_SOFTMAX, prefix="softcap")
-           for i, (label, v) in enumerate(VARIANTS.items())}
-    compiled = common.inductor(softmax.softcapped_masked_softmax_float32)
-    cases = []
-    for b, h, s in SHAPES:
-        for dt in DTYPES:
-            x = (torch.randn(b, h, s, s, device="cuda") * CAP / SCALE).to(dt)
-            mask = torch.full((s, s), torch.finfo(dt).min, device="cuda", dtype=dt).triu(1).expand(b, 1, s, s).contiguous()
-            want = softmax.softcapped_masked_softmax_float32(x, mask, SCALE, CAP)
-            for label, (fn, _) in fns.items():
-                if not label.startswith("("):
-                    torch.testing.assert_close(fn(x, mask, SCALE, CAP), want, rtol=1.6e-2, atol=1e-5)
-            compiled(x, mask, SCALE, CAP)
-            cases.append((f"{b}x{h}x{s}x{s} {str(dt)[6:]}", x, mask))
-    runners = {"inductor": compiled, **{label: fn for label, (fn, _) in fns.items()}}
-    table = common.bandwidth_rows(
-        runners, [((x, mask, SCALE, CAP), 2 * x.numel() * x.element_size() + mask.numel() * mask.element_size())
-                  for _, x, mask in cases], args.rounds)
-    lines = [
-        "## Soft-capped masked softmax tuning (`fxkern.library.softmax`, Gemma 2's eager attention)",
-        "",
-        f"Machine: {common.machine()}. Date: {common.today()}. Command: `python benchmarks/softcap_tuning.py "
-        f"--rounds {args.rounds}`.",
-        "",
-        " ".join(__doc__.split("\n\n")[2].split()),
-        "",
-        "| variant | " + " | ".join(name for name, _, _ in cases) + " | registers |",
-        "| --- | " + " | ".join("---:" for _ in cases) + " | --- |",
-    ]
-    for label, gbs in table.items():
-        regs = registers(fns[label][1]) if label in fns else ""
-        lines.append(f"| {label} | " + " | ".join(f"{g:.0f}" for g in gbs) + f" | {regs} |")
-    common.emit("softcap_tuning", "\n".join(lines), args.section_out)
+    compare_variants(VARIANTS, softmax.SOFTCAPPED_MASKED_SOFTMAX, softmax.softcapped_masked_softmax_float32,
+                     (SCALE, CAP), x_scale=CAP / SCALE, prefix="softcap", section="softcap_tuning",
+                     script="softcap_tuning.py", args=args, doc=__doc__,
+                     title="Soft-capped masked softmax tuning (`fxkern.library.softmax`, Gemma 2's eager attention)")
 
 
 if __name__ == "__main__":
