@@ -91,16 +91,19 @@ def host_us(fn: Callable[[], object], burst: int = 200, rounds: int = 200) -> fl
     return best
 
 
-def kernel_profile(name: str, fn: Callable[[], object], steps: int = 5, top: int = 30) -> float:
+def kernel_profile(name: str, fn: Callable[[], object], steps: int = 5, top: int = 30, ops: int = 0) -> float:
     """Print the GPU time of each kernel (microseconds a call) over ``steps`` calls of ``fn`` after
-    warm-up (torch.profiler), to see where two ways of running the same model differ; return the total."""
+    warm-up (torch.profiler), to see where two ways of running the same model differ; return the total.
+    ``ops``: also the aten ops that launched the most GPU time, with their input shapes, to name the
+    op behind an anonymous kernel (a copy: which reshape or contiguous made it)."""
     from torch.profiler import ProfilerActivity, profile
 
+    activities = [ProfilerActivity.CUDA] + ([ProfilerActivity.CPU] if ops else [])
     with torch.no_grad():
         for _ in range(3):
             fn()
         torch.cuda.synchronize()
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        with profile(activities=activities, record_shapes=bool(ops)) as prof:
             for _ in range(steps):
                 fn()
             torch.cuda.synchronize()
@@ -109,6 +112,15 @@ def kernel_profile(name: str, fn: Callable[[], object], steps: int = 5, top: int
     print(f"\n{name}: {total:.0f} us of kernels a call", flush=True)
     for e in sorted(events, key=lambda e: -e.self_device_time_total)[:top]:
         print(f"  {e.self_device_time_total / steps:8.1f} us  x{e.count // steps:<3d} {e.key[:110]}", flush=True)
+    if ops:
+        # device time of an aten op includes its children's: a reshape's copy shows under both
+        launched = [e for e in prof.key_averages(group_by_input_shape=True)
+                    if e.device_type == torch.autograd.DeviceType.CPU and e.key.startswith("aten::")
+                    and e.device_time_total > 0]
+        print(f"{name}: aten ops by the GPU time they launched (children included)", flush=True)
+        for e in sorted(launched, key=lambda e: -e.device_time_total)[:ops]:
+            print(f"  {e.device_time_total / steps:8.1f} us  x{e.count // steps:<3d} {e.key:<28} {e.input_shapes}"[:220],
+                  flush=True)
     return total
 
 

@@ -106,6 +106,12 @@ def cases():
          lambda dt: rope(16, 2048, 32, 128, dt)),
         ("RoPE (transformers), q 8x32x512x64", "rotary_embedding", rotary.rotary_embedding,
          lambda dt: rope(8, 512, 32, 64, dt)),
+        # grouped-query attention as Llama 3 8B has it (8 key/value heads of 128 for 32 query heads), 16x2048
+        # tokens: the projected keys rotated and repeated 4 times, the projected values repeated
+        ("RoPE + repeat_kv (transformers), k 16x8x2048x128 to 32 heads", "rotary_embedding_repeat_kv",
+         rotary.rotary_embedding_repeat_kv, lambda dt: (*rope(16, 2048, 8, 128, dt), 16, 8, 4, 2048, 128, 32)),
+        ("repeat_kv (transformers), v 16x8x2048x128 to 32 heads", "repeat_kv", rotary.repeat_kv,
+         lambda dt: (rope(16, 2048, 8, 128, dt)[0], 16, 8, 4, 2048, 128, 32)),
         ("RMSNorm (Llama), 4096x2048", "rms_norm", rmsnorm.llama_rmsnorm,
          lambda dt: (t(4096, 2048, dtype=dt), t(2048, dtype=dt), 1e-6)),
         ("residual add + RMSNorm (Llama), 4096x2048", "add_rms_norm", rmsnorm.add_llama_rmsnorm,

@@ -82,11 +82,11 @@ VARIANTS: dict[str, dict] = {
     "(no index math but i / P; result in x's layout)": {**SHIPPED, "edits": (
         ("const unsigned outer = r / A2, a2 = r - outer * A2, b = outer / A1, a1 = outer - b * A1;",
          "const unsigned outer = 0, a2 = 0, b = 0, a1 = 0;"),
-        ("out[k] = (size_t)((b * H + h) * S + s) * D + col;", "out[k] = xo;"))},
+        ("out[k] = (size_t)(b * H + h) * R * head + (size_t)s * D + col;", "out[k] = xo;"))},
     # a diagnostic, not a candidate (its result has the projection's layout, not the op's): what
     # writing the contiguous (b, h, s, d) result costs against writing in x's own order
     "(result written in x's layout, as inductor writes it)": {**SHIPPED, "edits": (
-        ("out[k] = (size_t)((b * H + h) * S + s) * D + col;", "out[k] = xo;"),)},
+        ("out[k] = (size_t)(b * H + h) * R * head + (size_t)s * D + col;", "out[k] = xo;"),)},
 }
 
 

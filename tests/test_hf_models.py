@@ -19,23 +19,30 @@ import hf_models  # noqa: E402
 import fxkern.library as lib  # noqa: E402
 
 LAYERS = 2
+# Grouped-query attention (the Llama-style configs have half as many key/value heads as query heads):
+# the queries are rotated, the keys rotated and repeated for each query head in one kernel, the values
+# repeated (transformers' repeat_kv).
+GQA_ROPE = {"rotary_embedding": LAYERS, "rotary_embedding_repeat_kv": LAYERS, "repeat_kv": LAYERS}
 # What each model's rewritten program calls, for LAYERS layers.
 EXPECTED = {
-    "llama": {"add_rms_norm": 2 * LAYERS, "rms_norm": 1, "rotary_embedding": 2 * LAYERS, "swiglu": LAYERS},
-    "qwen2": {"add_rms_norm": 2 * LAYERS, "rms_norm": 1, "rotary_embedding": 2 * LAYERS, "swiglu": LAYERS},
-    "mistral": {"add_rms_norm": 2 * LAYERS, "rms_norm": 1, "rotary_embedding": 2 * LAYERS, "swiglu": LAYERS},
-    "phi3": {"add_rms_norm": 2 * LAYERS, "rms_norm": 1, "rotary_embedding": 2 * LAYERS, "swiglu_chunked": LAYERS},
-    "gemma": {"add_gemma_rms_norm": 2 * LAYERS, "gemma_rms_norm": 1, "rotary_embedding": 2 * LAYERS,
+    "llama": {"add_rms_norm": 2 * LAYERS, "rms_norm": 1, **GQA_ROPE, "swiglu": LAYERS},
+    "qwen2": {"add_rms_norm": 2 * LAYERS, "rms_norm": 1, **GQA_ROPE, "swiglu": LAYERS},
+    "mistral": {"add_rms_norm": 2 * LAYERS, "rms_norm": 1, **GQA_ROPE, "swiglu": LAYERS},
+    # Phi-3 rotates a slice of each head (its partial-rotary code, the whole head here) and concatenates
+    # the rest back, so the keys' rotation and repeat stay two kernels
+    "phi3": {"add_rms_norm": 2 * LAYERS, "rms_norm": 1, "rotary_embedding": 2 * LAYERS, "repeat_kv": 2 * LAYERS,
+             "swiglu_chunked": LAYERS},
+    "gemma": {"add_gemma_rms_norm": 2 * LAYERS, "gemma_rms_norm": 1, **GQA_ROPE,
               "geglu_tanh": LAYERS},
     # Gemma 2 also normalises the attention's and the MLP's outputs before the residual adds, and its
     # eager attention soft-caps the scores (cap * tanh(x * scaling / cap), then the mask, in one kernel)
-    "gemma2": {"add_gemma_rms_norm": 2 * LAYERS, "gemma_rms_norm": 2 * LAYERS + 1, "rotary_embedding": 2 * LAYERS,
+    "gemma2": {"add_gemma_rms_norm": 2 * LAYERS, "gemma_rms_norm": 2 * LAYERS + 1, **GQA_ROPE,
                "softcapped_masked_softmax": LAYERS, "geglu_tanh": LAYERS},
     # Gemma 3 adds RMSNorms of the queries and keys
-    "gemma3": {"add_gemma_rms_norm": 2 * LAYERS, "gemma_rms_norm": 4 * LAYERS + 1, "rotary_embedding": 2 * LAYERS,
+    "gemma3": {"add_gemma_rms_norm": 2 * LAYERS, "gemma_rms_norm": 4 * LAYERS + 1, **GQA_ROPE,
                "geglu_tanh": LAYERS},
     # Qwen3 normalises each head's queries and keys (plain RMSNorms: no add before them)
-    "qwen3": {"add_rms_norm": 2 * LAYERS, "rms_norm": 2 * LAYERS + 1, "rotary_embedding": 2 * LAYERS, "swiglu": LAYERS},
+    "qwen3": {"add_rms_norm": 2 * LAYERS, "rms_norm": 2 * LAYERS + 1, **GQA_ROPE, "swiglu": LAYERS},
     # the first block's ln_1 has no residual add before it
     "gpt2": {"add_layer_norm": 2 * LAYERS, "gelu_new": LAYERS},
     # a parallel residual: both branches' norms read the same input, one add joins them

@@ -399,7 +399,9 @@ def test_gemma_model_is_replaced_end_to_end():
     new = fxkern.apply(ep, lib.rules(), verify=True)
     targets = [n.target for n in new.graph.nodes]
     assert targets.count(lib.op("geglu_tanh").default) == 2
-    assert targets.count(lib.op("rotary_embedding").default) == 4
+    # queries rotated; keys (2 heads for 4 query heads) rotated and repeated in one kernel; values repeated
+    for name in ("rotary_embedding", "rotary_embedding_repeat_kv", "repeat_kv"):
+        assert targets.count(lib.op(name).default) == 2
     assert targets.count(lib.op("add_gemma_rms_norm").default) + targets.count(lib.op("gemma_rms_norm").default) == 5
     other = torch.randint(0, 128, (2, 16))
     with torch.no_grad():
@@ -699,10 +701,93 @@ def test_rotary_embedding_forms(dtype):
 
 
 def test_llama_queries_and_keys_are_rotated_by_one_kernel_each(rules):
-    model = tiny_llama(torch.bfloat16)
+    model = tiny_llama(torch.bfloat16)  # 4 query heads, 2 key/value heads
     ep = torch.export.export(model, (torch.randint(0, 128, (2, 16)),), kwargs={"use_cache": False})
-    matches = fxkern.explain(ep, rules)["rotary_embedding"].matches
-    assert len(matches) == 2 and all(m.location for m in matches)
+    report = fxkern.explain(ep, rules)
+    for name in ("rotary_embedding", "rotary_embedding_repeat_kv", "repeat_kv"):
+        matches = report[name].matches
+        assert len(matches) == 1 and all(m.location for m in matches), name
+
+
+def repeat_kv(hidden_states, n_rep):
+    """transformers' ``repeat_kv``, line for line."""
+    batch, num_key_value_heads, slen, head_dim = hidden_states.shape
+    if n_rep == 1:
+        return hidden_states
+    hidden_states = hidden_states[:, :, None, :, :].expand(batch, num_key_value_heads, n_rep, slen, head_dim)
+    return hidden_states.reshape(batch, num_key_value_heads * n_rep, slen, head_dim)
+
+
+class GQAttention(nn.Module):
+    """transformers' grouped-query attention up to SDPA's inputs: queries and keys rotated, keys and values
+    repeated for each query head of their group. ``cached`` also returns the rotated keys (what a KV
+    cache stores), so the rotation's result is used twice."""
+
+    def __init__(self, n_rep, cached=False):
+        super().__init__()
+        self.n_rep, self.cached = n_rep, cached
+
+    def forward(self, q_proj, k_proj, v_proj, cos, sin):
+        b, s, _ = q_proj.shape
+        q, k, v = (t.view(b, s, -1, 16).transpose(1, 2) for t in (q_proj, k_proj, v_proj))
+        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+        q = (q * cos) + (rotate_half(q) * sin)
+        k = (k * cos) + (rotate_half(k) * sin)
+        out = (q, repeat_kv(k, self.n_rep), repeat_kv(v, self.n_rep))  # what SDPA takes
+        return out + (k,) if self.cached else out
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
+def test_grouped_query_keys_are_rotated_and_repeated_in_one_kernel(dtype):
+    torch.manual_seed(0)
+    cos, sin = rope_tables(2, 8, 16)
+    kv = torch.randn(2, 8, 32)  # 2 key/value heads of 16
+    for n_rep in (2, 4):
+        q = torch.randn(2, 8, 32 * n_rep)
+        assert replaced(GQAttention(n_rep), q, kv, kv.flip(0), cos, sin, dtype=dtype) == {
+            "rotary_embedding": 1, "rotary_embedding_repeat_kv": 1, "repeat_kv": 1}
+    # the rotated keys also leave the graph (a cache): the rotation and the repeat stay two kernels
+    q = torch.randn(2, 8, 64)
+    assert replaced(GQAttention(2, cached=True), q, kv, kv.flip(0), cos, sin, dtype=dtype) == {
+        "rotary_embedding": 2, "repeat_kv": 2}
+    # one key/value head per query head: transformers repeats nothing, and there is nothing to replace
+    assert replaced(GQAttention(1), torch.randn(2, 8, 32), kv, kv.flip(0), cos, sin, dtype=dtype) == {
+        "rotary_embedding": 2}
+
+
+def test_repeat_kv_near_misses_are_left_alone(rules):
+    x = torch.randn(2, 2, 8, 16)
+    # torchtune's form (a -1 in the expand, then flatten) and repeat_interleave leave other graphs
+    torchtune = Fn(lambda k: k.unsqueeze(2).expand(2, 2, 3, -1, 16).flatten(1, 2))
+    interleave = Fn(lambda k: k.repeat_interleave(3, dim=1))
+    for module in (torchtune, interleave):
+        assert "repeat_kv" not in replaced(module, x)
+    # a dynamic sequence length: the expand's sizes are symbols, not literals; PyTorch keeps the copy
+    s = torch.export.Dim("s", min=2, max=64)
+    ep = torch.export.export(Fn(lambda k: repeat_kv(k, 2)), (x,), dynamic_shapes=(({2: s},),))
+    assert not fxkern.explain(ep, rules)["repeat_kv"].matches
+    other = torch.randn(2, 2, 13, 16)
+    torch.testing.assert_close(fxkern.apply(ep, rules).module()(other), repeat_kv(other, 2), rtol=0, atol=0)
+
+
+def test_repeat_ops_check_their_sizes():
+    op, fused = lib.op("repeat_kv"), lib.op("rotary_embedding_repeat_kv")
+    x, (cos, sin) = torch.randn(2, 8, 4, 16).transpose(1, 2), rope_tables(2, 8, 16)
+    cos, sin = cos[:, None], sin[:, None]
+    torch.testing.assert_close(op(x, 2, 4, 3, 8, 16, 12), repeat_kv(x, 3), rtol=0, atol=0)
+    torch.testing.assert_close(fused(x, cos, sin, 8, 2, 4, 3, 8, 16, 12), repeat_kv(x * cos + rotate_half(x) * sin, 3),
+                               rtol=0, atol=0)
+    with pytest.raises(fxkern.KernelInputError, match=r"repeat_kv: heads = 10 must be kv_heads \* n_rep = 4 \* 3"):
+        op(x, 2, 4, 3, 8, 16, 10)
+    with pytest.raises(fxkern.KernelInputError, match=r"x \(2, 4, 8, 16\) is not \(batch, kv_heads, seq, head_dim\)"):
+        op(x, 2, 4, 3, 9, 16, 12)
+    with pytest.raises(fxkern.KernelInputError, match=r"x \(4, 8, 16\) must be 4-d"):
+        op(x[0], 2, 4, 3, 8, 16, 12)
+    with pytest.raises(fxkern.KernelInputError, match=r"rotary_embedding_repeat_kv: half = 4 rotates"):
+        fused(x, cos, sin, 4, 2, 4, 3, 8, 16, 12)
+    big = torch.empty(8, 1024, 2048, 128, device="meta")  # repeated twice: 2**32 elements, past int32 indexing
+    with pytest.raises(fxkern.KernelInputError, match=r"more than 2\*\*31 - 1 elements.*split the batch"):
+        op(big, 8, 1024, 2, 2048, 128, 2048)
 
 
 def test_rotary_near_misses_are_left_alone():

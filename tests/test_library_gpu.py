@@ -599,6 +599,66 @@ def test_rotary_embedding_reads_the_projection_in_place_and_empty_input():
     assert out.shape == empty.shape
 
 
+# ---- grouped-query attention: keys rotated and repeated, values repeated (copies, equal to the bit) ----
+
+
+def gqa_layouts(b, s, h, d, dtype):
+    """Keys or values (b, h, s, d) as attention makes them, and the layouts a caller may pass."""
+    projected = rand(b, s, h * d, dtype=dtype, scale=3.0).view(b, s, h, d).transpose(1, 2)
+    return {
+        "projected (read in place)": projected,
+        "contiguous": projected.contiguous(),
+        "part of wider heads (copied)": rand(b, h, s, d + 8, dtype=dtype)[..., :d],
+        "projected, one element past alignment": torch.cat([projected.new_zeros(1), rand(b * s * h * d, dtype=dtype)])[1:]
+        .view(b, s, h, d).transpose(1, 2),
+    }
+
+
+def same_bits(got, want, where):
+    assert got.is_contiguous() and got.shape == want.shape and got.dtype == want.dtype, where
+    bits = {4: torch.int32, 2: torch.int16}[got.element_size()]
+    same = (got.view(bits) == want.view(bits)) | (got.isnan() & want.isnan())
+    assert bool(same.all()), f"{where}: {int((~same).sum())} elements differ in their bits"
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).removeprefix("torch."))
+def test_repeat_kv_and_rotated_keys_on_every_layout_and_head_size(dtype):
+    torch.manual_seed(0)
+    b, s, h = 3, 37, 5
+    for d in HEAD_SIZES:
+        cos, sin = rope_tables(b, s, d, dtype)
+        for n_rep in (1, 2, 4):
+            sizes = (b, h, n_rep, s, d, h * n_rep)
+            for lname, x in gqa_layouts(b, s, h, d, dtype).items():
+                where = f"{dtype} d={d} n_rep={n_rep} x {lname}"
+                poison()
+                same_bits(lib.op("repeat_kv")(x, *sizes), rotary.repeat_kv(x, *sizes), f"repeat_kv {where}")
+                for tname, (c, sn) in {"(b, 1, s, d)": (cos, sin), "(1, 1, s, d)": (cos[:1], sin[:1])}.items():
+                    poison()
+                    got = lib.op("rotary_embedding_repeat_kv")(x, c, sn, d // 2, *sizes)
+                    same_bits(got, rotary.rotary_embedding_repeat_kv(x, c, sn, d // 2, *sizes),
+                              f"rotary_embedding_repeat_kv {where}, cos {tname}")
+
+
+def test_gqa_ops_read_the_projection_in_place_and_check_their_sizes():
+    x = rand(2, 64, 4 * 64, dtype=torch.bfloat16).view(2, 64, 4, 64).transpose(1, 2)
+    cos, sin = rope_tables(2, 64, 64, torch.bfloat16)
+    sizes = (2, 4, 2, 64, 64, 8)
+    names = kernels_run(lambda: lib.op("rotary_embedding_repeat_kv")(x, cos, sin, 32, *sizes))
+    assert names and all("rotary_repeat_kv_heads_inner" in n for n in names), names  # one kernel, no copy first
+    names = kernels_run(lambda: lib.op("repeat_kv")(x, *sizes))
+    assert names and all("repeat_kv_heads_inner" in n for n in names), names
+    with pytest.raises(fxkern.KernelInputError, match=r"heads = 6 must be kv_heads \* n_rep = 4 \* 2"):
+        lib.op("repeat_kv")(x, 2, 4, 2, 64, 64, 6)
+    with pytest.raises(fxkern.KernelInputError, match=r"is not \(batch, kv_heads, seq, head_dim\) = \(2, 4, 32, 64\)"):
+        lib.op("rotary_embedding_repeat_kv")(x, cos, sin, 32, 2, 4, 2, 32, 64, 8)
+    with pytest.raises(fxkern.KernelInputError, match="rotary_embedding_repeat_kv: half = 16"):
+        lib.op("rotary_embedding_repeat_kv")(x, cos, sin, 16, *sizes)
+    empty = x[:, :, :0]
+    assert lib.op("repeat_kv")(empty, 2, 4, 2, 0, 64, 8).shape == (2, 8, 0, 64)
+    torch.cuda.synchronize()
+
+
 def test_private_rotary_op_checks_a_new_half_after_a_good_call():
     """A meta_fn's checks read the scalars too, so the remembered launch of one call is not reused
     for a call that differs only in ``half``."""

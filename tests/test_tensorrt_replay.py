@@ -93,7 +93,7 @@ def spec_launch(entry):
     if entry.eager_fn is None:
         return entry.op
     return fxkern.cuda_kernel_op("fxkern_replay::" + entry.qualname.replace("::", "__"), entry.spec,
-                                 meta_fn=entry.meta_fn, reference=entry.reference)
+                                 meta_fn=entry.meta_fn, reference=entry.reference, schema=entry.schema)
 
 
 LIBRARY = library_ops()

@@ -16,7 +16,8 @@ pattern functions (each pattern is also its op's CPU reference):
   scaled, masked softmax (``scores * scaling + mask`` or ``scores / sqrt(d) + mask``, then softmax),
   also with Gemma 2's soft-capped scores;
 * :mod:`~fxkern.library.rotary` — rotary position embedding as transformers and litgpt write it,
-  ``q * cos + rotate_half(q) * sin``, reading the projection's transposed layout in place.
+  ``q * cos + rotate_half(q) * sin``, reading the projection's transposed layout in place; and
+  grouped-query attention's ``repeat_kv`` of the values, and of the keys with their rotation (one pass).
 
 Importing this package registers nothing. :func:`rules` registers every op (``fxkern_lib::*``,
 compiled by NVRTC: no GPU needed, cached on disk) and traces every pattern, once per process.
@@ -59,7 +60,14 @@ from fxkern.library.rmsnorm import (
     llama_rmsnorm,
     t5_layer_norm,
 )
-from fxkern.library.rotary import ROTARY, rotary_embedding
+from fxkern.library.rotary import (
+    REPEAT_KV,
+    ROTARY,
+    ROTARY_REPEAT_KV,
+    repeat_kv,
+    rotary_embedding,
+    rotary_embedding_repeat_kv,
+)
 from fxkern.library.softmax import (
     DIVIDED_MASKED_SOFTMAX,
     SCALED_MASKED_SOFTMAX,
@@ -120,7 +128,9 @@ __all__ = [
     "MEGATRON_BIAS_GELU",
     "NAME",
     "RMS_NORM",
+    "REPEAT_KV",
     "ROTARY",
+    "ROTARY_REPEAT_KV",
     "SCALED_MASKED_SOFTMAX",
     "SOFTCAPPED_MASKED_SOFTMAX",
     "SOFTMAX",
@@ -144,9 +154,11 @@ __all__ = [
     "llama_rmsnorm",
     "megatron_bias_gelu",
     "op",
+    "repeat_kv",
     "rmsnorm",
     "rotary",
     "rotary_embedding",
+    "rotary_embedding_repeat_kv",
     "rules",
     "scaled_masked_softmax",
     "scaled_masked_softmax_float32",

@@ -21,8 +21,21 @@ view of a ``(B, S, H, D)`` tensor. The kernel reads that layout in place (``rota
 writes a contiguous ``(B, H, S, D)`` result, which the attention matmul after it would otherwise copy
 out itself. Other layouts are made contiguous first.
 
+Grouped-query attention (Llama 3, Mistral, Qwen, Gemma: fewer key/value heads than query heads)
+then copies each key and value head once per query head of its group, transformers' ``repeat_kv``
+(SDPA with a mask, and eager attention)::
+
+    x[:, :, None, :, :].expand(batch, kv_heads, n_rep, seq, head_dim).reshape(batch, heads, seq, head_dim)
+
+PyTorch makes that copy with a generic strided kernel (a fifth of copy bandwidth in bfloat16, two
+fifths in float32, at 16x8x2048x128 repeated 4 times on an H200). Two ops replace it: ``repeat_kv``
+for the values, and ``rotary_embedding_repeat_kv`` for the keys, which writes each rotated row
+``n_rep`` times in the same pass. The pattern captures each size of the
+expand and the reshape (``heads`` is ``kv_heads * n_rep``, which the graph holds as a literal); a
+dynamic size is a symbol, not a literal, and leaves the copy to PyTorch.
+
 Numbers: each of eager's four roundings is kept, ``T(T(x*cos) + T(-x2*sin))``, so the result equals
-eager PyTorch's to the bit in every dtype.
+eager PyTorch's to the bit in every dtype; the repeats are copies.
 """
 
 from __future__ import annotations
@@ -38,6 +51,7 @@ from fxkern.library.cuda_common import COMMON, EW_BLOCK
 from fxkern.ops import MAX_SIGNATURES, cuda_kernel_op, kernel_op
 from fxkern.spec import Custom, DimSize, InputDecl, KernelSpec, Numel, OutputDecl, SameAs, ScalarInput
 from fxkern.symbolic import cdiv
+from fxkern.derive import INT32_MAX
 
 SOURCE = COMMON + r"""
 namespace fxk {
@@ -101,7 +115,9 @@ __device__ __forceinline__ void rope_packs(const Pack<T, V>& a, const Pack<T, V>
     }
 }
 
-// y (B, H, S, D) contiguous from x's rows, D = 2 * half. x's rows are in (B, H, S) order, or in
+// y (B, H * R, S, D) contiguous from x's rows, D = 2 * half: each head's rotated rows written R times
+// over (R = 1: plain RoPE; R > 1: the keys of grouped-query attention, repeated for every query head
+// of their group, as transformers' repeat_kv copies them). x's rows are in (B, H, S) order, or in
 // (B, S, H) order (HEADS_INNER: a transposed projection output, read in place). A1, A2 are x's axes 1
 // and 2 as passed: (H, S), or (S, H) when HEADS_INNER. cos and sin are (cB, cH, cS, D), contiguous,
 // each of cB, cH, cS 1 or x's size. Each thread takes a pack of V columns from both halves of a row;
@@ -113,10 +129,11 @@ __device__ __forceinline__ void rope_packs(const Pack<T, V>& a, const Pack<T, V>
 template <typename T, int V, bool HEADS_INNER>
 __device__ __forceinline__ void rotary_rows(const T* __restrict__ x, const T* __restrict__ cs, const T* __restrict__ sn,
                                             unsigned half, unsigned n, unsigned A1, unsigned A2,
-                                            unsigned cB, unsigned cH, unsigned cS, T* __restrict__ y) {
+                                            unsigned cB, unsigned cH, unsigned cS, unsigned R, T* __restrict__ y) {
     constexpr int K = FXK_ROPE_K;  // items a thread loads before it computes (1: 0-4% faster than 2 or 4)
     const unsigned D = 2 * half, P = half / V, items = n / D * P;
     const unsigned H = HEADS_INNER ? A2 : A1, S = HEADS_INNER ? A1 : A2;
+    const size_t head = (size_t)S * D;  // one head's rows in y
     const unsigned sB = cB > 1 ? cH * cS : 0u, sH = cH > 1 ? cS : 0u, sS = cS > 1 ? 1u : 0u;
     const unsigned chunk = (items + gridDim.x - 1) / gridDim.x;
     const unsigned lo = min(blockIdx.x * chunk, items), hi = min(lo + chunk, items);
@@ -138,7 +155,7 @@ __device__ __forceinline__ void rotary_rows(const T* __restrict__ x, const T* __
                 cb[k] = load<T, V>(cs + co + half);
                 sa[k] = load<T, V>(sn + co);
                 sb[k] = load<T, V>(sn + co + half);
-                out[k] = (size_t)((b * H + h) * S + s) * D + col;
+                out[k] = (size_t)(b * H + h) * R * head + (size_t)s * D + col;
             }
         }
 #pragma unroll
@@ -146,21 +163,56 @@ __device__ __forceinline__ void rotary_rows(const T* __restrict__ x, const T* __
             if (out[k] == ~(size_t)0) continue;
             Pack<T, V> ya, yb;
             rope_packs<T, V>(xa[k], xb[k], ca[k], cb[k], sa[k], sb[k], ya, yb);
-            store<T, V>(y + out[k], ya);
-            store<T, V>(y + out[k] + half, yb);
+            for (unsigned r = 0; r < R; ++r) {
+                store<T, V>(y + out[k] + r * head, ya);
+                store<T, V>(y + out[k] + r * head + half, yb);
+            }
         }
     }
 }
 
 template <typename T, bool HEADS_INNER>
 __device__ __forceinline__ void rotary(const T* x, const T* cs, const T* sn, int half, int n, int A1, int A2,
-                                       int cB, int cH, int cS, T* y) {
+                                       int cB, int cH, int cS, int R, T* y) {
     constexpr int V = 16 / sizeof(T);
-    if (half <= 0) return;
+    if (half <= 0 || R <= 0) return;
     if (half % V == 0 && aligned16(x) && aligned16(cs) && aligned16(sn) && aligned16(y))
-        rotary_rows<T, V, HEADS_INNER>(x, cs, sn, half, n, A1, A2, cB, cH, cS, y);
+        rotary_rows<T, V, HEADS_INNER>(x, cs, sn, half, n, A1, A2, cB, cH, cS, R, y);
     else
-        rotary_rows<T, 1, HEADS_INNER>(x, cs, sn, half, n, A1, A2, cB, cH, cS, y);
+        rotary_rows<T, 1, HEADS_INNER>(x, cs, sn, half, n, A1, A2, cB, cH, cS, R, y);
+}
+
+// y (B, H * R, S, D) contiguous: x's rows (laid out as rotary_rows reads them) each written R times,
+// transformers' repeat_kv for the values of grouped-query attention. A thread moves one pack of x to
+// its R places (a thread per pack of y, in y's order, reading each pack of x R times from L2: 2-4%
+// slower at 16x8x2048x128 repeated 4 times, H200, 2026-11-25 03:18 and 03:27 UTC runs of
+// benchmarks/library.py --only repeat_kv).
+template <typename T, int V, bool HEADS_INNER>
+__device__ __forceinline__ void repeat_rows(const T* __restrict__ x, unsigned D, unsigned n, unsigned A1,
+                                            unsigned A2, unsigned R, T* __restrict__ y) {
+    const unsigned P = D / V, items = n / V;
+    const unsigned H = HEADS_INNER ? A2 : A1, S = HEADS_INNER ? A1 : A2;
+    const size_t head = (size_t)S * D;
+    const unsigned chunk = (items + gridDim.x - 1) / gridDim.x;
+    const unsigned lo = min(blockIdx.x * chunk, items), hi = min(lo + chunk, items);
+    for (unsigned i = lo + threadIdx.x; i < hi; i += blockDim.x) {
+        const unsigned r = i / P, col = (i - r * P) * V;  // x's row r: (b, A1, A2)
+        const unsigned outer = r / A2, a2 = r - outer * A2, b = outer / A1, a1 = outer - b * A1;
+        const unsigned h = HEADS_INNER ? a2 : a1, s = HEADS_INNER ? a1 : a2;
+        const Pack<T, V> v = load<T, V>(x + (size_t)r * D + col);
+        const size_t o = (size_t)(b * H + h) * R * head + (size_t)s * D + col;
+        for (unsigned k = 0; k < R; ++k) store<T, V>(y + o + k * head, v);
+    }
+}
+
+template <typename T, bool HEADS_INNER>
+__device__ __forceinline__ void repeat(const T* x, int D, int n, int A1, int A2, int R, T* y) {
+    constexpr int V = 16 / sizeof(T);
+    if (D <= 0 || R <= 0) return;
+    if (D % V == 0 && aligned16(x) && aligned16(y))
+        repeat_rows<T, V, HEADS_INNER>(x, D, n, A1, A2, R, y);
+    else
+        repeat_rows<T, 1, HEADS_INNER>(x, D, n, A1, A2, R, y);
 }
 
 }  // namespace fxk
@@ -168,13 +220,45 @@ __device__ __forceinline__ void rotary(const T* x, const T* cs, const T* sn, int
 template <typename T>
 __global__ void __launch_bounds__(128) rotary(const T* x, const T* cs, const T* sn, int half, int n, int A1, int A2,
                                               int cB, int cH, int cS, T* y) {
-    fxk::rotary<T, false>(x, cs, sn, half, n, A1, A2, cB, cH, cS, y);
+    fxk::rotary<T, false>(x, cs, sn, half, n, A1, A2, cB, cH, cS, 1, y);
 }
 
 template <typename T>
 __global__ void __launch_bounds__(128) rotary_heads_inner(const T* x, const T* cs, const T* sn, int half, int n,
                                                           int A1, int A2, int cB, int cH, int cS, T* y) {
-    fxk::rotary<T, true>(x, cs, sn, half, n, A1, A2, cB, cH, cS, y);
+    fxk::rotary<T, true>(x, cs, sn, half, n, A1, A2, cB, cH, cS, 1, y);
+}
+
+// The grouped-query keys: rotated and repeated for each query head of their group in one pass. The
+// sizes are the ones the pattern captures (x is (batch, kv_heads, seq, head_dim), y has heads =
+// kv_heads * n_rep); the op checks them against x. The _heads_inner kernels read x as (batch, seq,
+// kv_heads, head_dim), the projection's layout.
+template <typename T>
+__global__ void __launch_bounds__(128) rotary_repeat_kv(const T* x, const T* cs, const T* sn, int half, int batch,
+                                                        int kv_heads, int n_rep, int seq, int head_dim, int heads,
+                                                        int n, int cB, int cH, int cS, T* y) {
+    fxk::rotary<T, false>(x, cs, sn, half, n, kv_heads, seq, cB, cH, cS, n_rep, y);
+}
+
+template <typename T>
+__global__ void __launch_bounds__(128) rotary_repeat_kv_heads_inner(const T* x, const T* cs, const T* sn, int half,
+                                                                    int batch, int kv_heads, int n_rep, int seq,
+                                                                    int head_dim, int heads, int n, int cB, int cH,
+                                                                    int cS, T* y) {
+    fxk::rotary<T, true>(x, cs, sn, half, n, seq, kv_heads, cB, cH, cS, n_rep, y);
+}
+
+// The grouped-query values: repeat_kv alone, a copy that writes each head n_rep times.
+template <typename T>
+__global__ void __launch_bounds__(128) repeat_kv(const T* x, int batch, int kv_heads, int n_rep, int seq,
+                                                 int head_dim, int heads, int n, T* y) {
+    fxk::repeat<T, false>(x, head_dim, n, kv_heads, seq, n_rep, y);
+}
+
+template <typename T>
+__global__ void __launch_bounds__(128) repeat_kv_heads_inner(const T* x, int batch, int kv_heads, int n_rep, int seq,
+                                                             int head_dim, int heads, int n, T* y) {
+    fxk::repeat<T, true>(x, head_dim, n, seq, kv_heads, n_rep, y);
 }
 """
 
@@ -201,6 +285,40 @@ ROTARY_HEADS_INNER = dataclasses.replace(ROTARY, kernel_name="rotary_heads_inner
 ROWS, ROWS_HEADS_INNER = f"{NAMESPACE}::_rotary_rows", f"{NAMESPACE}::_rotary_rows_heads_inner"
 
 
+def read_geometry(inputs, outputs):
+    """EW_BLOCK threads a block, a block per ELEMENTS_PER_BLOCK elements of x: the repeating kernels
+    write each of them n_rep times."""
+    return (cdiv(inputs[0].numel(), ELEMENTS_PER_BLOCK),), (EW_BLOCK,)
+
+
+# Grouped-query attention's keys and values, repeated for every query head of their group. The sizes
+# are the literals transformers' repeat_kv leaves in the graph (the pattern captures each); the
+# output, (batch, heads, seq, head_dim), comes from the meta_fn, so these specs declare none.
+SIZES = ("batch", "kv_heads", "n_rep", "seq", "head_dim", "heads")
+_SIZE_INPUTS = [ScalarInput(n, int) for n in SIZES]
+_SIZE_SCHEMA = ", ".join(f"int {n}" for n in SIZES)
+# x (batch, kv_heads, seq, head_dim) contiguous, cos and sin as ROTARY reads them: rotated, then repeated.
+ROTARY_REPEAT_KV = KernelSpec(
+    SOURCE, "rotary_repeat_kv",
+    inputs=[InputDecl("x"), InputDecl("cos"), InputDecl("sin"), ScalarInput("half", int), *_SIZE_INPUTS],
+    extras=[Numel("x"), DimSize("cos", 0), DimSize("cos", 1), DimSize("cos", 2)],
+    geometry=Custom(read_geometry),
+    dtypes=DTYPES,
+)
+ROTARY_REPEAT_KV_SCHEMA = f"(Tensor x, Tensor cos, Tensor sin, int half, {_SIZE_SCHEMA}) -> Tensor"
+# x (batch, kv_heads, seq, head_dim) contiguous: repeated.
+REPEAT_KV = KernelSpec(
+    SOURCE, "repeat_kv",
+    inputs=[InputDecl("x"), *_SIZE_INPUTS],
+    extras=[Numel("x")],
+    geometry=Custom(read_geometry),
+    dtypes=DTYPES,
+)
+REPEAT_KV_SCHEMA = f"(Tensor x, {_SIZE_SCHEMA}) -> Tensor"
+ROTARY_REPEAT_ROWS = f"{NAMESPACE}::_rotary_repeat_kv_rows"
+REPEAT_ROWS = f"{NAMESPACE}::_repeat_kv_rows"
+
+
 # ---- the pattern (also the op's CPU reference) ----------------------------------------------------
 
 
@@ -212,17 +330,36 @@ def rotary_embedding(x, cos, sin, half: int):
     return (x * cos) + (torch.cat((-x2, x1), dim=-1) * sin)
 
 
-def _heads_inner_reference(xt, cos, sin, half: int):
+def repeat_kv(x, batch: int, kv_heads: int, n_rep: int, seq: int, head_dim: int, heads: int):
+    """transformers' ``repeat_kv`` (grouped-query attention's keys and values, one copy for each query
+    head of the group): ``x[:, :, None, :, :].expand(batch, kv_heads, n_rep, seq, head_dim)`` reshaped to
+    ``(batch, kv_heads * n_rep, seq, head_dim)``; ``heads`` is that product, the literal the graph holds."""
+    return x[:, :, None, :, :].expand(batch, kv_heads, n_rep, seq, head_dim).reshape(batch, heads, seq, head_dim)
+
+
+def rotary_embedding_repeat_kv(x, cos, sin, half: int, batch: int, kv_heads: int, n_rep: int, seq: int,
+                               head_dim: int, heads: int):
+    """The keys of grouped-query attention: rotated (``apply_rotary_pos_emb``), then repeated (``repeat_kv``)."""
+    return repeat_kv(rotary_embedding(x, cos, sin, half), batch, kv_heads, n_rep, seq, head_dim, heads)
+
+
+def _heads_inner_reference(xt, cos, sin, half: int, *sizes):
+    if sizes:
+        return rotary_embedding_repeat_kv(xt.transpose(1, 2), cos, sin, half, *sizes)
     return rotary_embedding(xt.transpose(1, 2), cos, sin, half)
+
+
+def _repeat_heads_inner_reference(xt, *sizes):
+    return repeat_kv(xt.transpose(1, 2), *sizes)
 
 
 # ---- checks, output, layout -----------------------------------------------------------------------
 
 
-def _check(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, half: int) -> None:
+def _check(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, half: int,
+           op: str = f"{NAMESPACE}::rotary_embedding") -> None:
     """What the kernel reads: 4-d x (B, H, S, D), cos and sin (cB, cH, cS, D) of x's dtype, each of
     cB, cH, cS 1 or x's size, and D = 2 * half."""
-    op = f"{NAMESPACE}::rotary_embedding"
     if x.dim() != 4:
         raise KernelInputError(f"{op}: x {tuple(x.shape)} must be 4-d (batch, heads, positions, head_dim), as "
                                f"attention writes queries and keys; view (batch * heads, ...) ones back to 4-d")
@@ -243,18 +380,59 @@ def _check(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, half: int) -> 
     check_broadcast_4d(op, "cos (and sin)", cos, "x", x)
 
 
+def _check_sizes(op: str, x: torch.Tensor, batch: int, kv_heads: int, n_rep: int, seq: int, head_dim: int,
+                 heads: int) -> None:
+    """The repeating ops' sizes: x is (batch, kv_heads, seq, head_dim), heads = kv_heads * n_rep."""
+    if x.dim() != 4:
+        raise KernelInputError(f"{op}: x {tuple(x.shape)} must be 4-d (batch, kv_heads, seq, head_dim), as "
+                               f"attention writes keys and values")
+    if n_rep < 1 or heads != kv_heads * n_rep:
+        raise KernelInputError(f"{op}: heads = {heads} must be kv_heads * n_rep = {kv_heads} * {n_rep}, with n_rep >= 1")
+    if batch * heads * seq * head_dim > INT32_MAX:
+        raise KernelInputError(f"{op}: the output ({batch}, {heads}, {seq}, {head_dim}) has more than 2**31 - 1 "
+                               f"elements, more than the kernel indexes; split the batch")
+    want = (batch, kv_heads, seq, head_dim)
+    # a symbolic axis is left to the check on CUDA, at run time: the rule only matches literal sizes,
+    # and TensorRT's shape inference runs this with a free symbol for each of x's axes
+    if any(isinstance(got, int) and got != size for got, size in zip(x.shape, want)):
+        raise KernelInputError(
+            f"{op}: x {tuple(x.shape)} is not (batch, kv_heads, seq, head_dim) = {want}; pass x's own sizes")
+
+
 def _output(x, cos, sin, half):
     """The op's output (and its fake impl): checks the call, one contiguous tensor of x's shape."""
     _check(x, cos, sin, half)
     return x.new_empty(x.shape)
 
 
-def _heads_inner_output(xt, cos, sin, half):
-    """The private heads-inner op's output: (B, H, S, D) from x given as (B, S, H, D), checked as the
+def _repeat_output(x, batch: int, kv_heads: int, n_rep: int, seq: int, head_dim: int, heads: int):
+    """``repeat_kv``'s output (and its fake impl): checks the call, one (batch, heads, seq, head_dim) tensor."""
+    _check_sizes(f"{NAMESPACE}::repeat_kv", x, batch, kv_heads, n_rep, seq, head_dim, heads)
+    return x.new_empty((batch, heads, seq, head_dim))
+
+
+def _rotary_repeat_output(x, cos, sin, half: int, batch: int, kv_heads: int, n_rep: int, seq: int, head_dim: int,
+                          heads: int):
+    """``rotary_embedding_repeat_kv``'s output (and its fake impl): checks the call as both ops do."""
+    op = f"{NAMESPACE}::rotary_embedding_repeat_kv"
+    if all(isinstance(d, int) for t in (x, cos, sin) for d in t.shape):  # as _check_sizes: symbolic at run time
+        _check(x, cos, sin, half, op)
+    _check_sizes(op, x, batch, kv_heads, n_rep, seq, head_dim, heads)
+    return x.new_empty((batch, heads, seq, head_dim))
+
+
+def _heads_inner_output(xt, cos, sin, half, *sizes):
+    """A private heads-inner op's output: (B, H, S, D) from x given as (B, S, H, D), checked as the
     public op checks x (its spec's SameAs output is the public op's shape; this meta_fn decides)."""
+    if sizes:
+        return _rotary_repeat_output(xt.transpose(1, 2), cos, sin, half, *sizes)
     _check(xt.transpose(1, 2), cos, sin, half)
     b, s, h, d = xt.shape
     return xt.new_empty((b, h, s, d))
+
+
+def _repeat_heads_inner_output(xt, *sizes):
+    return _repeat_output(xt.transpose(1, 2), *sizes)
 
 
 def _compact(cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -274,27 +452,51 @@ def _narrow(cos: torch.Tensor, sin: torch.Tensor, axes: tuple[int, ...]) -> tupl
     return cos.contiguous(), sin.contiguous()
 
 
-def _on_cuda(rows, heads_inner):
-    """The public op on CUDA: checks, narrows broadcast tables, and reads x in the projection's
-    layout in place where it is that. All of it depends only on the call's signature, so it is
-    decided once per signature (as the launches under it are, fxkern.ops)."""
+def _projected(x: torch.Tensor) -> bool:
+    """Whether x (B, H, S, D) is a transposed projection output, (B, S, H, D) in memory: read in place."""
+    return not x.is_contiguous() and x.transpose(1, 2).is_contiguous()
+
+
+def _on_cuda(rows, heads_inner, check=_output):
+    """A public rotary op on CUDA (``sizes``: the repeating one's): checks, narrows broadcast tables,
+    and reads x in the projection's layout in place where it is that. All of it depends only on the
+    call's signature, so it is decided once per signature (as the launches under it are, fxkern.ops)."""
     decided: dict = {}
 
-    def on_cuda(x, cos, sin, half):
+    def on_cuda(x, cos, sin, half, *sizes):
         key = (x.shape, x.stride(), x.dtype, x.device, cos.shape, cos.stride(), cos.dtype, cos.device,
-               sin.shape, sin.stride(), sin.dtype, sin.device, half)
+               sin.shape, sin.stride(), sin.dtype, sin.device, half, sizes)
         how = decided.get(key)
         if how is None:
-            _check(x, cos, sin, half)
-            how = (_broadcast_axes(cos, sin), not x.is_contiguous() and x.transpose(1, 2).is_contiguous())
+            check(x, cos, sin, half, *sizes)
+            how = (_broadcast_axes(cos, sin), _projected(x))
             if len(decided) >= MAX_SIGNATURES:
                 decided.clear()
             decided[key] = how
         axes, projected = how
         cos, sin = _narrow(cos, sin, axes)
         if projected:  # the projection's layout: read in place
-            return heads_inner(x.transpose(1, 2), cos, sin, half)
-        return rows(x, cos, sin, half)
+            return heads_inner(x.transpose(1, 2), cos, sin, half, *sizes)
+        return rows(x, cos, sin, half, *sizes)
+
+    return on_cuda
+
+
+def _repeat_on_cuda(rows, heads_inner):
+    """``repeat_kv`` on CUDA: checks, and reads x in the projection's layout in place where it is that
+    (the values: ``v.view(B, S, H, D).transpose(1, 2)``), once per signature."""
+    decided: dict = {}
+
+    def on_cuda(x, *sizes):
+        key = (x.shape, x.stride(), x.dtype, x.device, sizes)
+        projected = decided.get(key)
+        if projected is None:
+            _repeat_output(x, *sizes)
+            projected = _projected(x)
+            if len(decided) >= MAX_SIGNATURES:
+                decided.clear()
+            decided[key] = projected
+        return heads_inner(x.transpose(1, 2), *sizes) if projected else rows(x, *sizes)
 
     return on_cuda
 
@@ -316,12 +518,52 @@ def rotary_operands(match) -> bool:
             and statically_known_true(x.shape[3] == 2 * half) and broadcasts_4d(cos, x))
 
 
+def repeat_operands(match) -> bool:
+    """A filter: x is a 4-d tensor of a library dtype whose sizes are the captured ones, and heads is
+    kv_heads * n_rep."""
+    x = match.bindings["x"].meta.get("val")
+    sizes = [match.bindings.get(n) for n in SIZES]
+    if not isinstance(x, torch.Tensor) or x.dim() != 4 or x.dtype not in DTYPES:
+        return False
+    if not all(isinstance(v, int) for v in sizes):
+        return False
+    batch, kv_heads, n_rep, seq, head_dim, heads = sizes
+    return (n_rep >= 1 and heads == kv_heads * n_rep
+            and all(statically_known_true(a == b) for a, b in zip(x.shape, (batch, kv_heads, seq, head_dim))))
+
+
+def rotary_repeat_operands(match) -> bool:
+    """A filter: the rotary embedding's operands and the repeat's sizes both hold."""
+    return rotary_operands(match) and repeat_operands(match)
+
+
 # Traced at rank 4 (the slices' axis is a literal 3) with a head size whose half, 37, is no other literal.
 _EXAMPLE = (torch.zeros(1, 2, 1, 74), torch.zeros(1, 1, 1, 74), torch.zeros(1, 1, 1, 74), 37)
+# The repeat's sizes, each a literal nothing else in the traced pattern holds (the unsqueeze's axis is 2,
+# the slices' 3): batch 13, kv_heads 5, n_rep 7, seq 11, head_dim 74, heads 35.
+_SIZES_EXAMPLE = (13, 5, 7, 11, 74, 35)
+_REPEAT_EXAMPLE = (torch.zeros(13, 5, 11, 74), *_SIZES_EXAMPLE)
+_ROTARY_REPEAT_EXAMPLE = (torch.zeros(13, 5, 11, 74), torch.zeros(1, 1, 11, 74), torch.zeros(1, 1, 11, 74), 37,
+                          *_SIZES_EXAMPLE)
 
 
 def register(rules) -> None:
-    # Not inside inductor, whose own pointwise kernel for these seven ops is one pass as well.
+    # Not inside inductor, whose own pointwise kernels for these are one pass as well.
+    # The keys of grouped-query attention first: rotated and repeated in one pass, where the two rules
+    # after it would each take half.
+    cuda_kernel_op(ROTARY_REPEAT_ROWS, ROTARY_REPEAT_KV, reference=rotary_embedding_repeat_kv,
+                   meta_fn=_rotary_repeat_output, schema=ROTARY_REPEAT_KV_SCHEMA)
+    cuda_kernel_op(ROTARY_REPEAT_ROWS + "_heads_inner", dataclasses.replace(
+        ROTARY_REPEAT_KV, kernel_name="rotary_repeat_kv_heads_inner"), reference=_heads_inner_reference,
+        meta_fn=_heads_inner_output, schema=ROTARY_REPEAT_KV_SCHEMA)
+    on_cuda = _on_cuda(kernel_op(ROTARY_REPEAT_ROWS).cuda_impl, kernel_op(ROTARY_REPEAT_ROWS + "_heads_inner").cuda_impl,
+                       check=_rotary_repeat_output)
+    op = cuda_kernel_op(f"{NAMESPACE}::rotary_embedding_repeat_kv", ROTARY_REPEAT_KV,
+                        reference=rotary_embedding_repeat_kv, meta_fn=_rotary_repeat_output, eager_fn=on_cuda,
+                        schema=ROTARY_REPEAT_KV_SCHEMA)
+    add_rule(rules, rotary_embedding_repeat_kv, op, "rotary_embedding_repeat_kv", filter=rotary_repeat_operands,
+             irs=COMPILE_FREE_IRS, example_inputs=_ROTARY_REPEAT_EXAMPLE)
+
     cuda_kernel_op(ROWS, ROTARY, reference=rotary_embedding, meta_fn=_output)
     cuda_kernel_op(ROWS_HEADS_INNER, ROTARY_HEADS_INNER, reference=_heads_inner_reference, meta_fn=_heads_inner_output)
     on_cuda = _on_cuda(kernel_op(ROWS).cuda_impl, kernel_op(ROWS_HEADS_INNER).cuda_impl)
@@ -329,3 +571,13 @@ def register(rules) -> None:
                         eager_fn=on_cuda)
     add_rule(rules, rotary_embedding, op, "rotary_embedding", filter=rotary_operands, irs=COMPILE_FREE_IRS,
              example_inputs=_EXAMPLE)
+
+    cuda_kernel_op(REPEAT_ROWS, REPEAT_KV, reference=repeat_kv, meta_fn=_repeat_output, schema=REPEAT_KV_SCHEMA)
+    cuda_kernel_op(REPEAT_ROWS + "_heads_inner", dataclasses.replace(REPEAT_KV, kernel_name="repeat_kv_heads_inner"),
+                   reference=_repeat_heads_inner_reference, meta_fn=_repeat_heads_inner_output,
+                   schema=REPEAT_KV_SCHEMA)
+    on_cuda = _repeat_on_cuda(kernel_op(REPEAT_ROWS).cuda_impl, kernel_op(REPEAT_ROWS + "_heads_inner").cuda_impl)
+    op = cuda_kernel_op(f"{NAMESPACE}::repeat_kv", REPEAT_KV, reference=repeat_kv, meta_fn=_repeat_output,
+                        eager_fn=on_cuda, schema=REPEAT_KV_SCHEMA)
+    add_rule(rules, repeat_kv, op, "repeat_kv", filter=repeat_operands, irs=COMPILE_FREE_IRS,
+             example_inputs=_REPEAT_EXAMPLE)
