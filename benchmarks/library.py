@@ -59,6 +59,12 @@ def cases():
         emb = torch.cat((emb, emb), -1)[None, None]
         return t(b, s, h * d, dtype=dt).view(b, s, h, d).transpose(1, 2), emb.cos().to(dt), emb.sin().to(dt), d // 2
 
+    def neox(b, s, h, d, rot, dt):
+        """GPT-NeoX's queries (a third of each head's fused QKV row), cos and sin (1, 1, s, rot), half, rot."""
+        qkv = t(b, s, h * 3 * d, dtype=dt).view(b, s, h, 3 * d).transpose(1, 2)
+        _, cos, sin, half = rope(1, s, 1, rot, dt)
+        return qkv[..., :d], cos, sin, half, rot
+
     return [
         ("RMSNorm (Llama)", "rms_norm", rmsnorm.llama_rmsnorm,
          lambda dt: (t(rows, d, dtype=dt), t(d, dtype=dt), 1e-6)),
@@ -112,6 +118,10 @@ def cases():
          rotary.rotary_embedding_repeat_kv, lambda dt: (*rope(16, 2048, 8, 128, dt), 16, 8, 4, 2048, 128, 32)),
         ("repeat_kv (transformers), v 16x8x2048x128 to 32 heads", "repeat_kv", rotary.repeat_kv,
          lambda dt: (rope(16, 2048, 8, 128, dt)[0], 16, 8, 4, 2048, 128, 32)),
+        # GPT-NeoX (Pythia): a quarter of each head rotated, the queries a column block of the fused QKV
+        # projection's rows, 16x2048 tokens, 32 heads of 128
+        ("partial RoPE (transformers, GPT-NeoX), q 16x32x2048x128 of fused QKV, rotary_dim 32",
+         "partial_rotary_embedding", rotary.partial_rotary_embedding, lambda dt: neox(16, 2048, 32, 128, 32, dt)),
         ("RMSNorm (Llama), 4096x2048", "rms_norm", rmsnorm.llama_rmsnorm,
          lambda dt: (t(4096, 2048, dtype=dt), t(2048, dtype=dt), 1e-6)),
         ("residual add + RMSNorm (Llama), 4096x2048", "add_rms_norm", rmsnorm.add_llama_rmsnorm,

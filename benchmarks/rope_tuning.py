@@ -24,40 +24,9 @@ import torch  # noqa: E402
 SHAPES = ((16, 2048, 32, 128, True), (16, 2048, 32, 128, False), (8, 512, 32, 64, True))
 DTYPES = (torch.float32, torch.bfloat16)
 
-# The kernel walking the output's rows (b, h, s) instead of x's memory order: with heads inner, each
-# row then reads another position's cos and sin row.
-_OUTPUT_ORDER = ((
-    "const unsigned r = i / P, col = (i - r * P) * V;  // x's row r: (b, A1, A2)\n"
-    "                const unsigned outer = r / A2, a2 = r - outer * A2, b = outer / A1, a1 = outer - b * A1;\n"
-    "                const unsigned h = HEADS_INNER ? a2 : a1, s = HEADS_INNER ? a1 : a2;\n",
-    "const unsigned ro = i / P, col = (i - ro * P) * V;\n"
-    "                const unsigned bh = ro / S, s = ro - bh * S, b = bh / H, h = bh - b * H;\n"
-    "                const unsigned r = HEADS_INNER ? (b * S + s) * H + h : ro;\n"),)
-
-# Unsigned division by a run-time divisor as a multiply-high, an add and a shift (the divisor's magic
-# number worked out once a thread, before the loop), where `/` is about ten dependent instructions
-# in front of each item's loads.
-_FAST_DIV = (
-    ("template <typename T, int V, bool HEADS_INNER>\n__device__ __forceinline__ void rotary_rows(",
-     "struct FastDiv {\n"
-     "    unsigned m, l;\n"
-     "    __device__ __forceinline__ explicit FastDiv(unsigned d)\n"
-     "        : m((unsigned)((((unsigned long long)1 << 32) * ((1ull << (32 - __clz(d - 1))) - d)) / d + 1)),\n"
-     "          l(32 - __clz(d - 1)) {}\n"
-     "    __device__ __forceinline__ unsigned operator()(unsigned n) const {\n"
-     "        return (unsigned)(((unsigned long long)__umulhi(n, m) + n) >> l);\n"
-     "    }\n"
-     "};\n"
-     "template <typename T, int V, bool HEADS_INNER>\n__device__ __forceinline__ void rotary_rows("),
-    ("    const unsigned chunk = (items + gridDim.x - 1) / gridDim.x;\n",
-     "    const unsigned chunk = (items + gridDim.x - 1) / gridDim.x;\n"
-     "    const FastDiv byP(P), byA2(A2), byA1(A1);\n"),
-    ("const unsigned r = i / P, col = (i - r * P) * V;  // x's row r: (b, A1, A2)\n"
-     "                const unsigned outer = r / A2, a2 = r - outer * A2, b = outer / A1, a1 = outer - b * A1;",
-     "const unsigned r = byP(i), col = (i - r * P) * V;\n"
-     "                const unsigned outer = byA2(r), a2 = r - outer * A2, b = byA1(outer), a1 = outer - b * A1;"),
-)
-
+# Measured before 2026-11-25 04:00 UTC, when the kernel read x contiguous or as the projection's
+# transpose only (the published table's rows): the output's row order, 2 and 4 items in flight,
+# divisions by multiply-high and shift, each 0-10% slower than the shipped kernel or level with it.
 # Measured 2026-11-25 00:40 UTC (H200) and not shipped: a thread per (position, pack column, group of
 # heads) that reads cos and sin once and rotates 2-8 heads' rows with them (2, 4 or 8 heads' loads
 # in flight, 4096-16384 elements a block): 3959-3987 GB/s at 16x32x2048x128 projected float32,
@@ -66,32 +35,17 @@ _FAST_DIV = (
 # A variant: source edits ((old, new) pairs), macros, and the elements a 128-thread block takes.
 SHIPPED = {"edits": (), "macros": "", "per_block": 4096}
 VARIANTS: dict[str, dict] = {
-    "shipped (x's memory order, 1 item in flight, 4096 a block, 16-bit pairs)": SHIPPED,
+    "shipped (x read in place at its strides, 4096 a block, 16-bit pairs)": SHIPPED,
     "16-bit on the float path": {**SHIPPED, "macros": "#define FXK_ROPE_PAIRS 0\n"},
-    "output's row order": {**SHIPPED, "edits": _OUTPUT_ORDER},
-    "2 items in flight": {**SHIPPED, "macros": "#define FXK_ROPE_K 2\n"},
-    "4 items in flight": {**SHIPPED, "macros": "#define FXK_ROPE_K 4\n"},
     "2048 a block": {**SHIPPED, "per_block": 2048},
     "8192 a block": {**SHIPPED, "per_block": 8192},
     "16384 a block": {**SHIPPED, "per_block": 16384},
-    "divisions by multiply-high and shift": {**SHIPPED, "edits": _FAST_DIV},
-    "divisions by multiply-high and shift, 2 items in flight": {**SHIPPED, "edits": _FAST_DIV,
-                                                                "macros": "#define FXK_ROPE_K 2\n"},
-    "divisions by multiply-high and shift, 8192 a block": {**SHIPPED, "edits": _FAST_DIV, "per_block": 8192},
-    # diagnostics, not candidates: what finding each item's rows costs (every item reads cos row 0)
-    "(no index math but i / P; result in x's layout)": {**SHIPPED, "edits": (
-        ("const unsigned outer = r / A2, a2 = r - outer * A2, b = outer / A1, a1 = outer - b * A1;",
-         "const unsigned outer = 0, a2 = 0, b = 0, a1 = 0;"),
-        ("out[k] = (size_t)(b * H + h) * R * head + (size_t)s * D + col;", "out[k] = xo;"))},
-    # a diagnostic, not a candidate (its result has the projection's layout, not the op's): what
-    # writing the contiguous (b, h, s, d) result costs against writing in x's own order
-    "(result written in x's layout, as inductor writes it)": {**SHIPPED, "edits": (
-        ("out[k] = (size_t)(b * H + h) * R * head + (size_t)s * D + col;", "out[k] = xo;"),)},
 }
 
 
 def variant_op(label: str, v: dict, index: int):
-    """The variant as a callable ``(x, cos, sin, half)`` taking the library's layout choice."""
+    """The variant as a callable ``(x, cos, sin, half)``: the library's eager path (checks, tables
+    narrowed, x read in place) over the variant's kernel."""
     import fxkern
     from fxkern.library import rotary
     from fxkern.symbolic import cdiv
@@ -105,12 +59,11 @@ def variant_op(label: str, v: dict, index: int):
     def geometry(inputs, outputs, per=v["per_block"]):
         return (cdiv(outputs[0].numel(), per),), (128,)
 
-    ops = []
-    for spec, suffix in ((rotary.ROTARY, ""), (rotary.ROTARY_HEADS_INNER, "_heads_inner")):
-        spec = dataclasses.replace(spec, kernel_source=v["macros"] + source, geometry=fxkern.Custom(geometry))
-        meta = rotary._output if not suffix else rotary._heads_inner_output
-        ops.append(fxkern.cuda_kernel_op(f"fxkern_tune::rope_{index}{suffix}", spec, meta_fn=meta).default)
-    return rotary._on_cuda(*ops)
+    spec = dataclasses.replace(rotary.ROTARY_STRIDED, kernel_source=v["macros"] + source,
+                               geometry=fxkern.Custom(geometry))
+    name = f"fxkern_tune::rope_{index}"
+    fxkern.cuda_kernel_op(name, spec, meta_fn=rotary._strided_output, schema=rotary._STRIDED_SCHEMA)
+    return rotary._eager(name, fxkern.kernel_op(name).cuda_impl, rotary._output, True)
 
 
 def main(argv=None) -> None:

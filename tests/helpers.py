@@ -73,14 +73,19 @@ def library_inputs(op, dtype, device, rows=37, cols=1000):
     scalars; attention's masked softmax gets (2, 3, rows, cols) scores, a (2, 1, rows, cols) mask and
     a scale (or divisor) of 8, and Gemma 2's a cap of 0.1 (randn scores times 1/8, over 0.1, reach
     tanh's curve); the rotary embedding (2, 3, rows, d) queries with d the even one of cols and
-    cols - 1, (2, 1, rows, d) cos and sin and half = d // 2; repeat_kv's (2, 3, rows, d) keys
-    repeated twice, with their sizes."""
+    cols - 1, (2, 1, rows, d) cos and sin and half = d // 2 (the partial one rotating half of d,
+    rounded to even); repeat_kv's (2, 3, rows, d) keys repeated twice, with their sizes."""
     from fxkern import kernel_op
 
     name = str(op.default._schema.name)
     plan = kernel_op(name).plan
     d = cols - cols % 2
     sizes = (2, 3, 2, rows, d, 6)  # batch, kv_heads, n_rep, seq, head_dim, heads
+    if "partial_rotary" in name:  # the first rot columns of each row rotated, the rest copied
+        rot = d // 4 * 2
+        x = torch.randn(2, 3, rows, d, dtype=dtype, device=device)
+        cos, sin = (torch.randn(2, 1, rows, rot, dtype=dtype, device=device) for _ in range(2))
+        return (x, cos, sin, rot // 2, rot) + (sizes if "repeat_kv" in name else ())
     if "rotary" in name:
         x, cos, sin = (torch.randn(2, n, rows, d, dtype=dtype, device=device) for n in (3, 1, 1))
         return (x, cos, sin, d // 2) + (sizes if "repeat_kv" in name else ())

@@ -28,10 +28,10 @@ EXPECTED = {
     "llama": {"add_rms_norm": 2 * LAYERS, "rms_norm": 1, **GQA_ROPE, "swiglu": LAYERS},
     "qwen2": {"add_rms_norm": 2 * LAYERS, "rms_norm": 1, **GQA_ROPE, "swiglu": LAYERS},
     "mistral": {"add_rms_norm": 2 * LAYERS, "rms_norm": 1, **GQA_ROPE, "swiglu": LAYERS},
-    # Phi-3 rotates a slice of each head (its partial-rotary code, the whole head here) and concatenates
-    # the rest back, so the keys' rotation and repeat stay two kernels
-    "phi3": {"add_rms_norm": 2 * LAYERS, "rms_norm": 1, "rotary_embedding": 2 * LAYERS, "repeat_kv": 2 * LAYERS,
-             "swiglu_chunked": LAYERS},
+    # Phi-3 runs the partial-rotary code (rotate the first rotary_dim columns, concatenate the rest back)
+    # with rotary_dim the whole head: its queries go to the partial op, its keys to the rotate-and-repeat one
+    "phi3": {"add_rms_norm": 2 * LAYERS, "rms_norm": 1, "partial_rotary_embedding": LAYERS,
+             "rotary_embedding_repeat_kv": LAYERS, "repeat_kv": LAYERS, "swiglu_chunked": LAYERS},
     "gemma": {"add_gemma_rms_norm": 2 * LAYERS, "gemma_rms_norm": 1, **GQA_ROPE,
               "geglu_tanh": LAYERS},
     # Gemma 2 also normalises the attention's and the MLP's outputs before the residual adds, and its
@@ -46,7 +46,9 @@ EXPECTED = {
     # the first block's ln_1 has no residual add before it
     "gpt2": {"add_layer_norm": 2 * LAYERS, "gelu_new": LAYERS},
     # a parallel residual: both branches' norms read the same input, one add joins them
-    "gpt_neox": {"add_layer_norm": LAYERS, "rotary_embedding": 2 * LAYERS},
+    # and rotates the first quarter of each head (the partial op reads q and k in place, out of the fused
+    # QKV projection)
+    "gpt_neox": {"add_layer_norm": LAYERS, "partial_rotary_embedding": 2 * LAYERS},
     "t5_encoder": {"add_rms_norm": 2 * LAYERS, "rms_norm": 1, "geglu_new": LAYERS},
     # the embeddings' LayerNorm follows an add of position embeddings broadcast over the batch, which
     # the add + LayerNorm kernel does not read (its filter declines it)

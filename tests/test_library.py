@@ -47,12 +47,14 @@ def test_rule_set_is_named_built_once_and_complete(rules):
             "bias_gelu_tanh_residual", "gelu_new", "bias_gelu_new", "bias_gelu_new_residual",
             "megatron_bias_gelu", "swiglu", "geglu", "geglu_tanh", "geglu_new", "softmax", "softmax_float32", "scaled_masked_softmax",
             "scaled_masked_softmax_float32", "divided_masked_softmax", "divided_masked_softmax_float32",
-            "softcapped_masked_softmax", "softcapped_masked_softmax_float32", "rotary_embedding", "add_layer_norm"} <= {r.name for r in rules}
+            "softcapped_masked_softmax", "softcapped_masked_softmax_float32", "rotary_embedding", "add_layer_norm",
+            "partial_rotary_embedding", "whole_rotary_embedding", "repeat_kv", "rotary_embedding_repeat_kv",
+            "whole_rotary_embedding_repeat_kv", "partial_rotary_embedding_repeat_kv"} <= {r.name for r in rules}
     assert all(str(r.op).startswith("fxkern_lib.") for r in rules)
     # every tensor input comes before the scalars (TensorRT plugins need that)
     for spec in (lib.RMS_NORM, lib.GEMMA_RMS_NORM, lib.ADD_RMS_NORM, lib.SOFTMAX, lib.SWIGLU, lib.BIAS_GELU_RESIDUAL,
                  lib.SCALED_MASKED_SOFTMAX, lib.DIVIDED_MASKED_SOFTMAX, lib.SOFTCAPPED_MASKED_SOFTMAX, lib.ROTARY,
-                 lib.ADD_LAYER_NORM):
+                 lib.PARTIAL_ROTARY, lib.ROTARY_REPEAT_KV, lib.PARTIAL_ROTARY_REPEAT_KV, lib.REPEAT_KV, lib.ADD_LAYER_NORM):
         kinds = [type(d).__name__ for d in spec.inputs]
         assert kinds == sorted(kinds, key=lambda k: k != "InputDecl")
 
@@ -842,9 +844,9 @@ def test_rotary_op_checks_its_inputs_and_returns_a_contiguous_result():
     torch.testing.assert_close(op(x, wide, sin.expand(2, 4, 8, 16), 8), x * wide + rotate_half(x) * sin, rtol=0, atol=0)
 
 
-def test_gpt_neox_partial_rotary_is_rotated_in_place_of_its_slice(rules):
-    """GPT-NeoX rotates only the first quarter of each head (``q[..., :rotary_ndims]``): the rule
-    matches on that slice and leaves the ``cat`` with the rest to PyTorch."""
+def test_gpt_neox_partial_rotary_is_one_kernel_with_its_concatenation(rules):
+    """GPT-NeoX rotates only the first quarter of each head (``q[..., :rotary_ndims]``) and concatenates
+    the rest back: one op for the slices, the rotation and the ``cat``."""
     torch.manual_seed(0)
     cfg = transformers.GPTNeoXConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
                                      num_attention_heads=4, max_position_embeddings=64, rotary_pct=0.25,
@@ -852,8 +854,48 @@ def test_gpt_neox_partial_rotary_is_rotated_in_place_of_its_slice(rules):
     model = transformers.GPTNeoXForCausalLM(cfg).eval()
     ep = torch.export.export(model, (torch.randint(0, 128, (2, 16)),), kwargs={"use_cache": False})
     new = fxkern.apply(ep, rules, verify=True)
-    calls = [n for n in new.graph.nodes if n.target == lib.op("rotary_embedding").default]
-    assert len(calls) == 2 and {n.args[3] for n in calls} == {2}  # head size 16, a quarter rotated: half = 2
+    calls = [n for n in new.graph.nodes if n.target == lib.op("partial_rotary_embedding").default]
+    assert len(calls) == 2 and {n.args[3:] for n in calls} == {(2, 4)}  # head size 16, a quarter rotated
+    assert not [n for n in new.graph.nodes if n.target in (torch.ops.aten.cat.default, lib.op("rotary_embedding").default)]
+
+
+def partial_rope(x, cos, sin):
+    """transformers' partial-rotary ``apply_rotary_pos_emb`` (GPT-NeoX, Phi-3) for one of q, k."""
+    rotary_dim = cos.shape[-1]
+    x_rot, x_pass = x[..., :rotary_dim], x[..., rotary_dim:]
+    return torch.cat([(x_rot * cos) + (rotate_half(x_rot) * sin), x_pass], dim=-1)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
+def test_partial_rotary_forms(dtype):
+    torch.manual_seed(0)
+    x = torch.randn(2, 4, 8, 16)
+    for rot in (4, 8, 12):  # a quarter, a half, three quarters (Phi-4's) of the head
+        cos, sin = rope_tables(2, 8, rot)
+        assert replaced(Fn(partial_rope), x, cos[:, None], sin[:, None], dtype=dtype) == {"partial_rotary_embedding": 1}
+    # the whole head: export drops the slice x[..., :16] and keeps the empty x[..., 16:] and the cat
+    cos, sin = rope_tables(2, 8, 16)
+    assert replaced(Fn(partial_rope), x, cos[:, None], sin[:, None], dtype=dtype) == {"partial_rotary_embedding": 1}
+    # Phi-3's grouped-query keys, partly rotated and repeated: one kernel
+    cos, sin = rope_tables(2, 8, 8)
+    keys = Fn(lambda k, c, s: repeat_kv(partial_rope(k, c, s), 2))
+    assert replaced(keys, x, cos[:, None], sin[:, None], dtype=dtype) == {"partial_rotary_embedding_repeat_kv": 1}
+    cos, sin = rope_tables(2, 8, 16)
+    assert replaced(keys, x, cos[:, None], sin[:, None], dtype=dtype) == {"rotary_embedding_repeat_kv": 1}
+
+
+def test_partial_rotary_op_checks_its_inputs():
+    op = lib.op("partial_rotary_embedding")
+    x, (cos, sin) = torch.randn(2, 4, 8, 16), rope_tables(2, 8, 4)
+    cos, sin = cos[:, None], sin[:, None]
+    torch.testing.assert_close(op(x, cos, sin, 2, 4), partial_rope(x, cos, sin), rtol=0, atol=0)
+    with pytest.raises(fxkern.KernelInputError, match=r"half = 3 rotates 6 columns, but rotary_dim is 4"):
+        op(x, cos, sin, 3, 4)
+    wide = rope_tables(2, 8, 20)
+    with pytest.raises(fxkern.KernelInputError, match=r"rotary_dim = 20 is more than x's last axis, 16"):
+        op(x, wide[0][:, None], wide[1][:, None], 10, 20)
+    with pytest.raises(fxkern.KernelInputError, match=r"cos \(and sin\) .* does not broadcast onto x\[..., :rotary_dim\]"):
+        op(x, cos, sin, 4, 8)
 
 
 def test_rotary_rule_with_a_dynamic_sequence_length(rules):

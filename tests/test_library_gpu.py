@@ -552,7 +552,9 @@ def test_rotary_embedding_on_every_layout_and_head_size(dtype):
         layouts = {
             "projected (read in place)": projected,
             "contiguous": projected.contiguous(),
-            "rotary part of wider heads (copied)": rand(b, h, s, d + 8, dtype=dtype)[..., :d],
+            "rotary part of wider heads (read in place)": rand(b, h, s, d + 8, dtype=dtype)[..., :d],
+            "a column block of a fused QKV projection (GPT-NeoX)":
+            rand(b, s, h * 3 * d, dtype=dtype).view(b, s, h, 3 * d).transpose(1, 2)[..., d:2 * d],
             "one element past 16-byte alignment": torch.cat([projected.new_zeros(1), projected.contiguous().flatten()])[1:]
             .view(b, h, s, d),
             "projected, one element past alignment": torch.cat([projected.new_zeros(1), rand(b * s * h * d, dtype=dtype)])[1:]
@@ -593,7 +595,7 @@ def test_rotary_embedding_reads_the_projection_in_place_and_empty_input():
     x = rand(2, 64, 4 * 64, dtype=torch.bfloat16).view(2, 64, 4, 64).transpose(1, 2)
     cos, sin = rope_tables(2, 64, 64, torch.bfloat16)
     names = kernels_run(lambda: lib.op("rotary_embedding")(x, cos, sin, 32))
-    assert names and all("rotary_heads_inner" in n for n in names), names  # one kernel, no copy of x first
+    assert names and all("rotary_strided" in n for n in names), names  # one kernel, no copy of x first
     empty = x[:, :, :0]
     out = lib.op("rotary_embedding")(empty, cos[:, :, :0], sin[:, :, :0], 32)
     assert out.shape == empty.shape
@@ -605,10 +607,12 @@ def test_rotary_embedding_reads_the_projection_in_place_and_empty_input():
 def gqa_layouts(b, s, h, d, dtype):
     """Keys or values (b, h, s, d) as attention makes them, and the layouts a caller may pass."""
     projected = rand(b, s, h * d, dtype=dtype, scale=3.0).view(b, s, h, d).transpose(1, 2)
+    fused = rand(b, s, 3 * h * d, dtype=dtype)  # Phi-3's qkv_proj: [q | k | v] along each token's row
     return {
         "projected (read in place)": projected,
         "contiguous": projected.contiguous(),
-        "part of wider heads (copied)": rand(b, h, s, d + 8, dtype=dtype)[..., :d],
+        "part of wider heads (read in place)": rand(b, h, s, d + 8, dtype=dtype)[..., :d],
+        "a slice of a fused QKV projection (Phi-3)": fused[..., h * d:2 * h * d].view(b, s, h, d).transpose(1, 2),
         "projected, one element past alignment": torch.cat([projected.new_zeros(1), rand(b * s * h * d, dtype=dtype)])[1:]
         .view(b, s, h, d).transpose(1, 2),
     }
@@ -644,10 +648,10 @@ def test_gqa_ops_read_the_projection_in_place_and_check_their_sizes():
     x = rand(2, 64, 4 * 64, dtype=torch.bfloat16).view(2, 64, 4, 64).transpose(1, 2)
     cos, sin = rope_tables(2, 64, 64, torch.bfloat16)
     sizes = (2, 4, 2, 64, 64, 8)
-    names = kernels_run(lambda: lib.op("rotary_embedding_repeat_kv")(x, cos, sin, 32, *sizes))
-    assert names and all("rotary_repeat_kv_heads_inner" in n for n in names), names  # one kernel, no copy first
-    names = kernels_run(lambda: lib.op("repeat_kv")(x, *sizes))
-    assert names and all("repeat_kv_heads_inner" in n for n in names), names
+    for run in (lambda: lib.op("rotary_embedding_repeat_kv")(x, cos, sin, 32, *sizes),
+                lambda: lib.op("repeat_kv")(x, *sizes)):
+        names = kernels_run(run)
+        assert names and all("rotary_strided" in n for n in names), names  # one kernel, no copy first
     with pytest.raises(fxkern.KernelInputError, match=r"heads = 6 must be kv_heads \* n_rep = 4 \* 2"):
         lib.op("repeat_kv")(x, 2, 4, 2, 64, 64, 6)
     with pytest.raises(fxkern.KernelInputError, match=r"is not \(batch, kv_heads, seq, head_dim\) = \(2, 4, 32, 64\)"):
@@ -659,15 +663,44 @@ def test_gqa_ops_read_the_projection_in_place_and_check_their_sizes():
     torch.cuda.synchronize()
 
 
-def test_private_rotary_op_checks_a_new_half_after_a_good_call():
-    """A meta_fn's checks read the scalars too, so the remembered launch of one call is not reused
-    for a call that differs only in ``half``."""
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).removeprefix("torch."))
+def test_partial_rotary_on_every_layout_and_split(dtype):
+    """GPT-NeoX's and Phi-3's partial rotation: the first rotary_dim columns rotated, the rest copied,
+    with and without the keys' repeat; equal to the bit."""
+    torch.manual_seed(0)
+    b, s, h = 3, 37, 5
+    for d, rot in ((128, 32), (128, 96), (128, 128), (64, 16), (74, 36), (80, 32), (16, 8), (6, 2)):
+        cos, sin = rope_tables(b, s, rot, dtype)
+        for lname, x in gqa_layouts(b, s, h, d, dtype).items():
+            where = f"{dtype} d={d} rotary_dim={rot} x {lname}"
+            poison()
+            got = lib.op("partial_rotary_embedding")(x, cos, sin, rot // 2, rot)
+            same_bits(got, rotary.partial_rotary_embedding(x, cos, sin, rot // 2, rot), f"partial {where}")
+            sizes = (b, h, 2, s, d, 2 * h)
+            poison()
+            got = lib.op("partial_rotary_embedding_repeat_kv")(x, cos, sin, rot // 2, rot, *sizes)
+            same_bits(got, rotary.partial_rotary_embedding_repeat_kv(x, cos, sin, rot // 2, rot, *sizes),
+                      f"partial, repeated {where}")
+
+
+def test_gpt_neox_queries_are_read_out_of_the_fused_projection():
+    b, s, h, d = 2, 64, 4, 128
+    qkv = rand(b, s, h * 3 * d, dtype=torch.bfloat16).view(b, s, h, 3 * d).transpose(1, 2)
+    q = qkv.chunk(3, dim=-1)[0]
+    cos, sin = rope_tables(b, s, 32, torch.bfloat16)
+    names = kernels_run(lambda: lib.op("partial_rotary_embedding")(q, cos, sin, 16, 32))
+    assert names and all("rotary_strided" in n for n in names), names  # one kernel: no copy of q first
+    torch.cuda.synchronize()
+
+
+def test_rotary_op_checks_a_new_half_after_a_good_call():
+    """The checks are decided once per call signature, scalars included, so the remembered launch of one
+    call is not reused for a call that differs only in ``half``."""
     x = rand(2, 4, 16, 64, dtype=torch.float32)
     cos, sin = rope_tables(1, 16, 64, torch.float32)
-    rows = torch.ops.fxkern_lib._rotary_rows
     want = rotary.rotary_embedding(x, cos, sin, 32)
     for _ in range(2):
-        torch.testing.assert_close(rows(x, cos, sin, 32), want, rtol=0, atol=0)
+        torch.testing.assert_close(lib.op("rotary_embedding")(x, cos, sin, 32), want, rtol=0, atol=0)
     with pytest.raises(fxkern.KernelInputError, match="half = 16"):
-        rows(x, cos, sin, 16)
+        lib.op("rotary_embedding")(x, cos, sin, 16)
     torch.cuda.synchronize()

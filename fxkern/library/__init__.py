@@ -16,8 +16,9 @@ pattern functions (each pattern is also its op's CPU reference):
   scaled, masked softmax (``scores * scaling + mask`` or ``scores / sqrt(d) + mask``, then softmax),
   also with Gemma 2's soft-capped scores;
 * :mod:`~fxkern.library.rotary` — rotary position embedding as transformers and litgpt write it,
-  ``q * cos + rotate_half(q) * sin``, reading the projection's transposed layout in place; and
-  grouped-query attention's ``repeat_kv`` of the values, and of the keys with their rotation (one pass).
+  ``q * cos + rotate_half(q) * sin``, and GPT-NeoX's and Phi-3's partial rotation with its ``cat``,
+  reading queries and keys where the projection left them; and grouped-query attention's
+  ``repeat_kv`` of the values, and of the keys with their rotation (one pass).
 
 Importing this package registers nothing. :func:`rules` registers every op (``fxkern_lib::*``,
 compiled by NVRTC: no GPU needed, cached on disk) and traces every pattern, once per process.
@@ -61,9 +62,13 @@ from fxkern.library.rmsnorm import (
     t5_layer_norm,
 )
 from fxkern.library.rotary import (
+    PARTIAL_ROTARY,
+    PARTIAL_ROTARY_REPEAT_KV,
     REPEAT_KV,
     ROTARY,
     ROTARY_REPEAT_KV,
+    partial_rotary_embedding,
+    partial_rotary_embedding_repeat_kv,
     repeat_kv,
     rotary_embedding,
     rotary_embedding_repeat_kv,
@@ -128,6 +133,8 @@ __all__ = [
     "MEGATRON_BIAS_GELU",
     "NAME",
     "RMS_NORM",
+    "PARTIAL_ROTARY",
+    "PARTIAL_ROTARY_REPEAT_KV",
     "REPEAT_KV",
     "ROTARY",
     "ROTARY_REPEAT_KV",
@@ -154,6 +161,8 @@ __all__ = [
     "llama_rmsnorm",
     "megatron_bias_gelu",
     "op",
+    "partial_rotary_embedding",
+    "partial_rotary_embedding_repeat_kv",
     "repeat_kv",
     "rmsnorm",
     "rotary",

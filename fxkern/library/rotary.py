@@ -1,7 +1,7 @@
 """Rotary position embedding (RoPE): ``x * cos + rotate_half(x) * sin`` in one pass instead of seven ops.
 
-Forms matched: transformers' ``apply_rotary_pos_emb`` (Llama, Mistral, Qwen2, Gemma, Phi-3, GPT-NeoX's
-rotary part) and litgpt's ``apply_rope``, which both write::
+Forms matched: transformers' ``apply_rotary_pos_emb`` (Llama, Mistral, Qwen2, Gemma) and litgpt's
+``apply_rope``, which both write::
 
     def rotate_half(x):
         x1 = x[..., : x.shape[-1] // 2]
@@ -16,10 +16,17 @@ slice is a captured ``int`` (``half``), so one rule serves every head size; ``2 
 last axis. Not matched: the interleaved (GPT-J, torchtune) and complex-number (Meta's reference
 Llama, torchtitan) forms, which are other computations.
 
+GPT-NeoX, Phi-3 (and Phi-4, StableLM, Persimmon) rotate only the first ``rotary_dim`` columns of
+each head and concatenate the rest back, ``torch.cat([rope(x[..., :rotary_dim]), x[..., rotary_dim:]],
+-1)``: one op, ``partial_rotary_embedding``, for the slices, the rotation and the ``cat``. With
+``rotary_dim`` the whole head (Phi-3's default) export drops the first slice and keeps the empty
+second one and the ``cat``, a form matched on its own.
+
 Queries come out of their projection as ``q.view(B, S, H, D).transpose(1, 2)``: a ``(B, H, S, D)``
-view of a ``(B, S, H, D)`` tensor. The kernel reads that layout in place (``rotary_heads_inner``) and
-writes a contiguous ``(B, H, S, D)`` result, which the attention matmul after it would otherwise copy
-out itself. Other layouts are made contiguous first.
+view of a ``(B, S, H, D)`` tensor; from a fused QKV projection (GPT-NeoX, Phi-3) a column block of
+each row as well. In eager PyTorch every op here runs one kernel, ``rotary_strided``, that reads x
+where it lies, at any strides with a contiguous last axis, and writes a contiguous ``(B, H, S, D)``
+result, which attention would otherwise copy out itself.
 
 Grouped-query attention (Llama 3, Mistral, Qwen, Gemma: fewer key/value heads than query heads)
 then copies each key and value head once per query head of its group, transformers' ``repeat_kv``
@@ -39,8 +46,6 @@ eager PyTorch's to the bit in every dtype; the repeats are copies.
 """
 
 from __future__ import annotations
-
-import dataclasses
 
 import torch
 from torch.fx.experimental.symbolic_shapes import statically_known_true
@@ -115,150 +120,147 @@ __device__ __forceinline__ void rope_packs(const Pack<T, V>& a, const Pack<T, V>
     }
 }
 
-// y (B, H * R, S, D) contiguous from x's rows, D = 2 * half: each head's rotated rows written R times
-// over (R = 1: plain RoPE; R > 1: the keys of grouped-query attention, repeated for every query head
-// of their group, as transformers' repeat_kv copies them). x's rows are in (B, H, S) order, or in
-// (B, S, H) order (HEADS_INNER: a transposed projection output, read in place). A1, A2 are x's axes 1
-// and 2 as passed: (H, S), or (S, H) when HEADS_INNER. cos and sin are (cB, cH, cS, D), contiguous,
-// each of cB, cH, cS 1 or x's size. Each thread takes a pack of V columns from both halves of a row;
-// a block takes an equal slice of the (row, pack) items, in x's memory order: with heads inner, the
-// rows of one position follow each other and read one cos and sin row, from L1.
-#ifndef FXK_ROPE_K
-#define FXK_ROPE_K 1
-#endif
-template <typename T, int V, bool HEADS_INNER>
+// Where a thread's rows are. x is (B, H, S, D) with its last axis contiguous and the others at any
+// strides: its rows are walked as (b, a1, a2), a2 the axis of the smaller stride (HEADS_INNER: a2 the
+// heads, as attention's projection (B, S, H, D) lays them out; else a2 the positions), so a warp reads
+// along memory, and with heads inner the rows of one position follow each other and read one cos and
+// sin row, from L1. y is (B, H * R, S, D) contiguous: each head's rows written R times over (R = 1:
+// plain RoPE; R > 1: grouped-query attention's keys or values, copied for each query head of their
+// group, as transformers' repeat_kv copies them). Strides are in elements.
+struct Rows {
+    unsigned A1, A2, s1, s2, H, S;
+    unsigned long long sB;
+    bool heads_inner;
+    // x's row r, and the row's (b, h, s)
+    __device__ __forceinline__ size_t locate(unsigned r, unsigned& b, unsigned& h, unsigned& s) const {
+        const unsigned outer = r / A2, a2 = r - outer * A2;
+        b = outer / A1;
+        const unsigned a1 = outer - b * A1;
+        h = heads_inner ? a2 : a1;
+        s = heads_inner ? a1 : a2;
+        return b * sB + (size_t)a1 * s1 + (size_t)a2 * s2;
+    }
+};
+
+__device__ __forceinline__ Rows rows_of(int B, int A1, int A2, int sB, int s1, int s2, int heads_inner) {
+    Rows w;
+    w.A1 = A1; w.A2 = A2; w.s1 = s1; w.s2 = s2; w.sB = (unsigned)sB; w.heads_inner = heads_inner != 0;
+    w.H = heads_inner ? A2 : A1;
+    w.S = heads_inner ? A1 : A2;
+    return w;
+}
+
+// Rows of D = 2 * half + pass columns: the first 2 * half rotated, the pass columns after them copied
+// (GPT-NeoX's and Phi-3's partial rotary: ``cat([rope(x[..., :rot]), x[..., rot:]], -1)``). cos and sin
+// are (cB, cH, cS, 2 * half), contiguous, each of cB, cH, cS 1 or x's size. A thread takes one pack:
+// V columns of each half of a row with their cos and sin, or V pass columns.
+template <typename T, int V>
 __device__ __forceinline__ void rotary_rows(const T* __restrict__ x, const T* __restrict__ cs, const T* __restrict__ sn,
-                                            unsigned half, unsigned n, unsigned A1, unsigned A2,
+                                            unsigned half, unsigned pass, unsigned B, const Rows& w,
                                             unsigned cB, unsigned cH, unsigned cS, unsigned R, T* __restrict__ y) {
-    constexpr int K = FXK_ROPE_K;  // items a thread loads before it computes (1: 0-4% faster than 2 or 4)
-    const unsigned D = 2 * half, P = half / V, items = n / D * P;
-    const unsigned H = HEADS_INNER ? A2 : A1, S = HEADS_INNER ? A1 : A2;
-    const size_t head = (size_t)S * D;  // one head's rows in y
+    const unsigned rot = 2 * half, D = rot + pass, Prot = half / V, P = Prot + pass / V;
+    const unsigned items = B * w.A1 * w.A2 * P;
+    const size_t head = (size_t)w.S * D;  // one head's rows in y
     const unsigned sB = cB > 1 ? cH * cS : 0u, sH = cH > 1 ? cS : 0u, sS = cS > 1 ? 1u : 0u;
     const unsigned chunk = (items + gridDim.x - 1) / gridDim.x;
     const unsigned lo = min(blockIdx.x * chunk, items), hi = min(lo + chunk, items);
-    for (unsigned base = lo; base < hi; base += K * blockDim.x) {
-        Pack<T, V> xa[K], xb[K], ca[K], cb[K], sa[K], sb[K];
-        size_t out[K];
-#pragma unroll
-        for (int k = 0; k < K; ++k) {
-            const unsigned i = base + k * blockDim.x + threadIdx.x;
-            out[k] = ~(size_t)0;
-            if (i < hi) {
-                const unsigned r = i / P, col = (i - r * P) * V;  // x's row r: (b, A1, A2)
-                const unsigned outer = r / A2, a2 = r - outer * A2, b = outer / A1, a1 = outer - b * A1;
-                const unsigned h = HEADS_INNER ? a2 : a1, s = HEADS_INNER ? a1 : a2;
-                const size_t xo = (size_t)r * D + col, co = (size_t)(b * sB + h * sH + s * sS) * D + col;
-                xa[k] = load<T, V>(x + xo);
-                xb[k] = load<T, V>(x + xo + half);
-                ca[k] = load<T, V>(cs + co);
-                cb[k] = load<T, V>(cs + co + half);
-                sa[k] = load<T, V>(sn + co);
-                sb[k] = load<T, V>(sn + co + half);
-                out[k] = (size_t)(b * H + h) * R * head + (size_t)s * D + col;
-            }
-        }
-#pragma unroll
-        for (int k = 0; k < K; ++k) {
-            if (out[k] == ~(size_t)0) continue;
+    for (unsigned i = lo + threadIdx.x; i < hi; i += blockDim.x) {
+        const unsigned r = i / P, j = i - r * P;
+        unsigned b, h, s;
+        const size_t xo = w.locate(r, b, h, s);
+        const size_t out = (size_t)(b * w.H + h) * R * head + (size_t)s * D;
+        if (j < Prot) {
+            const unsigned col = j * V;
+            const size_t co = (size_t)(b * sB + h * sH + s * sS) * rot + col;
+            const Pack<T, V> xa = load<T, V>(x + xo + col), xb = load<T, V>(x + xo + col + half);
+            const Pack<T, V> ca = load<T, V>(cs + co), cb = load<T, V>(cs + co + half);
+            const Pack<T, V> sa = load<T, V>(sn + co), sb = load<T, V>(sn + co + half);
             Pack<T, V> ya, yb;
-            rope_packs<T, V>(xa[k], xb[k], ca[k], cb[k], sa[k], sb[k], ya, yb);
-            for (unsigned r = 0; r < R; ++r) {
-                store<T, V>(y + out[k] + r * head, ya);
-                store<T, V>(y + out[k] + r * head + half, yb);
+            rope_packs<T, V>(xa, xb, ca, cb, sa, sb, ya, yb);
+            for (unsigned k = 0; k < R; ++k) {
+                store<T, V>(y + out + k * head + col, ya);
+                store<T, V>(y + out + k * head + col + half, yb);
             }
+        } else {
+            const unsigned col = rot + (j - Prot) * V;
+            const Pack<T, V> v = load<T, V>(x + xo + col);
+            for (unsigned k = 0; k < R; ++k) store<T, V>(y + out + k * head + col, v);
         }
     }
 }
 
-template <typename T, bool HEADS_INNER>
-__device__ __forceinline__ void rotary(const T* x, const T* cs, const T* sn, int half, int n, int A1, int A2,
+template <typename T>
+__device__ __forceinline__ void rotary(const T* x, const T* cs, const T* sn, int half, int pass, int B, const Rows& w,
                                        int cB, int cH, int cS, int R, T* y) {
     constexpr int V = 16 / sizeof(T);
-    if (half <= 0 || R <= 0) return;
-    if (half % V == 0 && aligned16(x) && aligned16(cs) && aligned16(sn) && aligned16(y))
-        rotary_rows<T, V, HEADS_INNER>(x, cs, sn, half, n, A1, A2, cB, cH, cS, R, y);
+    if (half < 0 || pass < 0 || R <= 0 || half + pass == 0) return;
+    const bool packs = half % V == 0 && pass % V == 0 && w.sB % V == 0 && w.s1 % V == 0 && w.s2 % V == 0;
+    if (packs && aligned16(x) && aligned16(cs) && aligned16(sn) && aligned16(y))
+        rotary_rows<T, V>(x, cs, sn, half, pass, B, w, cB, cH, cS, R, y);
     else
-        rotary_rows<T, 1, HEADS_INNER>(x, cs, sn, half, n, A1, A2, cB, cH, cS, R, y);
+        rotary_rows<T, 1>(x, cs, sn, half, pass, B, w, cB, cH, cS, R, y);
 }
 
-// y (B, H * R, S, D) contiguous: x's rows (laid out as rotary_rows reads them) each written R times,
-// transformers' repeat_kv for the values of grouped-query attention. A thread moves one pack of x to
-// its R places (a thread per pack of y, in y's order, reading each pack of x R times from L2: 2-4%
-// slower at 16x8x2048x128 repeated 4 times, H200, 2026-11-25 03:18 and 03:27 UTC runs of
-// benchmarks/library.py --only repeat_kv).
-template <typename T, int V, bool HEADS_INNER>
-__device__ __forceinline__ void repeat_rows(const T* __restrict__ x, unsigned D, unsigned n, unsigned A1,
-                                            unsigned A2, unsigned R, T* __restrict__ y) {
-    const unsigned P = D / V, items = n / V;
-    const unsigned H = HEADS_INNER ? A2 : A1, S = HEADS_INNER ? A1 : A2;
-    const size_t head = (size_t)S * D;
-    const unsigned chunk = (items + gridDim.x - 1) / gridDim.x;
-    const unsigned lo = min(blockIdx.x * chunk, items), hi = min(lo + chunk, items);
-    for (unsigned i = lo + threadIdx.x; i < hi; i += blockDim.x) {
-        const unsigned r = i / P, col = (i - r * P) * V;  // x's row r: (b, A1, A2)
-        const unsigned outer = r / A2, a2 = r - outer * A2, b = outer / A1, a1 = outer - b * A1;
-        const unsigned h = HEADS_INNER ? a2 : a1, s = HEADS_INNER ? a1 : a2;
-        const Pack<T, V> v = load<T, V>(x + (size_t)r * D + col);
-        const size_t o = (size_t)(b * H + h) * R * head + (size_t)s * D + col;
-        for (unsigned k = 0; k < R; ++k) store<T, V>(y + o + k * head, v);
-    }
-}
-
-template <typename T, bool HEADS_INNER>
-__device__ __forceinline__ void repeat(const T* x, int D, int n, int A1, int A2, int R, T* y) {
-    constexpr int V = 16 / sizeof(T);
-    if (D <= 0 || R <= 0) return;
-    if (D % V == 0 && aligned16(x) && aligned16(y))
-        repeat_rows<T, V, HEADS_INNER>(x, D, n, A1, A2, R, y);
-    else
-        repeat_rows<T, 1, HEADS_INNER>(x, D, n, A1, A2, R, y);
+// x contiguous (B, A1, A2, D): its strides.
+__device__ __forceinline__ Rows contiguous_rows(int A1, int A2, int D) {
+    return rows_of(0, A1, A2, A1 * A2 * D, A2 * D, D, 0);
 }
 
 }  // namespace fxk
 
+// The ops' own kernels (what a TensorRT plugin launches): x contiguous (B, H, S, D). n: x's numel.
 template <typename T>
 __global__ void __launch_bounds__(128) rotary(const T* x, const T* cs, const T* sn, int half, int n, int A1, int A2,
                                               int cB, int cH, int cS, T* y) {
-    fxk::rotary<T, false>(x, cs, sn, half, n, A1, A2, cB, cH, cS, 1, y);
+    const int D = 2 * half;
+    if (D <= 0) return;
+    fxk::rotary<T>(x, cs, sn, half, 0, n / (A1 * A2 * D), fxk::contiguous_rows(A1, A2, D), cB, cH, cS, 1, y);
 }
 
+// GPT-NeoX's and Phi-3's partial rotary: the first rotary_dim columns rotated, the rest copied.
 template <typename T>
-__global__ void __launch_bounds__(128) rotary_heads_inner(const T* x, const T* cs, const T* sn, int half, int n,
-                                                          int A1, int A2, int cB, int cH, int cS, T* y) {
-    fxk::rotary<T, true>(x, cs, sn, half, n, A1, A2, cB, cH, cS, 1, y);
+__global__ void __launch_bounds__(128) partial_rotary(const T* x, const T* cs, const T* sn, int half, int rotary_dim,
+                                                      int n, int A1, int A2, int D, int cB, int cH, int cS, T* y) {
+    if (D <= 0) return;
+    fxk::rotary<T>(x, cs, sn, half, D - 2 * half, n / (A1 * A2 * D), fxk::contiguous_rows(A1, A2, D), cB, cH, cS, 1, y);
 }
 
-// The grouped-query keys: rotated and repeated for each query head of their group in one pass. The
-// sizes are the ones the pattern captures (x is (batch, kv_heads, seq, head_dim), y has heads =
-// kv_heads * n_rep); the op checks them against x. The _heads_inner kernels read x as (batch, seq,
-// kv_heads, head_dim), the projection's layout.
+// The grouped-query keys: rotated (partly, with pass columns) and repeated for each query head of their
+// group in one pass. The sizes are the ones the pattern captures (x is (batch, kv_heads, seq, head_dim),
+// y has heads = kv_heads * n_rep); the op checks them against x.
 template <typename T>
 __global__ void __launch_bounds__(128) rotary_repeat_kv(const T* x, const T* cs, const T* sn, int half, int batch,
                                                         int kv_heads, int n_rep, int seq, int head_dim, int heads,
                                                         int n, int cB, int cH, int cS, T* y) {
-    fxk::rotary<T, false>(x, cs, sn, half, n, kv_heads, seq, cB, cH, cS, n_rep, y);
+    fxk::rotary<T>(x, cs, sn, half, head_dim - 2 * half, batch, fxk::contiguous_rows(kv_heads, seq, head_dim),
+                   cB, cH, cS, n_rep, y);
 }
 
 template <typename T>
-__global__ void __launch_bounds__(128) rotary_repeat_kv_heads_inner(const T* x, const T* cs, const T* sn, int half,
-                                                                    int batch, int kv_heads, int n_rep, int seq,
-                                                                    int head_dim, int heads, int n, int cB, int cH,
-                                                                    int cS, T* y) {
-    fxk::rotary<T, true>(x, cs, sn, half, n, seq, kv_heads, cB, cH, cS, n_rep, y);
+__global__ void __launch_bounds__(128) partial_rotary_repeat_kv(const T* x, const T* cs, const T* sn, int half,
+                                                                int rotary_dim, int batch, int kv_heads, int n_rep,
+                                                                int seq, int head_dim, int heads, int n, int cB,
+                                                                int cH, int cS, T* y) {
+    fxk::rotary<T>(x, cs, sn, half, head_dim - 2 * half, batch, fxk::contiguous_rows(kv_heads, seq, head_dim),
+                   cB, cH, cS, n_rep, y);
 }
 
 // The grouped-query values: repeat_kv alone, a copy that writes each head n_rep times.
 template <typename T>
 __global__ void __launch_bounds__(128) repeat_kv(const T* x, int batch, int kv_heads, int n_rep, int seq,
                                                  int head_dim, int heads, int n, T* y) {
-    fxk::repeat<T, false>(x, head_dim, n, kv_heads, seq, n_rep, y);
+    fxk::rotary<T>(x, x, x, 0, head_dim, batch, fxk::contiguous_rows(kv_heads, seq, head_dim), 1, 1, 1, n_rep, y);
 }
 
+// What every op runs in eager PyTorch: x read where it lies (x_span: the storage x's elements span,
+// from its first; strides sB, s1, s2 for the walk's axes), no copy made first. Rotates the first
+// 2 * half columns of each row (none: repeat_kv), copies the pass columns, writes it all n_rep times.
 template <typename T>
-__global__ void __launch_bounds__(128) repeat_kv_heads_inner(const T* x, int batch, int kv_heads, int n_rep, int seq,
-                                                             int head_dim, int heads, int n, T* y) {
-    fxk::repeat<T, true>(x, head_dim, n, seq, kv_heads, n_rep, y);
+__global__ void __launch_bounds__(128) rotary_strided(const T* x_span, const T* cs, const T* sn, int half, int pass,
+                                                      int B, int A1, int A2, int sB, int s1, int s2, int heads_inner,
+                                                      int n_rep, int cB, int cH, int cS, T* y) {
+    fxk::rotary<T>(x_span, cs, sn, half, pass, B, fxk::rows_of(B, A1, A2, sB, s1, s2, heads_inner), cB, cH, cS,
+                   n_rep, y);
 }
 """
 
@@ -271,25 +273,34 @@ def rotary_geometry(inputs, outputs):
     return (cdiv(outputs[0].numel(), ELEMENTS_PER_BLOCK),), (EW_BLOCK,)
 
 
-# x (B, H, S, D) contiguous; cos and sin (cB, cH, cS, D), each of cB, cH, cS 1 or x's size.
-ROTARY = KernelSpec(
-    SOURCE, "rotary",
-    inputs=[InputDecl("x"), InputDecl("cos"), InputDecl("sin"), ScalarInput("half", int)],
-    outputs=[OutputDecl("y", SameAs("x"))],
-    extras=[Numel("x"), DimSize("x", 1), DimSize("x", 2), DimSize("cos", 0), DimSize("cos", 1), DimSize("cos", 2)],
-    geometry=Custom(rotary_geometry),
-    dtypes=DTYPES,
-)
-# The same from x given as (B, S, H, D) (``q.transpose(1, 2)`` made contiguous: in place), y (B, H, S, D).
-ROTARY_HEADS_INNER = dataclasses.replace(ROTARY, kernel_name="rotary_heads_inner")
-ROWS, ROWS_HEADS_INNER = f"{NAMESPACE}::_rotary_rows", f"{NAMESPACE}::_rotary_rows_heads_inner"
-
-
 def read_geometry(inputs, outputs):
     """EW_BLOCK threads a block, a block per ELEMENTS_PER_BLOCK elements of x: the repeating kernels
     write each of them n_rep times."""
     return (cdiv(inputs[0].numel(), ELEMENTS_PER_BLOCK),), (EW_BLOCK,)
 
+
+_COS_DIMS = [DimSize("cos", 0), DimSize("cos", 1), DimSize("cos", 2)]
+# The ops' own specs take x contiguous (B, H, S, D): what a TensorRT plugin launches, and the CPU/meta
+# contract. In eager PyTorch every op runs ROTARY_STRIDED instead, which reads x where it lies.
+# x (B, H, S, D); cos and sin (cB, cH, cS, D), each of cB, cH, cS 1 or x's size.
+ROTARY = KernelSpec(
+    SOURCE, "rotary",
+    inputs=[InputDecl("x"), InputDecl("cos"), InputDecl("sin"), ScalarInput("half", int)],
+    outputs=[OutputDecl("y", SameAs("x"))],
+    extras=[Numel("x"), DimSize("x", 1), DimSize("x", 2), *_COS_DIMS],
+    geometry=Custom(rotary_geometry),
+    dtypes=DTYPES,
+)
+# The same rotating only the first rotary_dim = 2 * half columns, copying the rest (cos and sin
+# (cB, cH, cS, rotary_dim)).
+PARTIAL_ROTARY = KernelSpec(
+    SOURCE, "partial_rotary",
+    inputs=[InputDecl("x"), InputDecl("cos"), InputDecl("sin"), ScalarInput("half", int), ScalarInput("rotary_dim", int)],
+    outputs=[OutputDecl("y", SameAs("x"))],
+    extras=[Numel("x"), DimSize("x", 1), DimSize("x", 2), DimSize("x", 3), *_COS_DIMS],
+    geometry=Custom(rotary_geometry),
+    dtypes=DTYPES,
+)
 
 # Grouped-query attention's keys and values, repeated for every query head of their group. The sizes
 # are the literals transformers' repeat_kv leaves in the graph (the pattern captures each); the
@@ -297,16 +308,27 @@ def read_geometry(inputs, outputs):
 SIZES = ("batch", "kv_heads", "n_rep", "seq", "head_dim", "heads")
 _SIZE_INPUTS = [ScalarInput(n, int) for n in SIZES]
 _SIZE_SCHEMA = ", ".join(f"int {n}" for n in SIZES)
-# x (batch, kv_heads, seq, head_dim) contiguous, cos and sin as ROTARY reads them: rotated, then repeated.
+# x (batch, kv_heads, seq, head_dim), cos and sin as ROTARY reads them: rotated, then repeated.
 ROTARY_REPEAT_KV = KernelSpec(
     SOURCE, "rotary_repeat_kv",
     inputs=[InputDecl("x"), InputDecl("cos"), InputDecl("sin"), ScalarInput("half", int), *_SIZE_INPUTS],
-    extras=[Numel("x"), DimSize("cos", 0), DimSize("cos", 1), DimSize("cos", 2)],
+    extras=[Numel("x"), *_COS_DIMS],
     geometry=Custom(read_geometry),
     dtypes=DTYPES,
 )
 ROTARY_REPEAT_KV_SCHEMA = f"(Tensor x, Tensor cos, Tensor sin, int half, {_SIZE_SCHEMA}) -> Tensor"
-# x (batch, kv_heads, seq, head_dim) contiguous: repeated.
+# The same as PARTIAL_ROTARY reads them: partly rotated, then repeated (Phi-3's grouped-query keys).
+PARTIAL_ROTARY_REPEAT_KV = KernelSpec(
+    SOURCE, "partial_rotary_repeat_kv",
+    inputs=[InputDecl("x"), InputDecl("cos"), InputDecl("sin"), ScalarInput("half", int), ScalarInput("rotary_dim", int),
+            *_SIZE_INPUTS],
+    extras=[Numel("x"), *_COS_DIMS],
+    geometry=Custom(read_geometry),
+    dtypes=DTYPES,
+)
+PARTIAL_ROTARY_REPEAT_KV_SCHEMA = (f"(Tensor x, Tensor cos, Tensor sin, int half, int rotary_dim, {_SIZE_SCHEMA}) "
+                                   f"-> Tensor")
+# x (batch, kv_heads, seq, head_dim): repeated.
 REPEAT_KV = KernelSpec(
     SOURCE, "repeat_kv",
     inputs=[InputDecl("x"), *_SIZE_INPUTS],
@@ -315,11 +337,24 @@ REPEAT_KV = KernelSpec(
     dtypes=DTYPES,
 )
 REPEAT_KV_SCHEMA = f"(Tensor x, {_SIZE_SCHEMA}) -> Tensor"
-ROTARY_REPEAT_ROWS = f"{NAMESPACE}::_rotary_repeat_kv_rows"
-REPEAT_ROWS = f"{NAMESPACE}::_repeat_kv_rows"
+
+# Every op in eager PyTorch: x read in place from x_span (the storage its elements span) at strides sB,
+# s1, s2, walked (b, a1, a2) with a2 the heads when heads_inner, else the positions; the first 2 * half
+# columns of each row rotated, the pass columns after them copied, the rows written n_rep times into
+# a contiguous (B, H * n_rep, S, 2 * half + pass).
+_STRIDED_ARGS = ("half", "pass_cols", "B", "A1", "A2", "sB", "s1", "s2", "heads_inner", "n_rep", "cB", "cH", "cS")
+ROTARY_STRIDED = KernelSpec(
+    SOURCE, "rotary_strided",
+    inputs=[InputDecl("x_span"), InputDecl("cos"), InputDecl("sin"), *[ScalarInput(n, int) for n in _STRIDED_ARGS]],
+    geometry=Custom(rotary_geometry),
+    dtypes=DTYPES,
+)
+STRIDED = f"{NAMESPACE}::_rotary_strided"
+_STRIDED_SCHEMA = ("(Tensor x_span, Tensor cos, Tensor sin, " + ", ".join(f"int {n}" for n in _STRIDED_ARGS)
+                   + ") -> Tensor")
 
 
-# ---- the pattern (also the op's CPU reference) ----------------------------------------------------
+# ---- the patterns (also the ops' CPU references) ---------------------------------------------------
 
 
 def rotary_embedding(x, cos, sin, half: int):
@@ -328,6 +363,19 @@ def rotary_embedding(x, cos, sin, half: int):
     x1 = x[..., :half]
     x2 = x[..., half:]
     return (x * cos) + (torch.cat((-x2, x1), dim=-1) * sin)
+
+
+def partial_rotary_embedding(x, cos, sin, half: int, rotary_dim: int):
+    """transformers' ``apply_rotary_pos_emb`` of GPT-NeoX and Phi-3 (and Phi-4, StableLM, Persimmon):
+    the first ``rotary_dim = cos.shape[-1]`` columns rotated, the rest concatenated back."""
+    x_rot, x_pass = x[..., :rotary_dim], x[..., rotary_dim:]
+    return torch.cat([rotary_embedding(x_rot, cos, sin, half), x_pass], dim=-1)
+
+
+def whole_rotary_embedding(x, cos, sin, half: int, rotary_dim: int):
+    """The same code with ``rotary_dim`` the whole head: export drops the full slice ``x[..., :D]``
+    and keeps the empty ``x[..., D:]`` and the ``cat`` (Phi-3 as transformers configures it)."""
+    return torch.cat([rotary_embedding(x, cos, sin, half), x[..., rotary_dim:]], dim=-1)
 
 
 def repeat_kv(x, batch: int, kv_heads: int, n_rep: int, seq: int, head_dim: int, heads: int):
@@ -343,23 +391,36 @@ def rotary_embedding_repeat_kv(x, cos, sin, half: int, batch: int, kv_heads: int
     return repeat_kv(rotary_embedding(x, cos, sin, half), batch, kv_heads, n_rep, seq, head_dim, heads)
 
 
-def _heads_inner_reference(xt, cos, sin, half: int, *sizes):
-    if sizes:
-        return rotary_embedding_repeat_kv(xt.transpose(1, 2), cos, sin, half, *sizes)
-    return rotary_embedding(xt.transpose(1, 2), cos, sin, half)
+def partial_rotary_embedding_repeat_kv(x, cos, sin, half: int, rotary_dim: int, batch: int, kv_heads: int,
+                                       n_rep: int, seq: int, head_dim: int, heads: int):
+    """Partly rotated grouped-query keys, then repeated."""
+    return repeat_kv(partial_rotary_embedding(x, cos, sin, half, rotary_dim), batch, kv_heads, n_rep, seq, head_dim,
+                     heads)
 
 
-def _repeat_heads_inner_reference(xt, *sizes):
-    return repeat_kv(xt.transpose(1, 2), *sizes)
+def whole_rotary_embedding_repeat_kv(x, cos, sin, half: int, batch: int, kv_heads: int, n_rep: int, seq: int,
+                                     head_dim: int, heads: int):
+    """:func:`whole_rotary_embedding`'s keys, then repeated (Phi-3's grouped-query attention): the empty
+    slice starts at head_dim, and the op is rotary_embedding_repeat_kv."""
+    return repeat_kv(whole_rotary_embedding(x, cos, sin, half, head_dim), batch, kv_heads, n_rep, seq, head_dim, heads)
 
 
-# ---- checks, output, layout -----------------------------------------------------------------------
+def _strided_reference(x_span, cos, sin, half, pass_cols, B, A1, A2, sB, s1, s2, heads_inner, n_rep, cB, cH, cS):
+    """ROTARY_STRIDED in PyTorch (its CPU impl): x rebuilt from the span, rotated, repeated."""
+    x = x_span.as_strided((B, A1, A2, 2 * half + pass_cols), (sB, s1, s2, 1))
+    x = x.transpose(1, 2) if heads_inner else x
+    cos, sin = cos[..., :2 * half], sin[..., :2 * half]
+    y = torch.cat([rotary_embedding(x[..., :2 * half], cos, sin, half), x[..., 2 * half:]], dim=-1) if half else x
+    return y.repeat_interleave(n_rep, dim=1)
+
+
+# ---- checks, outputs, layout ----------------------------------------------------------------------
 
 
 def _check(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, half: int,
-           op: str = f"{NAMESPACE}::rotary_embedding") -> None:
-    """What the kernel reads: 4-d x (B, H, S, D), cos and sin (cB, cH, cS, D) of x's dtype, each of
-    cB, cH, cS 1 or x's size, and D = 2 * half."""
+           op: str = f"{NAMESPACE}::rotary_embedding", rotary_dim: int | None = None) -> None:
+    """What the kernels read: 4-d x (B, H, S, D), cos and sin (cB, cH, cS, R) of x's dtype, each of cB,
+    cH, cS 1 or x's size, R = 2 * half the columns rotated: x's last axis, or ``rotary_dim`` (at most it)."""
     if x.dim() != 4:
         raise KernelInputError(f"{op}: x {tuple(x.shape)} must be 4-d (batch, heads, positions, head_dim), as "
                                f"attention writes queries and keys; view (batch * heads, ...) ones back to 4-d")
@@ -372,6 +433,16 @@ def _check(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, half: int,
     if tuple(cos.shape) != tuple(sin.shape):
         raise KernelInputError(f"{op}: cos {tuple(cos.shape)} and sin {tuple(sin.shape)} must have one shape")
     d = x.shape[-1]
+    if rotary_dim is not None:
+        if 2 * half != rotary_dim or not 0 < rotary_dim:
+            raise KernelInputError(f"{op}: half = {half} rotates {2 * half} columns, but rotary_dim is {rotary_dim}; "
+                                   f"pass half = rotary_dim // 2 with an even rotary_dim")
+        if isinstance(d, int) and rotary_dim > d:
+            raise KernelInputError(f"{op}: rotary_dim = {rotary_dim} is more than x's last axis, {d}")
+        if not isinstance(d, int):
+            torch._check(rotary_dim <= d, lambda: f"{op}: rotary_dim must be at most x's last axis")
+        check_broadcast_4d(op, "cos (and sin)", cos, "x[..., :rotary_dim]", x[..., :rotary_dim])
+        return
     if isinstance(d, int) and isinstance(half, int) and 2 * half != d:
         raise KernelInputError(f"{op}: half = {half} rotates a last axis of {2 * half}, but x's is {d}; "
                                f"pass half = x.shape[-1] // 2 with an even head_dim")
@@ -399,40 +470,54 @@ def _check_sizes(op: str, x: torch.Tensor, batch: int, kv_heads: int, n_rep: int
             f"{op}: x {tuple(x.shape)} is not (batch, kv_heads, seq, head_dim) = {want}; pass x's own sizes")
 
 
+def _concrete(*tensors: torch.Tensor) -> bool:
+    return all(isinstance(d, int) for t in tensors for d in t.shape)
+
+
 def _output(x, cos, sin, half):
-    """The op's output (and its fake impl): checks the call, one contiguous tensor of x's shape."""
+    """rotary_embedding's output (and its fake impl): checks the call, one contiguous tensor of x's shape."""
     _check(x, cos, sin, half)
     return x.new_empty(x.shape)
 
 
+def _partial_output(x, cos, sin, half, rotary_dim):
+    """partial_rotary_embedding's output (and its fake impl): as rotary_embedding's."""
+    _check(x, cos, sin, half, f"{NAMESPACE}::partial_rotary_embedding", rotary_dim)
+    return x.new_empty(x.shape)
+
+
 def _repeat_output(x, batch: int, kv_heads: int, n_rep: int, seq: int, head_dim: int, heads: int):
-    """``repeat_kv``'s output (and its fake impl): checks the call, one (batch, heads, seq, head_dim) tensor."""
+    """repeat_kv's output (and its fake impl): checks the call, one (batch, heads, seq, head_dim) tensor."""
     _check_sizes(f"{NAMESPACE}::repeat_kv", x, batch, kv_heads, n_rep, seq, head_dim, heads)
     return x.new_empty((batch, heads, seq, head_dim))
 
 
 def _rotary_repeat_output(x, cos, sin, half: int, batch: int, kv_heads: int, n_rep: int, seq: int, head_dim: int,
                           heads: int):
-    """``rotary_embedding_repeat_kv``'s output (and its fake impl): checks the call as both ops do."""
+    """rotary_embedding_repeat_kv's output (and its fake impl): checks the call as both ops do (the
+    rotation's checks on concrete sizes only: TensorRT's shape inference gives each axis a free symbol)."""
     op = f"{NAMESPACE}::rotary_embedding_repeat_kv"
-    if all(isinstance(d, int) for t in (x, cos, sin) for d in t.shape):  # as _check_sizes: symbolic at run time
+    if _concrete(x, cos, sin):
         _check(x, cos, sin, half, op)
     _check_sizes(op, x, batch, kv_heads, n_rep, seq, head_dim, heads)
     return x.new_empty((batch, heads, seq, head_dim))
 
 
-def _heads_inner_output(xt, cos, sin, half, *sizes):
-    """A private heads-inner op's output: (B, H, S, D) from x given as (B, S, H, D), checked as the
-    public op checks x (its spec's SameAs output is the public op's shape; this meta_fn decides)."""
-    if sizes:
-        return _rotary_repeat_output(xt.transpose(1, 2), cos, sin, half, *sizes)
-    _check(xt.transpose(1, 2), cos, sin, half)
-    b, s, h, d = xt.shape
-    return xt.new_empty((b, h, s, d))
+def _partial_repeat_output(x, cos, sin, half: int, rotary_dim: int, batch: int, kv_heads: int, n_rep: int, seq: int,
+                           head_dim: int, heads: int):
+    """partial_rotary_embedding_repeat_kv's output (and its fake impl), checked as the others."""
+    op = f"{NAMESPACE}::partial_rotary_embedding_repeat_kv"
+    if _concrete(x, cos, sin):
+        _check(x, cos, sin, half, op, rotary_dim)
+    _check_sizes(op, x, batch, kv_heads, n_rep, seq, head_dim, heads)
+    return x.new_empty((batch, heads, seq, head_dim))
 
 
-def _repeat_heads_inner_output(xt, *sizes):
-    return _repeat_output(xt.transpose(1, 2), *sizes)
+def _strided_output(x_span, cos, sin, half, pass_cols, B, A1, A2, sB, s1, s2, heads_inner, n_rep, cB, cH, cS):
+    """ROTARY_STRIDED's output: (B, H * n_rep, S, 2 * half + pass_cols). A private op: the public ops
+    check their calls before they run it."""
+    h, s = (A2, A1) if heads_inner else (A1, A2)
+    return x_span.new_empty((B, h * n_rep, s, 2 * half + pass_cols))
 
 
 def _compact(cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -452,70 +537,91 @@ def _narrow(cos: torch.Tensor, sin: torch.Tensor, axes: tuple[int, ...]) -> tupl
     return cos.contiguous(), sin.contiguous()
 
 
-def _projected(x: torch.Tensor) -> bool:
-    """Whether x (B, H, S, D) is a transposed projection output, (B, S, H, D) in memory: read in place."""
-    return not x.is_contiguous() and x.transpose(1, 2).is_contiguous()
+def walk(x: torch.Tensor) -> tuple[int, int, int, int, int, int, int, int] | None:
+    """How ROTARY_STRIDED reads x (B, H, S, D) in place: (B, A1, A2, sB, s1, s2, heads_inner, span), the
+    walk's inner axis the one of the smaller stride; None where it cannot (the last axis not
+    contiguous, a negative or int32-overflowing stride: x is then made contiguous first)."""
+    b, h, s, d = x.shape
+    # an axis of one element has no stride that matters (0 keeps the kernel's 16-byte packs)
+    sb, sh, ss, sd = (0 if n == 1 else st for n, st in zip(x.shape, x.stride()))
+    heads_inner = s == 1 or (h > 1 and sh < ss)
+    a1, a2, s1, s2 = (s, h, ss, sh) if heads_inner else (h, s, sh, ss)
+    span = 1 + (b - 1) * sb + (a1 - 1) * s1 + (a2 - 1) * s2 + (d - 1) * sd
+    if (d > 1 and sd != 1) or min(sb, s1, s2) < 0 or max(sb, s1, s2, span) > INT32_MAX:
+        return None
+    return b, a1, a2, sb, s1, s2, int(heads_inner), span
 
 
-def _on_cuda(rows, heads_inner, check=_output):
-    """A public rotary op on CUDA (``sizes``: the repeating one's): checks, narrows broadcast tables,
-    and reads x in the projection's layout in place where it is that. All of it depends only on the
-    call's signature, so it is decided once per signature (as the launches under it are, fxkern.ops)."""
+def _eager(op: str, strided, check, rotated: bool):
+    """A public op on CUDA: checks the call, narrows broadcast tables, and runs ROTARY_STRIDED on x
+    where it lies. All of it but the launch depends only on the call's signature, so it is decided
+    once per signature (as the launches under it are, fxkern.ops). ``rotated``: the op takes cos, sin
+    and half after x; its scalars are (half[, rotary_dim], sizes...) or, for repeat_kv, (sizes...)."""
     decided: dict = {}
 
-    def on_cuda(x, cos, sin, half, *sizes):
-        key = (x.shape, x.stride(), x.dtype, x.device, cos.shape, cos.stride(), cos.dtype, cos.device,
-               sin.shape, sin.stride(), sin.dtype, sin.device, half, sizes)
+    def on_cuda(x, *args):
+        tables = args[:2] if rotated else ()
+        scalars = args[2:] if rotated else args
+        key = (x.shape, x.stride(), x.dtype, x.device, scalars,
+               *[(t.shape, t.stride(), t.dtype, t.device) for t in tables])
         how = decided.get(key)
         if how is None:
-            check(x, cos, sin, half, *sizes)
-            how = (_broadcast_axes(cos, sin), _projected(x))
+            out = check(x, *args)  # the meta_fn: the call's checks, and its output (B, H * n_rep, S, D)
+            half = scalars[0] if rotated else 0
+            layout = walk(x) if x.numel() else None
+            how = (_broadcast_axes(*tables) if rotated else (), layout, half, x.shape[-1] - 2 * half,
+                   out.shape[1] // x.shape[1] if x.shape[1] else 1, tuple(out.shape))
             if len(decided) >= MAX_SIGNATURES:
                 decided.clear()
             decided[key] = how
-        axes, projected = how
-        cos, sin = _narrow(cos, sin, axes)
-        if projected:  # the projection's layout: read in place
-            return heads_inner(x.transpose(1, 2), cos, sin, half, *sizes)
-        return rows(x, cos, sin, half, *sizes)
+        axes, layout, half, pass_cols, n_rep, out_shape = how
+        if not x.numel():
+            return x.new_empty(out_shape)
+        if layout is None:
+            x = x.contiguous()
+            layout = walk(x)
+        b, a1, a2, sb, s1, s2, heads_inner, span = layout
+        x_span = x.as_strided((span,), (1,))
+        if rotated:
+            cos, sin = _narrow(*tables, axes)
+            dims = cos.shape[:3]
+        else:
+            cos = sin = x_span
+            dims = (1, 1, 1)
+        return strided(x_span, cos, sin, half, pass_cols, b, a1, a2, sb, s1, s2, heads_inner, n_rep, *dims)
 
+    on_cuda.__name__ = op.split("::")[1]
     return on_cuda
 
 
-def _repeat_on_cuda(rows, heads_inner):
-    """``repeat_kv`` on CUDA: checks, and reads x in the projection's layout in place where it is that
-    (the values: ``v.view(B, S, H, D).transpose(1, 2)``), once per signature."""
-    decided: dict = {}
-
-    def on_cuda(x, *sizes):
-        key = (x.shape, x.stride(), x.dtype, x.device, sizes)
-        projected = decided.get(key)
-        if projected is None:
-            _repeat_output(x, *sizes)
-            projected = _projected(x)
-            if len(decided) >= MAX_SIGNATURES:
-                decided.clear()
-            decided[key] = projected
-        return heads_inner(x.transpose(1, 2), *sizes) if projected else rows(x, *sizes)
-
-    return on_cuda
-
-
-# ---- the rule -------------------------------------------------------------------------------------
+# ---- the rules ------------------------------------------------------------------------------------
 
 
 def rotary_operands(match) -> bool:
     """A filter: x, cos and sin are 4-d tensors of one library dtype, cos and sin of one shape that
-    broadcasts onto x as the kernel reads it, and the captured half is half x's last axis."""
+    broadcasts onto x (its first rotary_dim columns, where captured) as the kernel reads it, and the
+    captured half is half the columns rotated."""
     vals = [match.bindings[n].meta.get("val") for n in ("x", "cos", "sin")]
-    half = match.bindings.get("half")
+    half, rotary_dim = match.bindings.get("half"), match.bindings.get("rotary_dim")
     if not all(isinstance(v, torch.Tensor) and v.dim() == 4 for v in vals) or not isinstance(half, int):
         return False
     x, cos, sin = vals
     if x.dtype not in DTYPES or cos.dtype != x.dtype or sin.dtype != x.dtype:
         return False
-    return (all(statically_known_true(a == b) for a, b in zip(cos.shape, sin.shape))
-            and statically_known_true(x.shape[3] == 2 * half) and broadcasts_4d(cos, x))
+    if not all(statically_known_true(a == b) for a, b in zip(cos.shape, sin.shape)):
+        return False
+    if rotary_dim is None:
+        return statically_known_true(x.shape[3] == 2 * half) and broadcasts_4d(cos, x)
+    return (isinstance(rotary_dim, int) and rotary_dim == 2 * half and statically_known_true(rotary_dim <= x.shape[3])
+            and broadcasts_4d(cos, x[..., :rotary_dim]))
+
+
+def whole_operands(match) -> bool:
+    """A filter for the whole-head form: as rotary_operands, with rotary_dim x's whole last axis."""
+    x = match.bindings["x"].meta.get("val")
+    rotary_dim = match.bindings.get("rotary_dim")
+    return (rotary_operands(match) and isinstance(x, torch.Tensor)
+            and statically_known_true(x.shape[3] == rotary_dim))
 
 
 def repeat_operands(match) -> bool:
@@ -532,52 +638,62 @@ def repeat_operands(match) -> bool:
             and all(statically_known_true(a == b) for a, b in zip(x.shape, (batch, kv_heads, seq, head_dim))))
 
 
-def rotary_repeat_operands(match) -> bool:
-    """A filter: the rotary embedding's operands and the repeat's sizes both hold."""
-    return rotary_operands(match) and repeat_operands(match)
+def both(*filters):
+    """A filter that holds when each of ``filters`` does."""
+
+    def accept(match) -> bool:
+        return all(f(match) for f in filters)
+
+    accept.__name__ = "_and_".join(f.__name__ for f in filters)
+    return accept
 
 
-# Traced at rank 4 (the slices' axis is a literal 3) with a head size whose half, 37, is no other literal.
+# Traced at rank 4 (the slices' axis is a literal 3) with a head size whose half, 37, is no other
+# literal; the partial forms rotate 74 columns of 90.
 _EXAMPLE = (torch.zeros(1, 2, 1, 74), torch.zeros(1, 1, 1, 74), torch.zeros(1, 1, 1, 74), 37)
+_PARTIAL_EXAMPLE = (torch.zeros(1, 2, 1, 90), torch.zeros(1, 1, 1, 74), torch.zeros(1, 1, 1, 74), 37, 74)
+_WHOLE_EXAMPLE = (*_EXAMPLE, 74)
 # The repeat's sizes, each a literal nothing else in the traced pattern holds (the unsqueeze's axis is 2,
-# the slices' 3): batch 13, kv_heads 5, n_rep 7, seq 11, head_dim 74, heads 35.
-_SIZES_EXAMPLE = (13, 5, 7, 11, 74, 35)
-_REPEAT_EXAMPLE = (torch.zeros(13, 5, 11, 74), *_SIZES_EXAMPLE)
-_ROTARY_REPEAT_EXAMPLE = (torch.zeros(13, 5, 11, 74), torch.zeros(1, 1, 11, 74), torch.zeros(1, 1, 11, 74), 37,
-                          *_SIZES_EXAMPLE)
+# the slices' 3): batch 13, kv_heads 5, n_rep 7, seq 11, head_dim 74 (90 for the partial form), heads 35.
+_KV_TABLES = (torch.zeros(1, 1, 11, 74), torch.zeros(1, 1, 11, 74))
+_REPEAT_EXAMPLE = (torch.zeros(13, 5, 11, 74), 13, 5, 7, 11, 74, 35)
+_ROTARY_REPEAT_EXAMPLE = (torch.zeros(13, 5, 11, 74), *_KV_TABLES, 37, 13, 5, 7, 11, 74, 35)
+_PARTIAL_REPEAT_EXAMPLE = (torch.zeros(13, 5, 11, 90), *_KV_TABLES, 37, 74, 13, 5, 7, 11, 90, 35)
 
 
 def register(rules) -> None:
-    # Not inside inductor, whose own pointwise kernels for these are one pass as well.
-    # The keys of grouped-query attention first: rotated and repeated in one pass, where the two rules
-    # after it would each take half.
-    cuda_kernel_op(ROTARY_REPEAT_ROWS, ROTARY_REPEAT_KV, reference=rotary_embedding_repeat_kv,
-                   meta_fn=_rotary_repeat_output, schema=ROTARY_REPEAT_KV_SCHEMA)
-    cuda_kernel_op(ROTARY_REPEAT_ROWS + "_heads_inner", dataclasses.replace(
-        ROTARY_REPEAT_KV, kernel_name="rotary_repeat_kv_heads_inner"), reference=_heads_inner_reference,
-        meta_fn=_heads_inner_output, schema=ROTARY_REPEAT_KV_SCHEMA)
-    on_cuda = _on_cuda(kernel_op(ROTARY_REPEAT_ROWS).cuda_impl, kernel_op(ROTARY_REPEAT_ROWS + "_heads_inner").cuda_impl,
-                       check=_rotary_repeat_output)
-    op = cuda_kernel_op(f"{NAMESPACE}::rotary_embedding_repeat_kv", ROTARY_REPEAT_KV,
-                        reference=rotary_embedding_repeat_kv, meta_fn=_rotary_repeat_output, eager_fn=on_cuda,
-                        schema=ROTARY_REPEAT_KV_SCHEMA)
-    add_rule(rules, rotary_embedding_repeat_kv, op, "rotary_embedding_repeat_kv", filter=rotary_repeat_operands,
-             irs=COMPILE_FREE_IRS, example_inputs=_ROTARY_REPEAT_EXAMPLE)
+    # Not inside inductor, whose own pointwise kernels for these are one pass as well. Registration
+    # order is priority: each form before the ones it contains (the keys' rotation and repeat before
+    # either alone, the partial rotation before the plain one it holds).
+    cuda_kernel_op(STRIDED, ROTARY_STRIDED, reference=_strided_reference, meta_fn=_strided_output,
+                   schema=_STRIDED_SCHEMA)
+    strided = kernel_op(STRIDED).cuda_impl
 
-    cuda_kernel_op(ROWS, ROTARY, reference=rotary_embedding, meta_fn=_output)
-    cuda_kernel_op(ROWS_HEADS_INNER, ROTARY_HEADS_INNER, reference=_heads_inner_reference, meta_fn=_heads_inner_output)
-    on_cuda = _on_cuda(kernel_op(ROWS).cuda_impl, kernel_op(ROWS_HEADS_INNER).cuda_impl)
-    op = cuda_kernel_op(f"{NAMESPACE}::rotary_embedding", ROTARY, reference=rotary_embedding, meta_fn=_output,
-                        eager_fn=on_cuda)
-    add_rule(rules, rotary_embedding, op, "rotary_embedding", filter=rotary_operands, irs=COMPILE_FREE_IRS,
+    def op(name, spec, reference, meta_fn, rotated=True, schema=None):
+        qualname = f"{NAMESPACE}::{name}"
+        return cuda_kernel_op(qualname, spec, reference=reference, meta_fn=meta_fn, schema=schema,
+                              eager_fn=_eager(qualname, strided, meta_fn, rotated))
+
+    partial_repeat = op("partial_rotary_embedding_repeat_kv", PARTIAL_ROTARY_REPEAT_KV,
+                        partial_rotary_embedding_repeat_kv, _partial_repeat_output,
+                        schema=PARTIAL_ROTARY_REPEAT_KV_SCHEMA)
+    add_rule(rules, partial_rotary_embedding_repeat_kv, partial_repeat, "partial_rotary_embedding_repeat_kv",
+             filter=both(rotary_operands, repeat_operands), irs=COMPILE_FREE_IRS, example_inputs=_PARTIAL_REPEAT_EXAMPLE)
+    rotary_repeat = op("rotary_embedding_repeat_kv", ROTARY_REPEAT_KV, rotary_embedding_repeat_kv,
+                       _rotary_repeat_output, schema=ROTARY_REPEAT_KV_SCHEMA)
+    add_rule(rules, whole_rotary_embedding_repeat_kv, rotary_repeat, "whole_rotary_embedding_repeat_kv",
+             filter=both(rotary_operands, repeat_operands), irs=COMPILE_FREE_IRS,
+             example_inputs=_ROTARY_REPEAT_EXAMPLE)
+    add_rule(rules, rotary_embedding_repeat_kv, rotary_repeat, "rotary_embedding_repeat_kv",
+             filter=both(rotary_operands, repeat_operands), irs=COMPILE_FREE_IRS, example_inputs=_ROTARY_REPEAT_EXAMPLE)
+    partial = op("partial_rotary_embedding", PARTIAL_ROTARY, partial_rotary_embedding, _partial_output)
+    add_rule(rules, partial_rotary_embedding, partial, "partial_rotary_embedding", filter=rotary_operands,
+             irs=COMPILE_FREE_IRS, example_inputs=_PARTIAL_EXAMPLE)
+    add_rule(rules, whole_rotary_embedding, partial, "whole_rotary_embedding", filter=whole_operands,
+             irs=COMPILE_FREE_IRS, example_inputs=_WHOLE_EXAMPLE)
+    rotary = op("rotary_embedding", ROTARY, rotary_embedding, _output)
+    add_rule(rules, rotary_embedding, rotary, "rotary_embedding", filter=rotary_operands, irs=COMPILE_FREE_IRS,
              example_inputs=_EXAMPLE)
-
-    cuda_kernel_op(REPEAT_ROWS, REPEAT_KV, reference=repeat_kv, meta_fn=_repeat_output, schema=REPEAT_KV_SCHEMA)
-    cuda_kernel_op(REPEAT_ROWS + "_heads_inner", dataclasses.replace(REPEAT_KV, kernel_name="repeat_kv_heads_inner"),
-                   reference=_repeat_heads_inner_reference, meta_fn=_repeat_heads_inner_output,
-                   schema=REPEAT_KV_SCHEMA)
-    on_cuda = _repeat_on_cuda(kernel_op(REPEAT_ROWS).cuda_impl, kernel_op(REPEAT_ROWS + "_heads_inner").cuda_impl)
-    op = cuda_kernel_op(f"{NAMESPACE}::repeat_kv", REPEAT_KV, reference=repeat_kv, meta_fn=_repeat_output,
-                        eager_fn=on_cuda, schema=REPEAT_KV_SCHEMA)
-    add_rule(rules, repeat_kv, op, "repeat_kv", filter=repeat_operands, irs=COMPILE_FREE_IRS,
+    repeat = op("repeat_kv", REPEAT_KV, repeat_kv, _repeat_output, rotated=False, schema=REPEAT_KV_SCHEMA)
+    add_rule(rules, repeat_kv, repeat, "repeat_kv", filter=repeat_operands, irs=COMPILE_FREE_IRS,
              example_inputs=_REPEAT_EXAMPLE)
