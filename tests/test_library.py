@@ -764,9 +764,16 @@ def test_repeat_kv_near_misses_are_left_alone(rules):
     interleave = Fn(lambda k: k.repeat_interleave(3, dim=1))
     for module in (torchtune, interleave):
         assert "repeat_kv" not in replaced(module, x)
-    # a dynamic sequence length: the expand's sizes are symbols, not literals; PyTorch keeps the copy
+
+
+def test_repeat_kv_with_a_dynamic_sequence_length_is_left_to_pytorch(rules):
+    """The expand's sizes are then symbols, not the literals the pattern captures; PyTorch keeps the copy."""
+    x = torch.randn(2, 2, 8, 16)
     s = torch.export.Dim("s", min=2, max=64)
-    ep = torch.export.export(Fn(lambda k: repeat_kv(k, 2)), (x,), dynamic_shapes=(({2: s},),))
+    try:
+        ep = torch.export.export(Fn(lambda k: repeat_kv(k, 2)), (x,), dynamic_shapes=(({2: s},),))
+    except torch._dynamo.exc.UserError as e:  # torch 2.11 cannot prove min(16*s, 32*s) == 16*s
+        pytest.skip(f"torch {torch.__version__} does not export repeat_kv with a dynamic length: {str(e)[:120]}")
     assert not fxkern.explain(ep, rules)["repeat_kv"].matches
     other = torch.randn(2, 2, 13, 16)
     torch.testing.assert_close(fxkern.apply(ep, rules).module()(other), repeat_kv(other, 2), rtol=0, atol=0)
