@@ -894,6 +894,16 @@ def test_partial_rotary_forms(dtype):
     assert replaced(keys, x, cos[:, None], sin[:, None], dtype=dtype) == {"rotary_embedding_repeat_kv": 1}
 
 
+def test_rotary_eager_path_refuses_more_than_int32_elements():
+    """The CUDA path (run here on meta tensors: it raises before any launch) names the limit, even
+    for a contiguous x, which it would otherwise hand to a kernel that indexes in 32 bits."""
+    x = torch.empty(1, 32, 2**19 + 1, 128, device="meta")  # 2**31 + 4096 elements
+    cos = torch.empty(1, 1, 2**19 + 1, 128, device="meta")
+    on_cuda = fxkern.kernel_op("fxkern_lib::rotary_embedding").eager_fn
+    with pytest.raises(fxkern.KernelInputError, match=r"more than 2\*\*31 - 1 elements.*split the batch"):
+        on_cuda(x, cos, cos.clone(), 64)
+
+
 def test_partial_rotary_op_checks_its_inputs():
     op = lib.op("partial_rotary_embedding")
     x, (cos, sin) = torch.randn(2, 4, 8, 16), rope_tables(2, 8, 4)

@@ -13,6 +13,7 @@ result is compared, elementwise (``torch.testing.assert_close``), with
 """
 
 import dataclasses
+import itertools
 
 import pytest
 import torch
@@ -628,20 +629,20 @@ def same_bits(got, want, where):
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).removeprefix("torch."))
 def test_repeat_kv_and_rotated_keys_on_every_layout_and_head_size(dtype):
     torch.manual_seed(0)
-    b, s, h = 3, 37, 5
-    for d in HEAD_SIZES:
+    for (b, s, h), d, n_rep in itertools.product(((3, 37, 5), (4, 1, 8)), HEAD_SIZES, (1, 2, 4)):  # s = 1: decoding
         cos, sin = rope_tables(b, s, d, dtype)
-        for n_rep in (1, 2, 4):
-            sizes = (b, h, n_rep, s, d, h * n_rep)
-            for lname, x in gqa_layouts(b, s, h, d, dtype).items():
-                where = f"{dtype} d={d} n_rep={n_rep} x {lname}"
+        sizes = (b, h, n_rep, s, d, h * n_rep)
+        tables = {"(b, 1, s, d)": (cos, sin), "(1, 1, s, d)": (cos[:1], sin[:1]),
+                  "(1, h, s, d)": (rand(1, h, s, d, dtype=dtype), rand(1, h, s, d, dtype=dtype))}
+        for lname, x in gqa_layouts(b, s, h, d, dtype).items():
+            where = f"{dtype} {b}x{h}x{s}x{d} n_rep={n_rep} x {lname}"
+            poison()
+            same_bits(lib.op("repeat_kv")(x, *sizes), rotary.repeat_kv(x, *sizes), f"repeat_kv {where}")
+            for tname, (c, sn) in tables.items():
                 poison()
-                same_bits(lib.op("repeat_kv")(x, *sizes), rotary.repeat_kv(x, *sizes), f"repeat_kv {where}")
-                for tname, (c, sn) in {"(b, 1, s, d)": (cos, sin), "(1, 1, s, d)": (cos[:1], sin[:1])}.items():
-                    poison()
-                    got = lib.op("rotary_embedding_repeat_kv")(x, c, sn, d // 2, *sizes)
-                    same_bits(got, rotary.rotary_embedding_repeat_kv(x, c, sn, d // 2, *sizes),
-                              f"rotary_embedding_repeat_kv {where}, cos {tname}")
+                got = lib.op("rotary_embedding_repeat_kv")(x, c, sn, d // 2, *sizes)
+                same_bits(got, rotary.rotary_embedding_repeat_kv(x, c, sn, d // 2, *sizes),
+                          f"rotary_embedding_repeat_kv {where}, cos {tname}")
 
 
 def test_gqa_ops_read_the_projection_in_place_and_check_their_sizes():

@@ -25,8 +25,9 @@ second one and the ``cat``, a form matched on its own.
 Queries come out of their projection as ``q.view(B, S, H, D).transpose(1, 2)``: a ``(B, H, S, D)``
 view of a ``(B, S, H, D)`` tensor; from a fused QKV projection (GPT-NeoX, Phi-3) a column block of
 each row as well. In eager PyTorch every op here runs one kernel, ``rotary_strided``, that reads x
-where it lies, at any strides with a contiguous last axis, and writes a contiguous ``(B, H, S, D)``
-result, which attention would otherwise copy out itself.
+where it lies, at any non-negative strides with a contiguous last axis (within int32; other layouts
+are made contiguous first), and writes a contiguous ``(B, H, S, D)`` result, which attention would
+otherwise copy out itself.
 
 Grouped-query attention (Llama 3, Mistral, Qwen, Gemma: fewer key/value heads than query heads)
 then copies each key and value head once per query head of its group, transformers' ``repeat_kv``
@@ -227,13 +228,21 @@ __global__ void __launch_bounds__(128) partial_rotary(const T* x, const T* cs, c
 
 // The grouped-query keys: rotated (partly, with pass columns) and repeated for each query head of their
 // group in one pass. The sizes are the ones the pattern captures (x is (batch, kv_heads, seq, head_dim),
-// y has heads = kv_heads * n_rep); the op checks them against x.
+// y has heads = kv_heads * n_rep); the op checks them against x, and the kernels read no more rows
+// than x's n elements hold (a plugin given a smaller x).
+namespace fxk {
+__device__ __forceinline__ int batches(int batch, int n, int kv_heads, int seq, int head_dim) {
+    const long long row = (long long)kv_heads * seq * head_dim;
+    return row > 0 ? (int)min((long long)batch, n / row) : 0;
+}
+}  // namespace fxk
+
 template <typename T>
 __global__ void __launch_bounds__(128) rotary_repeat_kv(const T* x, const T* cs, const T* sn, int half, int batch,
                                                         int kv_heads, int n_rep, int seq, int head_dim, int heads,
                                                         int n, int cB, int cH, int cS, T* y) {
-    fxk::rotary<T>(x, cs, sn, half, head_dim - 2 * half, batch, fxk::contiguous_rows(kv_heads, seq, head_dim),
-                   cB, cH, cS, n_rep, y);
+    fxk::rotary<T>(x, cs, sn, half, head_dim - 2 * half, fxk::batches(batch, n, kv_heads, seq, head_dim),
+                   fxk::contiguous_rows(kv_heads, seq, head_dim), cB, cH, cS, n_rep, y);
 }
 
 template <typename T>
@@ -241,15 +250,16 @@ __global__ void __launch_bounds__(128) partial_rotary_repeat_kv(const T* x, cons
                                                                 int rotary_dim, int batch, int kv_heads, int n_rep,
                                                                 int seq, int head_dim, int heads, int n, int cB,
                                                                 int cH, int cS, T* y) {
-    fxk::rotary<T>(x, cs, sn, half, head_dim - 2 * half, batch, fxk::contiguous_rows(kv_heads, seq, head_dim),
-                   cB, cH, cS, n_rep, y);
+    fxk::rotary<T>(x, cs, sn, half, head_dim - 2 * half, fxk::batches(batch, n, kv_heads, seq, head_dim),
+                   fxk::contiguous_rows(kv_heads, seq, head_dim), cB, cH, cS, n_rep, y);
 }
 
 // The grouped-query values: repeat_kv alone, a copy that writes each head n_rep times.
 template <typename T>
 __global__ void __launch_bounds__(128) repeat_kv(const T* x, int batch, int kv_heads, int n_rep, int seq,
                                                  int head_dim, int heads, int n, T* y) {
-    fxk::rotary<T>(x, x, x, 0, head_dim, batch, fxk::contiguous_rows(kv_heads, seq, head_dim), 1, 1, 1, n_rep, y);
+    fxk::rotary<T>(x, x, x, 0, head_dim, fxk::batches(batch, n, kv_heads, seq, head_dim),
+                   fxk::contiguous_rows(kv_heads, seq, head_dim), 1, 1, 1, n_rep, y);
 }
 
 // What every op runs in eager PyTorch: x read where it lies (x_span: the storage x's elements span,
@@ -264,19 +274,15 @@ __global__ void __launch_bounds__(128) rotary_strided(const T* x_span, const T* 
 }
 """
 
-ELEMENTS_PER_BLOCK = 4096  # 4 items a thread in float32, 2 in 16-bit (benchmarks/rope_tuning.py)
+# Output elements a block takes (benchmarks/rope_tuning.py): in plain RoPE 4 items a thread in
+# float32, 2 in 16-bit; a repeating kernel's block reads 1/n_rep of that.
+ELEMENTS_PER_BLOCK = 4096
 assert EW_BLOCK == 128  # the kernels' launch bounds
 
 
 def rotary_geometry(inputs, outputs):
     """EW_BLOCK threads a block, a block per ELEMENTS_PER_BLOCK elements of the output."""
     return (cdiv(outputs[0].numel(), ELEMENTS_PER_BLOCK),), (EW_BLOCK,)
-
-
-def read_geometry(inputs, outputs):
-    """EW_BLOCK threads a block, a block per ELEMENTS_PER_BLOCK elements of x: the repeating kernels
-    write each of them n_rep times."""
-    return (cdiv(inputs[0].numel(), ELEMENTS_PER_BLOCK),), (EW_BLOCK,)
 
 
 _COS_DIMS = [DimSize("cos", 0), DimSize("cos", 1), DimSize("cos", 2)]
@@ -313,7 +319,7 @@ ROTARY_REPEAT_KV = KernelSpec(
     SOURCE, "rotary_repeat_kv",
     inputs=[InputDecl("x"), InputDecl("cos"), InputDecl("sin"), ScalarInput("half", int), *_SIZE_INPUTS],
     extras=[Numel("x"), *_COS_DIMS],
-    geometry=Custom(read_geometry),
+    geometry=Custom(rotary_geometry),
     dtypes=DTYPES,
 )
 ROTARY_REPEAT_KV_SCHEMA = f"(Tensor x, Tensor cos, Tensor sin, int half, {_SIZE_SCHEMA}) -> Tensor"
@@ -323,7 +329,7 @@ PARTIAL_ROTARY_REPEAT_KV = KernelSpec(
     inputs=[InputDecl("x"), InputDecl("cos"), InputDecl("sin"), ScalarInput("half", int), ScalarInput("rotary_dim", int),
             *_SIZE_INPUTS],
     extras=[Numel("x"), *_COS_DIMS],
-    geometry=Custom(read_geometry),
+    geometry=Custom(rotary_geometry),
     dtypes=DTYPES,
 )
 PARTIAL_ROTARY_REPEAT_KV_SCHEMA = (f"(Tensor x, Tensor cos, Tensor sin, int half, int rotary_dim, {_SIZE_SCHEMA}) "
@@ -333,7 +339,7 @@ REPEAT_KV = KernelSpec(
     SOURCE, "repeat_kv",
     inputs=[InputDecl("x"), *_SIZE_INPUTS],
     extras=[Numel("x")],
-    geometry=Custom(read_geometry),
+    geometry=Custom(rotary_geometry),
     dtypes=DTYPES,
 )
 REPEAT_KV_SCHEMA = f"(Tensor x, {_SIZE_SCHEMA}) -> Tensor"
@@ -540,14 +546,15 @@ def _narrow(cos: torch.Tensor, sin: torch.Tensor, axes: tuple[int, ...]) -> tupl
 def walk(x: torch.Tensor) -> tuple[int, int, int, int, int, int, int, int] | None:
     """How ROTARY_STRIDED reads x (B, H, S, D) in place: (B, A1, A2, sB, s1, s2, heads_inner, span), the
     walk's inner axis the one of the smaller stride; None where it cannot (the last axis not
-    contiguous, a negative or int32-overflowing stride: x is then made contiguous first)."""
+    contiguous, a negative stride, a stride, span or element count past int32: x is then made
+    contiguous first, and refused if that is still too large)."""
     b, h, s, d = x.shape
     # an axis of one element has no stride that matters (0 keeps the kernel's 16-byte packs)
     sb, sh, ss, sd = (0 if n == 1 else st for n, st in zip(x.shape, x.stride()))
     heads_inner = s == 1 or (h > 1 and sh < ss)
     a1, a2, s1, s2 = (s, h, ss, sh) if heads_inner else (h, s, sh, ss)
     span = 1 + (b - 1) * sb + (a1 - 1) * s1 + (a2 - 1) * s2 + (d - 1) * sd
-    if (d > 1 and sd != 1) or min(sb, s1, s2) < 0 or max(sb, s1, s2, span) > INT32_MAX:
+    if (d > 1 and sd != 1) or min(sb, s1, s2) < 0 or max(sb, s1, s2, span, x.numel()) > INT32_MAX:
         return None
     return b, a1, a2, sb, s1, s2, int(heads_inner), span
 
@@ -580,6 +587,9 @@ def _eager(op: str, strided, check, rotated: bool):
         if layout is None:
             x = x.contiguous()
             layout = walk(x)
+            if layout is None:  # past int32 even when contiguous
+                raise KernelInputError(f"{op}: x {tuple(x.shape)} has more than 2**31 - 1 elements, more than the "
+                                       f"kernel indexes; split the batch")
         b, a1, a2, sb, s1, s2, heads_inner, span = layout
         x_span = x.as_strided((span,), (1,))
         if rotated:
