@@ -1,7 +1,7 @@
 """fxkern.library on models nobody here wrote: transformers' own models, built from configs.
 
     python benchmarks/hf_models.py [--models llama,gemma,...] [--layers 4] [--rounds 3] [--section-out FILE]
-    python benchmarks/hf_models.py --models t5_encoder --profile   # also each variant's kernels, by GPU time
+    python benchmarks/hf_models.py --models t5_encoder --profile   # also each variant's kernels by GPU time, and the aten ops behind the rewritten program's
 
 Each model (random weights, no downloads) at hidden size 2048, 16 heads of 128, MLP 5632 (GPT-2,
 GPT-NeoX and BERT: 8192), vocabulary 8192, in bfloat16 with transformers' default attention (SDPA;
