@@ -13,6 +13,7 @@ from torch import nn
 
 import fxkern
 import fxkern.library as lib
+from fxkern.demo import repeat_kv  # transformers' repeat_kv, line for line
 from fxkern import symbolic
 
 transformers = pytest.importorskip("transformers", reason="transformers is not installed (pip install '.[test]')")
@@ -709,15 +710,6 @@ def test_llama_queries_and_keys_are_rotated_by_one_kernel_each(rules):
     for name in ("rotary_embedding", "rotary_embedding_repeat_kv", "repeat_kv"):
         matches = report[name].matches
         assert len(matches) == 1 and all(m.location for m in matches), name
-
-
-def repeat_kv(hidden_states, n_rep):
-    """transformers' ``repeat_kv``, line for line."""
-    batch, num_key_value_heads, slen, head_dim = hidden_states.shape
-    if n_rep == 1:
-        return hidden_states
-    hidden_states = hidden_states[:, :, None, :, :].expand(batch, num_key_value_heads, n_rep, slen, head_dim)
-    return hidden_states.reshape(batch, num_key_value_heads * n_rep, slen, head_dim)
 
 
 class GQAttention(nn.Module):
