@@ -143,7 +143,7 @@ struct Rows {
     }
 };
 
-__device__ __forceinline__ Rows rows_of(int A1, int A2, int sB, int s1, int s2, int heads_inner) {
+__device__ __forceinline__ Rows rows_of(int B, int A1, int A2, int sB, int s1, int s2, int heads_inner) {
     Rows w;
     w.A1 = A1; w.A2 = A2; w.s1 = s1; w.s2 = s2; w.sB = (unsigned)sB; w.heads_inner = heads_inner != 0;
     w.H = heads_inner ? A2 : A1;
@@ -204,7 +204,7 @@ __device__ __forceinline__ void rotary(const T* x, const T* cs, const T* sn, int
 
 // x contiguous (B, A1, A2, D): its strides.
 __device__ __forceinline__ Rows contiguous_rows(int A1, int A2, int D) {
-    return rows_of(A1, A2, A1 * A2 * D, A2 * D, D, 0);
+    return rows_of(0, A1, A2, A1 * A2 * D, A2 * D, D, 0);
 }
 
 }  // namespace fxk
@@ -269,7 +269,7 @@ template <typename T>
 __global__ void __launch_bounds__(128) rotary_strided(const T* x_span, const T* cs, const T* sn, int half, int pass,
                                                       int B, int A1, int A2, int sB, int s1, int s2, int heads_inner,
                                                       int n_rep, int cB, int cH, int cS, T* y) {
-    fxk::rotary<T>(x_span, cs, sn, half, pass, B, fxk::rows_of(A1, A2, sB, s1, s2, heads_inner), cB, cH, cS,
+    fxk::rotary<T>(x_span, cs, sn, half, pass, B, fxk::rows_of(B, A1, A2, sB, s1, s2, heads_inner), cB, cH, cS,
                    n_rep, y);
 }
 """
