@@ -58,6 +58,9 @@ class KernelOp:
     ptx: Optional[str] = None  # ptx_op's own PTX
     ptx_kernel: Optional[str] = None  # ptx_op's .entry name
     cuda_impl: Optional[Callable[..., Any]] = field(repr=False, default=None)
+    # the registered fake impl (meta_fn, or the one derived from the spec): what a wrapping op's
+    # meta_fn builds on
+    fake_impl: Optional[Callable[..., Any]] = field(repr=False, default=None)
 
     compile_fn: Optional[Callable[[], compiler.CompiledKernel]] = field(repr=False, default=None)
 
@@ -195,9 +198,10 @@ def cuda_kernel_op(
         supports_dynamic_shapes=supports_dynamic_shapes, library=lib, identity=identity,
     )
     entry.cuda_impl = eager_fn if eager_fn is not None else _cuda_impl(entry)
+    entry.fake_impl = meta_fn if meta_fn is not None else _fake_impl(entry)
     lib.impl(name, entry.cuda_impl, "CUDA")
     lib.impl(name, _cpu_impl(entry), "CPU")
-    torch.library.register_fake(op_name, meta_fn if meta_fn is not None else _fake_impl(entry), lib=lib)
+    torch.library.register_fake(op_name, entry.fake_impl, lib=lib)
     _publish(entry)
     log.info("fxkern: registered %s%s", op_name, plan.schema)
     return entry.op
@@ -248,6 +252,7 @@ def ptx_op(
         lib.impl(name, eager_fn, "CUDA")
     else:
         lib.impl(name, _no_impl(op_name, "CUDA", "pass eager_fn= to run it outside TensorRT"), "CUDA")
+    entry.fake_impl = meta_fn
     lib.impl(name, _cpu_impl(entry), "CPU")
     torch.library.register_fake(op_name, meta_fn, lib=lib)
     _publish(entry)
@@ -335,7 +340,7 @@ def _cpu_impl(entry: KernelOp) -> Callable[..., Any]:
     op, reference = entry.qualname, entry.reference
     if reference is None:
         return _no_impl(op, "CPU", "move the inputs to a CUDA device, or register it with reference= (a PyTorch function)")
-    fake = entry.meta_fn if entry.meta_fn is not None else _fake_impl(entry)
+    fake = entry.fake_impl or entry.meta_fn or _fake_impl(entry)
 
     def cpu(*args: Any) -> Any:
         expected = _as_tuple(fake(*args))  # validates the call like the CUDA path
@@ -350,8 +355,10 @@ def _cpu_impl(entry: KernelOp) -> Callable[..., Any]:
                 raise SpecError(
                     f"{op}: reference output {i} is {got}, the op declares {e.dtype} {tuple(e.shape)}"
                 )
-            if any(o.untyped_storage().data_ptr() == t.untyped_storage().data_ptr() for t in inputs) or not o.is_contiguous():
-                o = o.clone(memory_format=torch.contiguous_format)
+            # a fresh tensor laid out as the fake impl says, as the CUDA path returns it
+            if any(o.untyped_storage().data_ptr() == t.untyped_storage().data_ptr() for t in inputs) or (
+                    o.stride() != e.stride()):
+                o = torch.empty_strided(e.shape, e.stride(), dtype=o.dtype, device=o.device).copy_(o)
             fixed.append(o)
         return fixed[0] if len(fixed) == 1 else tuple(fixed)
 

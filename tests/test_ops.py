@@ -77,6 +77,21 @@ def test_reference_output_never_aliases_an_input(op_name):
     torch.testing.assert_close(y, x)
 
 
+def test_cpu_impl_lays_its_output_out_as_the_fake_impl_says(op_name):
+    # a meta_fn that keeps x's layout (as eager's elementwise ops do): the CPU path returns that
+    # layout whatever the reference returns, as the CUDA path must
+    def meta(x, alpha):
+        return torch.empty_like(x)
+
+    op = fxkern.cuda_kernel_op(op_name, scale_spec(), meta_fn=meta,
+                               reference=lambda x, a: (x * a).contiguous())
+    x = torch.randn(4, 6).t()
+    y = op(x, 2.0)
+    assert y.stride() == x.stride() and not y.is_contiguous()
+    torch.testing.assert_close(y, x * 2.0)
+    assert op(x.contiguous(), 2.0).is_contiguous()
+
+
 def test_reference_that_disagrees_with_the_declared_output_is_reported(op_name):
     op = fxkern.cuda_kernel_op(op_name, scale_spec(), reference=lambda x, a: (x * a).double())
     with pytest.raises(SpecError, match="reference output 0 is torch.float64"):
