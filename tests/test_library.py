@@ -146,6 +146,50 @@ def test_t5_and_gemma_norms(dtype):
     assert replaced(gemma, x, dtype=dtype) == {"gemma_rms_norm": 1}
 
 
+class NormedHeads(nn.Module):
+    """Gemma 3's attention: the queries normalised after the transpose, a (B, H, S, D) view of the
+    (B, S, H, D) projection (transformers' Gemma3Attention: ``self.q_norm(query_states)``)."""
+
+    def __init__(self, norm, heads=4, head_dim=8):
+        super().__init__()
+        self.heads, self.head_dim = heads, head_dim
+        self.proj, self.norm = nn.Linear(heads * head_dim, heads * head_dim), norm
+
+    def forward(self, h):
+        b, s, _ = h.shape
+        return self.norm(self.proj(h).view(b, s, self.heads, self.head_dim).transpose(1, 2))
+
+
+@pytest.mark.parametrize("family", ["gemma", "llama"])
+def test_norm_of_transposed_heads_keeps_eager_layout(rules, family):
+    from transformers.models.gemma.modeling_gemma import GemmaRMSNorm
+    from transformers.models.llama.modeling_llama import LlamaRMSNorm
+
+    norm = GemmaRMSNorm(8) if family == "gemma" else LlamaRMSNorm(8)
+    nn.init.normal_(norm.weight)
+    model = NormedHeads(norm).eval()
+    h = torch.randn(2, 5, 32)
+    batch, seq = torch.export.Dim("batch", min=2, max=64), torch.export.Dim("seq", min=2, max=4096)
+    ep = torch.export.export(model, (h,), dynamic_shapes={"h": {0: batch, 1: seq}})
+    new = fxkern.apply(ep, rules, verify=True)
+    (node,) = [n for n in new.graph.nodes if n.op == "call_function" and "fxkern_lib" in str(n.target)]
+    assert "rms_norm" in str(node.target)
+    for x in (h, torch.randn(3, 7, 32)):
+        want = model(x)
+        got = new.module()(x)
+        # eager's elementwise ops leave the result in x's layout, the (B, S, H, D) memory order; so do
+        # the op's fake impl (what export records) and its CPU and CUDA impls
+        assert want.stride() == got.stride() == (x.shape[1] * 32, 8, 32, 1)
+        torch.testing.assert_close(got, want)
+    # the op's fake impl and its CPU impl agree on that layout (opcheck compares their strides), and a
+    # contiguous x gives a contiguous result, as before
+    op = lib.op("gemma_rms_norm" if family == "gemma" else "rms_norm")
+    weight = norm.weight.detach()
+    for x in (torch.randn(2, 5, 4, 8).transpose(1, 2), torch.randn(2, 4, 5, 8)):
+        torch.library.opcheck(op, (x, weight, 1e-6))
+        assert op(x, weight, 1e-6).stride() == x.stride()
+
+
 class PreNorm(nn.Module):
     """A pre-norm sublayer as decoders write it: the residual sum feeds the norm and the next add."""
 

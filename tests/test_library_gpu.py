@@ -132,7 +132,7 @@ def check(name, pattern, args, dtype, op=None):
     exacts = outputs(pattern(*upcast(args, torch.float64))) if dtype == torch.float32 else ()
     for k, (got, want) in enumerate(zip(gots, wants)):
         assert got.dtype == want.dtype and got.shape == want.shape
-        assert got.is_contiguous()
+        assert got.is_contiguous() or got.stride() == want.stride()  # contiguous, or eager's layout
         where = f"{name} output {k} {dtype} {tuple(args[0].shape)}"
         rtol, atol = EAGER_TOL[dtype]
         torch.testing.assert_close(got, want, rtol=rtol, atol=atol, msg=lambda m: f"{where} vs eager: {m}")
@@ -192,6 +192,32 @@ def test_register_resident_kernel_on_every_row_length(dtype):
         op = getattr(torch.ops.fxkern_lib, f"_{name}_rows")
         for d in ROW_LENGTHS:
             check(f"_{name}_rows", pattern, row_case()(ROWS, d, dtype), dtype, op=op)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).removeprefix("torch."))
+def test_plain_norms_read_transposed_heads_in_place_and_keep_their_layout(dtype):
+    # Gemma 3 normalises attention's queries and keys after the transpose: (B, H, S, D) views of the
+    # (B, S, H, D) projection. The norms read them where they lie, one kernel and no copy first, and
+    # write the result in x's layout, as eager's ops do (and the op's fake impl says).
+    torch.manual_seed(5)
+    for name, pattern in PLAIN_NORMS:
+        for d in (100, 128, 8192):  # the register-resident kernel (scalar and 16-byte), the two-read one
+            x = rand(2, 17, 3, d, dtype=dtype).transpose(1, 2)
+            w = rand(d, dtype=dtype)
+            got = lib.op(name)(x, w, 1e-6)
+            assert got.stride() == x.stride() == pattern(x, w, 1e-6).stride(), (name, d)
+            assert torch.equal(got, lib.op(name)(x.contiguous(), w, 1e-6)), (name, d)
+            names = kernels_run(lambda: lib.op(name)(x, w, 1e-6))
+            assert len(names) == 1 and "rms_norm" in names[0], names
+            check(name, pattern, (x, w, 1e-6), dtype)
+        torch.library.opcheck(lib.op(name), (x, w, 1e-6))  # the fake impl's strides are the CUDA impl's
+    # aten.rms_norm's result is contiguous, and so is the op's for it
+    x = rand(2, 17, 3, 128, dtype=dtype).transpose(1, 2)
+    w = rand(128, dtype=dtype)
+    got = lib.op("torch_rms_norm")(x, w, 128, 1e-6)
+    assert got.is_contiguous()
+    torch.testing.assert_close(got, torch.nn.functional.rms_norm(x, [128], w, 1e-6), rtol=EAGER_TOL[dtype][0],
+                               atol=EAGER_TOL[dtype][1])
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).removeprefix("torch."))

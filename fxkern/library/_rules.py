@@ -59,6 +59,52 @@ def per_call(pick: Callable[..., str], names: Sequence[str]) -> Callable[..., An
     return on_cuda
 
 
+def permuted_rows(x: torch.Tensor) -> bool:
+    """Whether x is not contiguous but its rows (last axis) lie whole in memory, each contiguous, in
+    another order of the other axes: a permuted view of a contiguous tensor, such as attention's
+    ``(B, H, S, D)`` view of the ``(B, S, H, D)`` projection. A row kernel reads and writes such an x
+    as the ``(numel / D, D)`` matrix it is in memory; eager PyTorch's elementwise ops keep its layout."""
+    if x.dim() < 2 or x.is_contiguous() or x.stride(-1) != 1:
+        return False
+    return torch.empty_like(x, device="meta").stride() == x.stride()  # dense, not overlapping
+
+
+def keeps_row_layout(fake: Callable[..., Any]) -> Callable[..., Any]:
+    """A row op's meta_fn: ``fake`` (the contiguous-output fake impl of the kernel it runs, which
+    checks the call), its output laid out as x where x has ``permuted_rows``, as the eager pattern's
+    elementwise ops lay it out. Pair it with ``rows_in_place``."""
+
+    def meta(x, *args):
+        out = fake(x, *args)
+        return torch.empty_like(x) if permuted_rows(x) else out
+
+    return meta
+
+
+def rows_in_place(on_cuda: Callable[..., Any]) -> Callable[..., Any]:
+    """A row op's CUDA implementation for x of any layout: ``on_cuda`` on the ``(numel / D, D)`` matrix
+    an x with ``permuted_rows`` is in memory, its result given back in x's layout (no copy of x
+    first, as a contiguous-input kernel would make); other layouts go to ``on_cuda`` as they are."""
+    decided: dict = {}
+
+    def on_cuda_any_layout(x, *args):
+        if x.is_contiguous():
+            return on_cuda(x, *args)
+        key = (x.shape, x.stride())
+        permuted = decided.get(key)
+        if permuted is None:
+            if len(decided) >= 1024:
+                decided.clear()
+            permuted = decided[key] = permuted_rows(x)
+        if not permuted:
+            return on_cuda(x, *args)
+        d = x.shape[-1]
+        y = on_cuda(x.as_strided((x.numel() // d, d), (d, 1)), *args)
+        return y.as_strided(x.shape, x.stride())
+
+    return on_cuda_any_layout
+
+
 def add_rule(rules: RuleSet, pattern: Callable[..., Any], target: Any, name: str,
              filter: Callable[[Any], bool] | None = None, irs: Sequence[str] | None = None,
              example_inputs: Sequence[Any] | None = None, priority: int | None = None) -> Rule:

@@ -47,9 +47,11 @@ from fxkern.library._rules import (
     NAMESPACE,
     add_rule,
     aligned_at_launch,
+    keeps_row_layout,
     per_call,
     row_geometry_8k,
     row_param,
+    rows_in_place,
 )
 from fxkern.library.cuda_common import COMMON, row_tuning
 from fxkern.ops import cuda_kernel_op, kernel_op
@@ -555,8 +557,9 @@ def _check_row_length(op: str, x, normalized_size) -> None:
 def _torch_rms_norm_on_cuda(x, weight, normalized_size, eps=FLOAT32_EPS):
     """The op on CUDA: F.rms_norm's check, then the RMSNorm kernels."""
     _check_row_length("torch_rms_norm", x, normalized_size)
-    # Already inside an op: run rms_norm's CUDA implementation directly, not through the dispatcher.
-    return kernel_op(f"{NAMESPACE}::rms_norm").cuda_impl(x, weight, eps)
+    # Already inside an op: run rms_norm's CUDA implementation directly, not through the dispatcher;
+    # x contiguous, for aten.rms_norm's contiguous result (rms_norm's keeps a permuted x's layout).
+    return kernel_op(f"{NAMESPACE}::rms_norm").cuda_impl(x.contiguous(), weight, eps)
 
 
 def _add_torch_rms_norm_on_cuda(x, residual, weight, normalized_size, eps=FLOAT32_EPS):
@@ -641,8 +644,11 @@ def register(rules) -> None:
         for tuning in TWO_READ:
             two_read[tuning] = f"{NAMESPACE}::_{name}_two_read_{tuning.name}"
             cuda_kernel_op(two_read[tuning], _two_read_spec(f"{name}_two_read", x, tuning), reference=pattern)
+        # x laid out as eager's ops leave it, read in place (Gemma 3 norms the queries and keys of
+        # attention's (B, H, S, D) view of the projection), the result in x's layout as eager's
         plain[name] = cuda_kernel_op(f"{NAMESPACE}::{name}", spec, reference=pattern,
-                                     eager_fn=_pick_kernel(rows, two_read))
+                                     meta_fn=keeps_row_layout(kernel_op(rows).fake_impl),
+                                     eager_fn=rows_in_place(_pick_kernel(rows, two_read)))
     add_rule(rules, gemma_rmsnorm, plain["gemma_rms_norm"], "gemma_rms_norm", filter=row_param("x", "weight"), irs=irs)
     llama = add_rule(rules, llama_rmsnorm, plain["rms_norm"], "rms_norm", filter=row_param("hidden_states", "weight"),
                      irs=irs)
