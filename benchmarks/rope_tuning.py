@@ -1,12 +1,14 @@
-"""The rotary embedding kernel (``fxkern.library.rotary``) against variants of itself and inductor.
+"""The rotary-family kernel (``fxkern.library.rotary``) against variants of itself and inductor.
 
     python benchmarks/rope_tuning.py [--rounds 3] [--section-out FILE]
 
 transformers' ``apply_rotary_pos_emb`` on queries as attention projects them (``(b, s, h * d)`` viewed
-``(b, h, s, d)``, read in place) and on contiguous ones, cos and sin ``(1, 1, s, d)``. GB/s of useful
-bytes (queries, cos, sin and output once each), CUDA events around 10 back-to-back calls, the GPU
-kept busy by an untimed call before each sample, median of 20, then the median over rounds (the
-order rotated each round).
+``(b, h, s, d)``, read in place) and on contiguous ones, cos and sin ``(1, 1, s, d)``; GPT-NeoX's
+partial rotary (a quarter of each head) of the queries' column block of the fused QKV projection; and
+grouped-query attention's projected keys rotated and repeated, and values repeated (8 heads to 32).
+Every op runs the one kernel. GB/s of useful bytes (x, cos, sin and output once each), CUDA events
+around 10 back-to-back calls, the GPU kept busy by an untimed call before each sample, median of 20,
+then the median over rounds (the order rotated each round).
 """
 
 from __future__ import annotations
@@ -25,8 +27,9 @@ SHAPES = ((16, 2048, 32, 128, True), (16, 2048, 32, 128, False), (8, 512, 32, 64
 DTYPES = (torch.float32, torch.bfloat16)
 
 # Measured before 2026-11-25 04:00 UTC, when the kernel read x contiguous or as the projection's
-# transpose only (the published table's rows): the output's row order, 2 and 4 items in flight,
-# divisions by multiply-high and shift, each 0-10% slower than the shipped kernel or level with it.
+# transpose only (published then): the output's row order, 2 and 4 items in flight, divisions by
+# multiply-high and shift, each 0-10% slower than the shipped kernel or level with it; 16384 a block
+# 2-3% slower.
 # Measured 2026-11-25 00:40 UTC (H200) and not shipped: a thread per (position, pack column, group of
 # heads) that reads cos and sin once and rotates 2-8 heads' rows with them (2, 4 or 8 heads' loads
 # in flight, 4096-16384 elements a block): 3959-3987 GB/s at 16x32x2048x128 projected float32,
@@ -35,17 +38,18 @@ DTYPES = (torch.float32, torch.bfloat16)
 # A variant: source edits ((old, new) pairs), macros, and the elements a 128-thread block takes.
 SHIPPED = {"edits": (), "macros": "", "per_block": 4096}
 VARIANTS: dict[str, dict] = {
-    "shipped (x read in place at its strides, 4096 a block, 16-bit pairs)": SHIPPED,
+    "shipped (x read in place, 4096 a block, 16-bit pairs, 4 pass packs a thread in rows written once)": SHIPPED,
     "16-bit on the float path": {**SHIPPED, "macros": "#define FXK_ROPE_PAIRS 0\n"},
+    "1 pass pack a thread": {**SHIPPED, "macros": "#define FXK_PASS_PACKS 1\n"},
+    "2 pass packs a thread": {**SHIPPED, "macros": "#define FXK_PASS_PACKS 2\n"},
     "2048 a block": {**SHIPPED, "per_block": 2048},
     "8192 a block": {**SHIPPED, "per_block": 8192},
-    "16384 a block": {**SHIPPED, "per_block": 16384},
 }
 
 
 def variant_op(label: str, v: dict, index: int):
-    """The variant as a callable ``(x, cos, sin, half)``: the library's eager path (checks, tables
-    narrowed, x read in place) over the variant's kernel."""
+    """The variant as ``make(check, rotated)``: a public op's eager path (checks, tables narrowed, x
+    read in place; rotary._eager) over the variant's kernel."""
     import fxkern
     from fxkern.library import rotary
     from fxkern.symbolic import cdiv
@@ -63,7 +67,34 @@ def variant_op(label: str, v: dict, index: int):
                                geometry=fxkern.Custom(geometry))
     name = f"fxkern_tune::rope_{index}"
     fxkern.cuda_kernel_op(name, spec, meta_fn=rotary._strided_output, schema=rotary._STRIDED_SCHEMA)
-    return rotary._eager(name, fxkern.kernel_op(name).cuda_impl, rotary._output, True)
+    return lambda check, rotated: rotary._eager(name, fxkern.kernel_op(name).cuda_impl, check, rotated)
+
+
+def cases():
+    """(name, op kind, args): plain RoPE at SHAPES, then GPT-NeoX's partial rotary and grouped-query
+    keys and values, in each dtype."""
+    def rope(b, s, h, d, dt, projected=True):
+        x = torch.randn(b, s, h * d, device="cuda").to(dt).view(b, s, h, d).transpose(1, 2)
+        pos = torch.arange(s, device="cuda", dtype=torch.float32)[:, None]
+        emb = pos * (1.0 / 10000 ** (torch.arange(0, d, 2, device="cuda") / d))[None]
+        emb = torch.cat((emb, emb), -1)[None, None]
+        return (x if projected else x.contiguous()), emb.cos().to(dt), emb.sin().to(dt), d // 2
+
+    out = []
+    for b, s, h, d, projected in SHAPES:
+        for dt in DTYPES:
+            out.append((f"{b}x{h}x{s}x{d} {'projected' if projected else 'contiguous'} {str(dt)[6:]}", "rope",
+                        rope(b, s, h, d, dt, projected)))
+    for dt in DTYPES:
+        qkv = torch.randn(16, 2048, 32 * 3 * 128, device="cuda").to(dt).view(16, 2048, 32, 3 * 128).transpose(1, 2)
+        _, cos, sin, half = rope(1, 2048, 1, 32, dt)
+        out.append((f"GPT-NeoX partial, 32 of 128, fused QKV {str(dt)[6:]}", "partial",
+                    (qkv[..., :128], cos, sin, half, 32)))
+        k = rope(16, 2048, 8, 128, dt)
+        out.append((f"keys 16x8x2048x128 rotated, to 32 heads {str(dt)[6:]}", "rotary_repeat",
+                    (*k, 16, 8, 4, 2048, 128, 32)))
+        out.append((f"values 16x8x2048x128 to 32 heads {str(dt)[6:]}", "repeat", (k[0], 16, 8, 4, 2048, 128, 32)))
+    return out
 
 
 def main(argv=None) -> None:
@@ -75,29 +106,27 @@ def main(argv=None) -> None:
 
     fxkern.library.rules()
     torch.manual_seed(0)
-    fns = {label: variant_op(label, v, i) for i, (label, v) in enumerate(VARIANTS.items())}
-    compiled = common.inductor(rotary.rotary_embedding)
-    cases = []
-    for b, s, h, d, projected in SHAPES:
-        for dt in DTYPES:
-            x = torch.randn(b, s, h * d, device="cuda").to(dt).view(b, s, h, d).transpose(1, 2)
-            if not projected:
-                x = x.contiguous()
-            pos = torch.arange(s, device="cuda", dtype=torch.float32)[:, None]
-            emb = pos * (1.0 / 10000 ** (torch.arange(0, d, 2, device="cuda") / d))[None]
-            emb = torch.cat((emb, emb), -1)[None, None]
-            cos, sin = emb.cos().to(dt), emb.sin().to(dt)
-            want = rotary.rotary_embedding(x, cos, sin, d // 2)
-            for label, fn in fns.items():
-                if not label.startswith("("):
-                    torch.testing.assert_close(fn(x, cos, sin, d // 2), want, rtol=0, atol=0)
-            compiled(x, cos, sin, d // 2)
-            name = f"{b}x{h}x{s}x{d} {'projected' if projected else 'contiguous'} {str(dt)[6:]}"
-            cases.append((name, (x, cos, sin, d // 2)))
-    runners = {"inductor": compiled, **fns}
-    table = common.bandwidth_rows(
-        runners, [(call, 2 * call[0].numel() * call[0].element_size() + 2 * call[1].numel() * call[1].element_size())
-                  for _, call in cases], args.rounds)
+    # each op kind: its pattern (the reference, and what inductor compiles), its checks, whether it rotates
+    kinds = {"rope": (rotary.rotary_embedding, rotary._output, True),
+             "partial": (rotary.partial_rotary_embedding, rotary._partial_output, True),
+             "rotary_repeat": (rotary.rotary_embedding_repeat_kv, rotary._rotary_repeat_output, True),
+             "repeat": (rotary.repeat_kv, rotary._repeat_output, False)}
+    makers = {label: variant_op(label, v, i) for i, (label, v) in enumerate(VARIANTS.items())}
+    runs = {kind: {"inductor": common.inductor(pattern),
+                   **{label: make(check, rotated) for label, make in makers.items()}}
+            for kind, (pattern, check, rotated) in kinds.items()}
+    table: dict[str, list[float]] = {label: [] for label in ("inductor", *VARIANTS)}
+    all_cases = cases()
+    for name, kind, call in all_cases:
+        want = kinds[kind][0](*call)
+        for label, fn in runs[kind].items():
+            got = fn(*call)
+            if label != "inductor":
+                torch.testing.assert_close(got, want, rtol=0, atol=0, msg=lambda m: f"{label}, {name}: {m}")
+        tensors = [a for a in call if isinstance(a, torch.Tensor)]
+        nbytes = (sum(t.numel() * t.element_size() for t in tensors) + want.numel() * want.element_size())
+        for label, gbs in common.bandwidth_rows(runs[kind], [(call, nbytes)], args.rounds).items():
+            table[label] += gbs
     lines = [
         "## Rotary embedding tuning (`fxkern.library.rotary`)",
         "",
@@ -106,8 +135,8 @@ def main(argv=None) -> None:
         "",
         " ".join(__doc__.split("\n\n")[2].split()),
         "",
-        "| variant | " + " | ".join(name for name, _ in cases) + " |",
-        "| --- | " + " | ".join("---:" for _ in cases) + " |",
+        "| variant | " + " | ".join(name for name, _, _ in all_cases) + " |",
+        "| --- | " + " | ".join("---:" for _ in all_cases) + " |",
     ]
     for label, gbs in table.items():
         lines.append(f"| {label} | " + " | ".join(f"{g:.0f}" for g in gbs) + " |")

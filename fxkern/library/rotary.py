@@ -121,6 +121,12 @@ __device__ __forceinline__ void rope_packs(const Pack<T, V>& a, const Pack<T, V>
     }
 }
 
+// Pass-column packs a thread copies in a row written once (benchmarks/rope_tuning.py: GPT-NeoX's partial
+// rotary, 1 pack a thread, ran at 81-83% of inductor's speed; 2 and 4, 97-104%).
+#ifndef FXK_PASS_PACKS
+#define FXK_PASS_PACKS 4
+#endif
+
 // Where a thread's rows are. x is (B, H, S, D) with its last axis contiguous and the others at any
 // strides: its rows are walked as (b, a1, a2), a2 the axis of the smaller stride (HEADS_INNER: a2 the
 // heads, as attention's projection (B, S, H, D) lays them out; else a2 the positions), so a warp reads
@@ -143,7 +149,7 @@ struct Rows {
     }
 };
 
-__device__ __forceinline__ Rows rows_of(int B, int A1, int A2, int sB, int s1, int s2, int heads_inner) {
+__device__ __forceinline__ Rows rows_of(int A1, int A2, int sB, int s1, int s2, int heads_inner) {
     Rows w;
     w.A1 = A1; w.A2 = A2; w.s1 = s1; w.s2 = s2; w.sB = (unsigned)sB; w.heads_inner = heads_inner != 0;
     w.H = heads_inner ? A2 : A1;
@@ -153,13 +159,19 @@ __device__ __forceinline__ Rows rows_of(int B, int A1, int A2, int sB, int s1, i
 
 // Rows of D = 2 * half + pass columns: the first 2 * half rotated, the pass columns after them copied
 // (GPT-NeoX's and Phi-3's partial rotary: ``cat([rope(x[..., :rot]), x[..., rot:]], -1)``). cos and sin
-// are (cB, cH, cS, 2 * half), contiguous, each of cB, cH, cS 1 or x's size. A thread takes one pack:
-// V columns of each half of a row with their cos and sin, or V pass columns.
+// are (cB, cH, cS, 2 * half), contiguous, each of cB, cH, cS 1 or x's size. A thread takes one item:
+// a pack of V columns from each half of a row with their cos and sin, or FXK_PASS_PACKS packs of pass
+// columns, Q packs apart (a copy: more than one pack a thread keeps more loads in flight).
 template <typename T, int V>
 __device__ __forceinline__ void rotary_rows(const T* __restrict__ x, const T* __restrict__ cs, const T* __restrict__ sn,
                                             unsigned half, unsigned pass, unsigned B, const Rows& w,
                                             unsigned cB, unsigned cH, unsigned cS, unsigned R, T* __restrict__ y) {
-    const unsigned rot = 2 * half, D = rot + pass, Prot = half / V, P = Prot + pass / V;
+    // a row written once: FXK_PASS_PACKS pass packs a thread, an item as large as a rotated one; written
+    // R > 1 times, one (its R stores are work enough, and the grid gives a block R times fewer items)
+    constexpr unsigned PP = FXK_PASS_PACKS;
+    const unsigned pp = R > 1 ? 1u : PP;
+    const unsigned rot = 2 * half, D = rot + pass, Prot = half / V, Ppass = pass / V, Q = (Ppass + pp - 1) / pp;
+    const unsigned P = Prot + Q;
     const unsigned items = B * w.A1 * w.A2 * P;
     const size_t head = (size_t)w.S * D;  // one head's rows in y
     const unsigned sB = cB > 1 ? cH * cS : 0u, sH = cH > 1 ? cS : 0u, sS = cS > 1 ? 1u : 0u;
@@ -183,9 +195,17 @@ __device__ __forceinline__ void rotary_rows(const T* __restrict__ x, const T* __
                 store<T, V>(y + out + k * head + col + half, yb);
             }
         } else {
-            const unsigned col = rot + (j - Prot) * V;
-            const Pack<T, V> v = load<T, V>(x + xo + col);
-            for (unsigned k = 0; k < R; ++k) store<T, V>(y + out + k * head + col, v);
+            // pass packs j - Prot, + Q, + 2Q...: a warp's threads take neighbouring packs each access
+            const unsigned col = rot + (j - Prot) * V, left = Ppass - (j - Prot);
+            Pack<T, V> v[PP];
+#pragma unroll
+            for (unsigned p = 0; p < PP; ++p)
+                if (p < pp && p * Q < left) v[p] = load<T, V>(x + xo + col + p * Q * V);
+            for (unsigned k = 0; k < R; ++k) {
+#pragma unroll
+                for (unsigned p = 0; p < PP; ++p)
+                    if (p < pp && p * Q < left) store<T, V>(y + out + k * head + col + p * Q * V, v[p]);
+            }
         }
     }
 }
@@ -204,7 +224,7 @@ __device__ __forceinline__ void rotary(const T* x, const T* cs, const T* sn, int
 
 // x contiguous (B, A1, A2, D): its strides.
 __device__ __forceinline__ Rows contiguous_rows(int A1, int A2, int D) {
-    return rows_of(0, A1, A2, A1 * A2 * D, A2 * D, D, 0);
+    return rows_of(A1, A2, A1 * A2 * D, A2 * D, D, 0);
 }
 
 }  // namespace fxk
@@ -269,7 +289,7 @@ template <typename T>
 __global__ void __launch_bounds__(128) rotary_strided(const T* x_span, const T* cs, const T* sn, int half, int pass,
                                                       int B, int A1, int A2, int sB, int s1, int s2, int heads_inner,
                                                       int n_rep, int cB, int cH, int cS, T* y) {
-    fxk::rotary<T>(x_span, cs, sn, half, pass, B, fxk::rows_of(B, A1, A2, sB, s1, s2, heads_inner), cB, cH, cS,
+    fxk::rotary<T>(x_span, cs, sn, half, pass, B, fxk::rows_of(A1, A2, sB, s1, s2, heads_inner), cB, cH, cS,
                    n_rep, y);
 }
 """
