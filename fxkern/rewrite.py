@@ -468,7 +468,7 @@ def _region_rules(safe: List[_Candidate]) -> List[Rule]:
 
 def _anchor_dtypes(rule: Rule, ir: str, by_target) -> List[Optional[torch.dtype]]:
     """dtypes to trace the pattern for: those of the graph's candidate anchors (float32 when unknown)."""
-    if rule.example_inputs is not None:
+    if rule.traced_once:
         return [None]
     target = rule.compiled(ir, torch.float32).anchor.target
     found = []

@@ -11,7 +11,7 @@ from __future__ import annotations
 import itertools
 import logging
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, Iterator, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 import torch
 
@@ -31,7 +31,8 @@ class Rule:
     pattern: Callable[..., Any]
     op: Any  # OpOverloadPacket
     filter: Optional[Callable[[Any], bool]] = None
-    example_inputs: Optional[Sequence[Any]] = None
+    # the pattern's arguments to trace it with, or a function of the anchor dtype returning them
+    example_inputs: Optional[Union[Sequence[Any], Callable[[torch.dtype], Sequence[Any]]]] = None
     priority: Optional[int] = None
     noise: frozenset = matcher.DEFAULT_NOISE
     arg_params: Tuple[str, ...] = ()  # pattern parameter feeding each op argument, in op order
@@ -40,14 +41,28 @@ class Rule:
     _compiled: Dict[Tuple[str, Any], matcher.CompiledPattern] = field(default_factory=dict, repr=False)
 
     @property
+    def traced_once(self) -> bool:
+        """Whether the pattern is traced once per IR (fixed example inputs), not once per anchor dtype."""
+        return self.example_inputs is not None and not callable(self.example_inputs)
+
+    def examples(self, dtype: torch.dtype) -> List[Any]:
+        """The arguments the pattern is traced with for candidates of ``dtype``."""
+        if self.example_inputs is None:
+            return patterns.default_example_inputs(patterns.pattern_params(self.pattern), dtype)
+        if callable(self.example_inputs):
+            return list(self.example_inputs(dtype))
+        return list(self.example_inputs)
+
+    @property
     def overload(self) -> Any:
         return self.op.default if hasattr(self.op, "default") else self.op
 
     def compiled(self, ir: str, dtype: Optional[torch.dtype]) -> matcher.CompiledPattern:
         """The pattern traced in ``ir`` for inputs of ``dtype`` (cached)."""
-        key = (ir, None if self.example_inputs is not None else dtype)
+        key = (ir, None if self.traced_once else dtype)
         if key not in self._compiled:
-            traced = patterns.trace(self.pattern, ir, dtype=dtype or torch.float32, example_inputs=self.example_inputs)
+            dtype = dtype or torch.float32
+            traced = patterns.trace(self.pattern, ir, dtype=dtype, example_inputs=self.examples(dtype))
             self._compiled[key] = matcher.compile_pattern(traced, self.noise)
         return self._compiled[key]
 
@@ -104,7 +119,7 @@ def replace(
     name: Optional[str] = None,
     rules: Optional[RuleSet] = None,
     filter: Optional[Callable[[Any], bool]] = None,
-    example_inputs: Optional[Sequence[Any]] = None,
+    example_inputs: Optional[Union[Sequence[Any], Callable[[torch.dtype], Sequence[Any]]]] = None,
     priority: Optional[int] = None,
     noise: Optional[Sequence[str]] = None,
     irs: Optional[Sequence[str]] = None,
@@ -115,6 +130,9 @@ def replace(
     pattern as its reference; a ``name`` with ``::`` picks the namespace) or an
     existing op. ``noise`` lists what may sit inside a match without breaking it:
     ``"views"`` and ``"clones"`` (default) and ``"casts"`` (same-dtype ``to``).
+    ``example_inputs`` are the pattern's arguments to trace it with (one trace per IR), or a function
+    of the dtype of the graph's candidate outputs returning them (one trace per IR and dtype), for a
+    pattern whose graph holds its inputs' dtype (``.to(input_dtype)``).
     ``irs`` limits the rule to some pattern IRs (``fxkern.patterns.TRACERS``), e.g. leaving out
     ``"inductor"`` for a replacement that inductor's own fusion beats, or a pattern that cannot be
     traced in every IR.

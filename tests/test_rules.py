@@ -156,6 +156,26 @@ def test_one_example_tensor_for_two_parameters_is_refused():
         fxkern.replace(add_then_exp, spec_like(add_then_exp), rules=RuleSet(), example_inputs=[t, t])
 
 
+def test_example_inputs_as_a_function_of_the_dtype_trace_a_cast_back_per_dtype():
+    # A pattern that casts back to its input's dtype holds that dtype in its graph: traced once from fixed
+    # example tensors it matches only graphs of their dtype; from a function of the dtype, every dtype.
+    def scaled(x, w):
+        return w * (x.to(torch.float32) * 2.0).to(x.dtype)
+
+    module = Fn(scaled)
+    x, w = torch.randn(4, 8), torch.randn(8)
+    all_dtypes = (torch.float32, torch.bfloat16, torch.float16)
+    cases = (((torch.zeros(3, 8), torch.zeros(8)), {torch.float32}),
+             (lambda dt: (torch.zeros(3, 8, dtype=dt), torch.zeros(8, dtype=dt)), set(all_dtypes)))
+    for k, (examples, dtypes) in enumerate(cases):
+        rules = RuleSet()
+        rule = fxkern.replace(scaled, spec_like(scaled, dtypes=all_dtypes), name=f"fxkern_test_examples::scaled_{k}",
+                              rules=rules, example_inputs=examples)
+        for dtype in all_dtypes:
+            ep = torch.export.export(module, (x.to(dtype), w.to(dtype)))
+            assert bool(fxkern.explain(ep, rules)[rule.name].matches) == (dtype in dtypes), (k, dtype)
+
+
 def _ops(graph):
     from fxkern.patterns import is_assertion
 
@@ -175,7 +195,7 @@ def test_core_aten_patterns_skip_decomposition_only_where_it_changes_nothing(dty
         if rule.irs is not None and "core_aten" not in rule.irs:
             continue
         params = patterns.pattern_params(rule.pattern)
-        ex = list(rule.example_inputs or patterns.default_example_inputs(params, dtype))
+        ex = rule.examples(dtype)
         exported = patterns._export_graph(rule.pattern, params, ex, decompose=False)
         fast = patterns._core_aten_graph(rule.pattern, params, ex)
         if all(patterns.keeps_core_op(n.target) for n in exported.nodes if n.op == "call_function"):
