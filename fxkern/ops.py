@@ -340,7 +340,7 @@ def _cpu_impl(entry: KernelOp) -> Callable[..., Any]:
     op, reference = entry.qualname, entry.reference
     if reference is None:
         return _no_impl(op, "CPU", "move the inputs to a CUDA device, or register it with reference= (a PyTorch function)")
-    fake = entry.fake_impl or entry.meta_fn or _fake_impl(entry)
+    fake = entry.fake_impl  # set before this is called, by both ways of registering an op
 
     def cpu(*args: Any) -> Any:
         expected = _as_tuple(fake(*args))  # validates the call like the CUDA path
