@@ -74,13 +74,24 @@ def library_inputs(op, dtype, device, rows=37, cols=1000):
     a scale (or divisor) of 8, and Gemma 2's a cap of 0.1 (randn scores times 1/8, over 0.1, reach
     tanh's curve); the rotary embedding (2, 3, rows, d) queries with d the even one of cols and
     cols - 1, (2, 1, rows, d) cos and sin and half = d // 2 (the partial one rotating half of d,
-    rounded to even); repeat_kv's (2, 3, rows, d) keys repeated twice, with their sizes."""
+    rounded to even); repeat_kv's (2, 3, rows, d) keys repeated twice, with their sizes; a head's norm
+    and rotation the same with heads of d = 256 (74 for odd cols) and a (d,) weight."""
     from fxkern import kernel_op
 
     name = str(op.default._schema.name)
     plan = kernel_op(name).plan
     d = cols - cols % 2
     sizes = (2, 3, 2, rows, d, 6)  # batch, kv_heads, n_rep, seq, head_dim, heads
+    if "rms_norm_rotary" in name:  # heads of at most 256: 74 (the scalar path) for odd cols, else 256
+        d = 74 if cols % 2 else min(d, 256)
+        gemma = name.startswith("fxkern_lib::gemma")  # x as the norm reads it: (b, h, s, d), else (b, s, h, d)
+        x = torch.randn((2, 3, rows, d) if gemma else (2, rows, 3, d), dtype=dtype, device=device)
+        # a weight near the models' (Llama's near 1, Gemma's offsets from 1 near 0) and tables of cosines
+        # and sines: eager's roundings of the products, which the kernel keeps, stay within the tolerances
+        weight = (0.1 * torch.randn(d) + (0.0 if gemma else 1.0)).to(dtype=dtype, device=device)
+        angles = torch.randn(2, 1, rows, d)
+        cos, sin = (t.to(dtype=dtype, device=device) for t in (angles.cos(), angles.sin()))
+        return (x, weight, cos, sin, 1e-5, d // 2) + ((2, 3, 2, rows, d, 6) if "repeat_kv" in name else ())
     if "partial_rotary" in name:  # the first rot columns of each row rotated, the rest copied
         rot = d // 4 * 2
         x = torch.randn(2, 3, rows, d, dtype=dtype, device=device)

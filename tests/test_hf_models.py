@@ -38,11 +38,14 @@ EXPECTED = {
     # eager attention soft-caps the scores (cap * tanh(x * scaling / cap), then the mask, in one kernel)
     "gemma2": {"add_gemma_rms_norm": 2 * LAYERS, "gemma_rms_norm": 2 * LAYERS + 1, **GQA_ROPE,
                "softcapped_masked_softmax": LAYERS, "geglu_tanh": LAYERS},
-    # Gemma 3 adds RMSNorms of the queries and keys
-    "gemma3": {"add_gemma_rms_norm": 2 * LAYERS, "gemma_rms_norm": 4 * LAYERS + 1, **GQA_ROPE,
-               "geglu_tanh": LAYERS},
-    # Qwen3 normalises each head's queries and keys (plain RMSNorms: no add before them)
-    "qwen3": {"add_rms_norm": 2 * LAYERS, "rms_norm": 2 * LAYERS + 1, **GQA_ROPE, "swiglu": LAYERS},
+    # Gemma 3 adds RMSNorms of the queries and keys, each one kernel with the rotation after it (the
+    # keys' with their repeat too)
+    "gemma3": {"add_gemma_rms_norm": 2 * LAYERS, "gemma_rms_norm": 2 * LAYERS + 1,
+               "gemma_rms_norm_rotary_embedding": LAYERS, "gemma_rms_norm_rotary_embedding_repeat_kv": LAYERS,
+               "repeat_kv": LAYERS, "geglu_tanh": LAYERS},
+    # Qwen3 normalises each head's queries and keys before the transpose (Llama's numbers), likewise
+    "qwen3": {"add_rms_norm": 2 * LAYERS, "rms_norm": 1, "rms_norm_rotary_embedding": LAYERS,
+              "rms_norm_rotary_embedding_repeat_kv": LAYERS, "repeat_kv": LAYERS, "swiglu": LAYERS},
     # the first block's ln_1 has no residual add before it
     "gpt2": {"add_layer_norm": 2 * LAYERS, "gelu_new": LAYERS},
     # a parallel residual: both branches' norms read the same input, one add joins them

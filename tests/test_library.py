@@ -50,12 +50,16 @@ def test_rule_set_is_named_built_once_and_complete(rules):
             "scaled_masked_softmax_float32", "divided_masked_softmax", "divided_masked_softmax_float32",
             "softcapped_masked_softmax", "softcapped_masked_softmax_float32", "rotary_embedding", "add_layer_norm",
             "partial_rotary_embedding", "whole_rotary_embedding", "repeat_kv", "rotary_embedding_repeat_kv",
-            "whole_rotary_embedding_repeat_kv", "partial_rotary_embedding_repeat_kv"} <= {r.name for r in rules}
+            "whole_rotary_embedding_repeat_kv", "partial_rotary_embedding_repeat_kv", "rms_norm_rotary_embedding",
+            "gemma_rms_norm_rotary_embedding", "rms_norm_rotary_embedding_repeat_kv",
+            "gemma_rms_norm_rotary_embedding_repeat_kv"} <= {r.name for r in rules}
     assert all(str(r.op).startswith("fxkern_lib.") for r in rules)
     # every tensor input comes before the scalars (TensorRT plugins need that)
     for spec in (lib.RMS_NORM, lib.GEMMA_RMS_NORM, lib.ADD_RMS_NORM, lib.SOFTMAX, lib.SWIGLU, lib.BIAS_GELU_RESIDUAL,
                  lib.SCALED_MASKED_SOFTMAX, lib.DIVIDED_MASKED_SOFTMAX, lib.SOFTCAPPED_MASKED_SOFTMAX, lib.ROTARY,
-                 lib.PARTIAL_ROTARY, lib.ROTARY_REPEAT_KV, lib.PARTIAL_ROTARY_REPEAT_KV, lib.REPEAT_KV, lib.ADD_LAYER_NORM):
+                 lib.PARTIAL_ROTARY, lib.ROTARY_REPEAT_KV, lib.PARTIAL_ROTARY_REPEAT_KV, lib.REPEAT_KV, lib.ADD_LAYER_NORM,
+                 lib.RMS_NORM_ROTARY, lib.GEMMA_RMS_NORM_ROTARY, lib.RMS_NORM_ROTARY_REPEAT_KV,
+                 lib.GEMMA_RMS_NORM_ROTARY_REPEAT_KV):
         kinds = [type(d).__name__ for d in spec.inputs]
         assert kinds == sorted(kinds, key=lambda k: k != "InputDecl")
 
@@ -833,6 +837,119 @@ def test_repeat_ops_check_their_sizes():
     big = torch.empty(8, 1024, 2048, 128, device="meta")  # repeated twice: 2**32 elements, past int32 indexing
     with pytest.raises(fxkern.KernelInputError, match=r"more than 2\*\*31 - 1 elements.*split the batch"):
         op(big, 8, 1024, 2, 2048, 128, 2048)
+
+
+class NormedRotatedHeads(nn.Module):
+    """Qwen3's and Gemma 3's attention up to SDPA's inputs: the queries and keys normalised per head
+    (Qwen3 before the transpose, Gemma 3 after it), rotated, the keys and values repeated for each
+    query head of their group. ``cached`` also returns the rotated keys (what a KV cache stores)."""
+
+    def __init__(self, norm, heads_first, n_rep, cached=False):
+        super().__init__()
+        self.q_norm, self.k_norm = norm(16), norm(16)
+        for w in (self.q_norm.weight, self.k_norm.weight):
+            nn.init.normal_(w)
+        self.heads_first, self.n_rep, self.cached = heads_first, n_rep, cached
+
+    def forward(self, q_proj, k_proj, v_proj, cos, sin):
+        b, s, _ = q_proj.shape
+        q, k, v = (t.view(b, s, -1, 16) for t in (q_proj, k_proj, v_proj))
+        if self.heads_first:  # Gemma 3
+            q, k = self.q_norm(q.transpose(1, 2)), self.k_norm(k.transpose(1, 2))
+        else:  # Qwen3
+            q, k = self.q_norm(q).transpose(1, 2), self.k_norm(k).transpose(1, 2)
+        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+        q = (q * cos) + (rotate_half(q) * sin)
+        k = (k * cos) + (rotate_half(k) * sin)
+        out = (q, repeat_kv(k, self.n_rep), repeat_kv(v.transpose(1, 2), self.n_rep))
+        return out + (k,) if self.cached else out
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
+@pytest.mark.parametrize("family", ["qwen3", "gemma3"])
+def test_query_and_key_norms_are_one_kernel_with_their_rotation(family, dtype):
+    from transformers.models.gemma3.modeling_gemma3 import Gemma3RMSNorm
+    from transformers.models.qwen3.modeling_qwen3 import Qwen3RMSNorm
+
+    torch.manual_seed(0)
+    norm, heads_first = (Gemma3RMSNorm, True) if family == "gemma3" else (Qwen3RMSNorm, False)
+    prefix = "gemma_" if family == "gemma3" else ""
+    cos, sin = rope_tables(2, 8, 16)
+    kv = torch.randn(2, 8, 32)  # 2 key/value heads of 16
+    q = torch.randn(2, 8, 64)
+    assert replaced(NormedRotatedHeads(norm, heads_first, 2), q, kv, kv.flip(0), cos, sin, dtype=dtype) == {
+        f"{prefix}rms_norm_rotary_embedding": 1, f"{prefix}rms_norm_rotary_embedding_repeat_kv": 1, "repeat_kv": 1}
+    # one key/value head per query head: nothing repeated, both rotations fused with their norms
+    assert replaced(NormedRotatedHeads(norm, heads_first, 1), q[..., :32], kv, kv.flip(0), cos, sin, dtype=dtype) == {
+        f"{prefix}rms_norm_rotary_embedding": 2}
+    # the rotated keys also leave the graph (a cache): their norm and rotation stay one kernel, the
+    # repeat another
+    cached = NormedRotatedHeads(norm, heads_first, 2, cached=True)
+    assert replaced(cached, q, kv, kv.flip(0), cos, sin, dtype=dtype) == {
+        f"{prefix}rms_norm_rotary_embedding": 2, "repeat_kv": 2}
+
+
+def test_query_and_key_norms_with_rotation_under_a_dynamic_sequence_length(rules):
+    from transformers.models.qwen3.modeling_qwen3 import Qwen3RMSNorm
+
+    torch.manual_seed(0)
+    model = NormedRotatedHeads(Qwen3RMSNorm, False, 1).eval()
+    cos, sin = rope_tables(2, 8, 16)
+    args = (torch.randn(2, 8, 32), torch.randn(2, 8, 32), torch.randn(2, 8, 32), cos, sin)
+    seq = torch.export.Dim("seq", min=2, max=4096)
+    ep = torch.export.export(model, args, dynamic_shapes=tuple({1: seq} for _ in args))
+    new = fxkern.apply(ep, rules, verify=True)
+    assert len(fxkern.explain(ep, rules)["rms_norm_rotary_embedding"].matches) == 2
+    cos, sin = rope_tables(2, 13, 16)
+    other = (torch.randn(2, 13, 32), torch.randn(2, 13, 32), torch.randn(2, 13, 32), cos, sin)
+    for got, want in zip(new.module()(*other), model(*other)):
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+def test_norms_in_the_other_order_stay_two_kernels(rules):
+    """Llama's norm after the transpose and Gemma's before it have no fused op: the norm and the
+    rotation are each replaced alone."""
+    from transformers.models.gemma.modeling_gemma import GemmaRMSNorm
+    from transformers.models.llama.modeling_llama import LlamaRMSNorm
+
+    cos, sin = rope_tables(2, 8, 16)
+    q = torch.randn(2, 8, 64)
+    for norm, heads_first, name in ((LlamaRMSNorm, True, "rms_norm"), (GemmaRMSNorm, False, "gemma_rms_norm")):
+        got = replaced(NormedRotatedHeads(norm, heads_first, 1), q[..., :32], q[..., 32:], q[..., :32], cos, sin)
+        assert got == {name: 2, "rotary_embedding": 2}, got
+
+
+def test_norm_rotary_ops_on_cpu_are_their_patterns_and_check_their_inputs():
+    from fxkern.library import norm_rotary
+
+    torch.manual_seed(0)
+    x, w = torch.randn(2, 8, 4, 16), torch.randn(16)  # (B, S, H, D) as Qwen3's norm reads it
+    cos, sin = rope_tables(2, 8, 16)
+    cos, sin = cos[:, None], sin[:, None]
+    sizes = (2, 4, 3, 8, 16, 12)
+    for name, xs in (("rms_norm_rotary_embedding", x), ("gemma_rms_norm_rotary_embedding", x.transpose(1, 2))):
+        op, pattern = lib.op(name), getattr(norm_rotary, name)
+        got = op(xs, w, cos, sin, 1e-6, 8)
+        assert got.shape == (2, 4, 8, 16) and got.is_contiguous()
+        torch.testing.assert_close(got, pattern(xs, w, cos, sin, 1e-6, 8), rtol=0, atol=0)
+        torch.library.opcheck(op, (xs, w, cos, sin, 1e-6, 8))
+        repeat = lib.op(f"{name}_repeat_kv")
+        torch.testing.assert_close(repeat(xs, w, cos, sin, 1e-6, 8, *sizes),
+                                   repeat_kv(pattern(xs, w, cos, sin, 1e-6, 8), 3), rtol=0, atol=0)
+        torch.library.opcheck(repeat, (xs, w, cos, sin, 1e-6, 8, *sizes))
+    op = lib.op("rms_norm_rotary_embedding")
+    with pytest.raises(fxkern.KernelInputError, match=r"x \(8, 4, 16\) must be 4-d \(batch, positions, heads"):
+        op(x[0], w, cos, sin, 1e-6, 8)
+    with pytest.raises(fxkern.KernelInputError, match=r"weight torch.float16 \(16,\) must be x's dtype"):
+        op(x, w.half(), cos, sin, 1e-6, 8)
+    wrong_axes = r"cos \(and sin\) \(2, 1, 8, 16\) does not broadcast onto x.transpose\(1, 2\) \(2, 8, 4, 16\)"
+    with pytest.raises(fxkern.KernelInputError, match=wrong_axes):
+        op(x.transpose(1, 2).contiguous(), w, cos, sin, 1e-6, 8)  # (B, H, S, D) where (B, S, H, D) belongs
+    with pytest.raises(fxkern.KernelInputError, match=r"head_dim 512 is more than 256.*and rotary_embedding apart"):
+        op(torch.randn(1, 2, 2, 512), torch.randn(512), *[t.expand(1, 1, 2, 512) for t in (cos[:1, :, :2, :1],) * 2],
+           1e-6, 256)
+    with pytest.raises(fxkern.KernelInputError, match=r"heads = 10 must be kv_heads \* n_rep = 4 \* 3"):
+        lib.op("rms_norm_rotary_embedding_repeat_kv")(x, w, cos, sin, 1e-6, 8, 2, 4, 3, 8, 16, 10)
 
 
 def test_rotary_near_misses_are_left_alone():

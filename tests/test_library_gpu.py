@@ -20,7 +20,7 @@ import torch
 
 import fxkern
 import fxkern.library as lib
-from fxkern.library import gelu, layernorm, rmsnorm, rotary, softmax, swiglu
+from fxkern.library import gelu, layernorm, norm_rotary, rmsnorm, rotary, softmax, swiglu
 
 pytestmark = pytest.mark.gpu
 
@@ -730,4 +730,83 @@ def test_rotary_op_checks_a_new_half_after_a_good_call():
         torch.testing.assert_close(lib.op("rotary_embedding")(x, cos, sin, 32), want, rtol=0, atol=0)
     with pytest.raises(fxkern.KernelInputError, match="half = 16"):
         lib.op("rotary_embedding")(x, cos, sin, 16)
+    torch.cuda.synchronize()
+
+
+# ---- a head's RMSNorm and its rotation in one kernel (Qwen3's and Gemma 3's queries and keys) ---------
+
+# op name: (pattern, x as the norm reads it: (B, H, S, D) for Gemma 3's form, else (B, S, H, D))
+NORM_ROTARY = {
+    "rms_norm_rotary_embedding": (norm_rotary.rms_norm_rotary_embedding, False),
+    "gemma_rms_norm_rotary_embedding": (norm_rotary.gemma_rms_norm_rotary_embedding, True),
+    "rms_norm_rotary_embedding_repeat_kv": (norm_rotary.rms_norm_rotary_embedding_repeat_kv, False),
+    "gemma_rms_norm_rotary_embedding_repeat_kv": (norm_rotary.gemma_rms_norm_rotary_embedding_repeat_kv, True),
+}
+
+
+def norm_rotary_layouts(b, s, h, d, dtype, heads_first):
+    """x as Qwen3 (b, s, h, d) or Gemma 3 ((b, h, s, d) views) hand it to the norm, and other layouts."""
+    projected = rand(b, s, h * d, dtype=dtype, scale=3.0).view(b, s, h, d)
+    fused = rand(b, s, 3 * h * d, dtype=dtype)[..., h * d:2 * h * d].view(b, s, h, d)  # k of a fused QKV
+    misaligned = torch.cat([projected.new_zeros(1), rand(b * s * h * d, dtype=dtype)])[1:].view(b, s, h, d)
+    layouts = {"projected": projected, "a slice of a fused QKV projection": fused,
+               "one element past alignment": misaligned,
+               "heads made contiguous first": rand(b, h, s, d, dtype=dtype).transpose(1, 2)}
+    return {k: v.transpose(1, 2) for k, v in layouts.items()} if heads_first else layouts
+
+
+def check_norm_rotary(name, args, dtype):
+    """The op against eager's pattern in the dtype (each of its roundings; the norm's sum of squares in
+    another order) and, in float32, a float64 run of the pattern."""
+    pattern = NORM_ROTARY[name][0]
+    poison()
+    got = lib.op(name)(*args)
+    want = pattern(*args)
+    where = f"{name} {dtype} x {tuple(args[0].shape)} {tuple(args[0].stride())}"
+    assert got.is_contiguous() and got.shape == want.shape and got.dtype == want.dtype, where
+    rtol, atol = EAGER_TOL[dtype]
+    torch.testing.assert_close(got, want, rtol=rtol, atol=atol, msg=lambda m: f"{where} vs eager: {m}")
+    if dtype == torch.float32:
+        exact = pattern(*upcast(args, torch.float64))
+        rel = float((got.double() - exact).norm() / exact.norm().clamp_min(1e-30))
+        assert rel < 1e-5, f"{where}: rel. error vs float64 {rel:.2e}"
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).removeprefix("torch."))
+def test_norm_rotary_on_every_layout_head_size_and_table(dtype):
+    torch.manual_seed(0)
+    for (b, s, h), d in itertools.product(((3, 37, 5), (4, 1, 8)), HEAD_SIZES):  # s = 1: decoding
+        cos, sin = rope_tables(b, s, d, dtype)
+        tables = {"(b, 1, s, d)": (cos, sin), "(1, 1, s, d)": (cos[:1], sin[:1]),
+                  "(1, h, s, d)": (rand(1, h, s, d, dtype=dtype), rand(1, h, s, d, dtype=dtype))}
+        weight = rand(d, dtype=dtype)
+        for name, (_, heads_first) in NORM_ROTARY.items():
+            sizes = (b, h, 2, s, d, 2 * h) if name.endswith("repeat_kv") else ()
+            for x in norm_rotary_layouts(b, s, h, d, dtype, heads_first).values():
+                for c, sn in tables.values():
+                    check_norm_rotary(name, (x, weight, c, sn, 1e-6, d // 2, *sizes), dtype)
+
+
+def test_norm_rotary_reads_x_in_place_and_checks_its_inputs():
+    b, s, h, d = 2, 64, 4, 128
+    x = rand(b, s, h * d, dtype=torch.bfloat16).view(b, s, h, d)
+    w = rand(d, dtype=torch.bfloat16)
+    cos, sin = rope_tables(b, s, d, torch.bfloat16)
+    for name, (_, heads_first) in NORM_ROTARY.items():
+        sizes = (b, h, 2, s, d, 2 * h) if name.endswith("repeat_kv") else ()
+        xs = x.transpose(1, 2) if heads_first else x
+        names = kernels_run(lambda: lib.op(name)(xs, w, cos, sin, 1e-6, d // 2, *sizes))
+        assert names and all("norm_rotary_strided" in n for n in names), names  # one kernel, no copy first
+    op = lib.op("rms_norm_rotary_embedding")
+    with pytest.raises(fxkern.KernelInputError, match="head_dim 512 is more than 256"):
+        big = rand(1, 2, 2, 512, dtype=torch.bfloat16)
+        c, sn = rope_tables(1, 2, 512, torch.bfloat16)
+        op(big, rand(512, dtype=torch.bfloat16), c, sn, 1e-6, 256)
+    with pytest.raises(fxkern.KernelInputError, match=r"weight .* must be x's dtype"):
+        op(x, w.float(), cos, sin, 1e-6, d // 2)
+    with pytest.raises(fxkern.KernelInputError, match=r"must be \(head_dim,\) = \(128,\)"):
+        op(x, rand(64, dtype=torch.bfloat16), cos, sin, 1e-6, d // 2)
+    with pytest.raises(fxkern.KernelInputError, match="half = 32 rotates a last axis of 64"):
+        op(x, w, cos, sin, 1e-6, 32)
+    assert op(x[:, :0], w, cos[:, :, :0], sin[:, :, :0], 1e-6, d // 2).shape == (b, h, 0, d)
     torch.cuda.synchronize()

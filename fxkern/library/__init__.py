@@ -15,6 +15,8 @@ pattern functions (each pattern is also its op's CPU reference):
 * :mod:`~fxkern.library.softmax` — softmax over the last axis, HF's float32 form too, and attention's
   scaled, masked softmax (``scores * scaling + mask`` or ``scores / sqrt(d) + mask``, then softmax),
   also with Gemma 2's soft-capped scores;
+* :mod:`~fxkern.library.norm_rotary` — a head's RMSNorm and its rotary embedding in one kernel (Qwen3's
+  and Gemma 3's queries and keys, the keys also repeated for grouped-query attention);
 * :mod:`~fxkern.library.rotary` — rotary position embedding as transformers and litgpt write it,
   ``q * cos + rotate_half(q) * sin``, and GPT-NeoX's and Phi-3's partial rotation with its ``cat``,
   reading queries and keys where the projection left them; and grouped-query attention's
@@ -29,7 +31,7 @@ from __future__ import annotations
 import threading
 
 from fxkern import compiler
-from fxkern.library import gelu, layernorm, rmsnorm, rotary, softmax, swiglu
+from fxkern.library import gelu, layernorm, norm_rotary, rmsnorm, rotary, softmax, swiglu
 from fxkern.library.gelu import (
     BIAS_GELU,
     BIAS_GELU_NEW,
@@ -49,6 +51,16 @@ from fxkern.library.gelu import (
     megatron_bias_gelu,
 )
 from fxkern.library.layernorm import ADD_LAYER_NORM, add_layer_norm
+from fxkern.library.norm_rotary import (
+    GEMMA_RMS_NORM_ROTARY,
+    GEMMA_RMS_NORM_ROTARY_REPEAT_KV,
+    RMS_NORM_ROTARY,
+    RMS_NORM_ROTARY_REPEAT_KV,
+    gemma_rms_norm_rotary_embedding,
+    gemma_rms_norm_rotary_embedding_repeat_kv,
+    rms_norm_rotary_embedding,
+    rms_norm_rotary_embedding_repeat_kv,
+)
 from fxkern.library.rmsnorm import (
     ADD_GEMMA_RMS_NORM,
     ADD_RMS_NORM,
@@ -92,8 +104,9 @@ from fxkern.rules import RuleSet
 NAME = "fxkern.library"
 # Registration order is rule priority (an overlap goes to the rule added first): GELU's residual
 # forms before the add + RMSNorm forms, since `gelu(...) + x` followed by a norm moves fewer bytes
-# as a GELU+residual kernel and a plain norm (5 passes) than as a GELU and an add+norm (6).
-_MODULES = (gelu, rmsnorm, layernorm, swiglu, softmax, rotary)
+# as a GELU+residual kernel and a plain norm (5 passes) than as a GELU and an add+norm (6); a head's
+# norm and rotation before either alone.
+_MODULES = (gelu, norm_rotary, rmsnorm, layernorm, swiglu, softmax, rotary)
 _lock = threading.Lock()
 _rules = None
 
@@ -130,12 +143,16 @@ __all__ = [
     "DIVIDED_MASKED_SOFTMAX",
     "GELU_NEW",
     "GEMMA_RMS_NORM",
+    "GEMMA_RMS_NORM_ROTARY",
+    "GEMMA_RMS_NORM_ROTARY_REPEAT_KV",
     "MEGATRON_BIAS_GELU",
     "NAME",
-    "RMS_NORM",
     "PARTIAL_ROTARY",
     "PARTIAL_ROTARY_REPEAT_KV",
     "REPEAT_KV",
+    "RMS_NORM",
+    "RMS_NORM_ROTARY",
+    "RMS_NORM_ROTARY_REPEAT_KV",
     "ROTARY",
     "ROTARY_REPEAT_KV",
     "SCALED_MASKED_SOFTMAX",
@@ -156,14 +173,19 @@ __all__ = [
     "divided_masked_softmax_float32",
     "gelu",
     "gelu_new",
+    "gemma_rms_norm_rotary_embedding",
+    "gemma_rms_norm_rotary_embedding_repeat_kv",
     "gemma_rmsnorm",
     "layernorm",
     "llama_rmsnorm",
     "megatron_bias_gelu",
+    "norm_rotary",
     "op",
     "partial_rotary_embedding",
     "partial_rotary_embedding_repeat_kv",
     "repeat_kv",
+    "rms_norm_rotary_embedding",
+    "rms_norm_rotary_embedding_repeat_kv",
     "rmsnorm",
     "rotary",
     "rotary_embedding",

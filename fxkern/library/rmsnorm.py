@@ -105,7 +105,9 @@ _TWO_READ_BY_SIZE = {size: sorted((t for t in TWO_READ if t.element_size == size
 TWO_READ_DEFAULTS = TWO_READ[0].macros("#ifndef {k}\n#define {k} {v}\n#endif\n") + (
     "#ifndef FXK_EVICT_HINTS\n#define FXK_EVICT_HINTS 1\n#endif\n")
 
-SOURCE = COMMON + row_tuning(blocks_f32=4, blocks_half=6, packs_f32=8, packs_half=4) + TWO_READ_DEFAULTS + r"""
+# The numbers of a normalised pack, shared with the kernels that normalise and then rotate a head
+# (fxkern.library.norm_rotary).
+NORM_MATH = r"""
 namespace fxk {
 
 enum { RMS_LLAMA = 0, RMS_GEMMA = 1 };
@@ -142,6 +144,23 @@ __device__ __forceinline__ Pack<T, V> rms_pack(const Pack<T, V>& c, const Pack<T
     return from_floats<T, V>(x);
 }
 
+// A pack's squares added to ss, in float32.
+template <typename T, int V>
+__device__ __forceinline__ float sum_squares(const Pack<T, V>& p, float ss) {
+    float f[V];
+    to_floats(p, f);
+#pragma unroll
+    for (int j = 0; j < V; ++j) ss = fmaf(f[j], f[j], ss);
+    return ss;
+}
+
+}  // namespace fxk
+"""
+
+
+SOURCE = COMMON + row_tuning(blocks_f32=4, blocks_half=6, packs_f32=8, packs_half=4) + TWO_READ_DEFAULTS + NORM_MATH + r"""
+namespace fxk {
+
 // A pack of an operand that broadcasts onto x (the residual or the weight): at `at` when it lines up
 // with x (always so with 16-byte packs, which the kernel takes only then), else the element at the
 // flat index modulo its np elements.
@@ -151,15 +170,6 @@ __device__ __forceinline__ Pack<T, V> load_operand(const T* p, bool lined_up, si
     if (V > 1 || lined_up) v = load<T, V>(p + at);
     else v.v[0] = p[flat % np];
     return v;
-}
-
-template <typename T, int V>
-__device__ __forceinline__ float sum_squares(const Pack<T, V>& p, float ss) {
-    float f[V];
-    to_floats(p, f);
-#pragma unroll
-    for (int j = 0; j < V; ++j) ss = fmaf(f[j], f[j], ss);
-    return ss;
 }
 
 // Thread t's share of one row (NV packs of V elements, G threads a row) into registers. ADD: the

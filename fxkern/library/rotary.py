@@ -444,9 +444,10 @@ def _strided_reference(x_span, cos, sin, half, pass_cols, B, A1, A2, sB, s1, s2,
 
 
 def _check(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, half: int,
-           op: str = f"{NAMESPACE}::rotary_embedding", rotary_dim: int | None = None) -> None:
+           op: str = f"{NAMESPACE}::rotary_embedding", rotary_dim: int | None = None, x_name: str = "x") -> None:
     """What the kernels read: 4-d x (B, H, S, D), cos and sin (cB, cH, cS, R) of x's dtype, each of cB,
-    cH, cS 1 or x's size, R = 2 * half the columns rotated: x's last axis, or ``rotary_dim`` (at most it)."""
+    cH, cS 1 or x's size, R = 2 * half the columns rotated: x's last axis, or ``rotary_dim`` (at most it).
+    ``x_name``: what the errors call x (an op that rotates a view of its input names the view)."""
     if x.dim() != 4:
         raise KernelInputError(f"{op}: x {tuple(x.shape)} must be 4-d (batch, heads, positions, head_dim), as "
                                f"attention writes queries and keys; view (batch * heads, ...) ones back to 4-d")
@@ -474,7 +475,7 @@ def _check(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, half: int,
                                f"pass half = x.shape[-1] // 2 with an even head_dim")
     if not isinstance(d, int):  # symbolic (export, dynamic shapes): a runtime assertion instead
         torch._check(2 * half == d, lambda: f"{op}: 2 * half must be x's last axis")
-    check_broadcast_4d(op, "cos (and sin)", cos, "x", x)
+    check_broadcast_4d(op, "cos (and sin)", cos, x_name, x)
 
 
 def _check_sizes(op: str, x: torch.Tensor, batch: int, kv_heads: int, n_rep: int, seq: int, head_dim: int,
@@ -627,15 +628,12 @@ def _eager(op: str, strided, check, rotated: bool):
 # ---- the rules ------------------------------------------------------------------------------------
 
 
-def rotary_operands(match) -> bool:
-    """A filter: x, cos and sin are 4-d tensors of one library dtype, cos and sin of one shape that
-    broadcasts onto x (its first rotary_dim columns, where captured) as the kernel reads it, and the
-    captured half is half the columns rotated."""
-    vals = [match.bindings[n].meta.get("val") for n in ("x", "cos", "sin")]
-    half, rotary_dim = match.bindings.get("half"), match.bindings.get("rotary_dim")
-    if not all(isinstance(v, torch.Tensor) and v.dim() == 4 for v in vals) or not isinstance(half, int):
+def rotates(x, cos, sin, half, rotary_dim=None) -> bool:
+    """Whether fake values x, cos and sin and a captured half (and rotary_dim) are what the rotary
+    kernels read: 4-d tensors of one library dtype, cos and sin of one shape that broadcasts onto x (its
+    first rotary_dim columns, where given) as the kernel reads it, half half the columns rotated."""
+    if not all(isinstance(v, torch.Tensor) and v.dim() == 4 for v in (x, cos, sin)) or not isinstance(half, int):
         return False
-    x, cos, sin = vals
     if x.dtype not in DTYPES or cos.dtype != x.dtype or sin.dtype != x.dtype:
         return False
     if not all(statically_known_true(a == b) for a, b in zip(cos.shape, sin.shape)):
@@ -646,6 +644,12 @@ def rotary_operands(match) -> bool:
             and broadcasts_4d(cos, x[..., :rotary_dim]))
 
 
+def rotary_operands(match) -> bool:
+    """A filter: the matched x, cos, sin and half (and rotary_dim, where captured) pass :func:`rotates`."""
+    x, cos, sin = (match.bindings[n].meta.get("val") for n in ("x", "cos", "sin"))
+    return rotates(x, cos, sin, match.bindings.get("half"), match.bindings.get("rotary_dim"))
+
+
 def whole_operands(match) -> bool:
     """A filter for the whole-head form: as rotary_operands, with rotary_dim x's whole last axis."""
     x = match.bindings["x"].meta.get("val")
@@ -654,11 +658,9 @@ def whole_operands(match) -> bool:
             and statically_known_true(x.shape[3] == rotary_dim))
 
 
-def repeat_operands(match) -> bool:
-    """A filter: x is a 4-d tensor of a library dtype whose sizes are the captured ones, and heads is
-    kv_heads * n_rep."""
-    x = match.bindings["x"].meta.get("val")
-    sizes = [match.bindings.get(n) for n in SIZES]
+def repeats(x, sizes) -> bool:
+    """Whether fake value x is a 4-d tensor of a library dtype whose sizes are the captured ``sizes``
+    (``SIZES``: batch, kv_heads, n_rep, seq, head_dim, heads), and heads is kv_heads * n_rep."""
     if not isinstance(x, torch.Tensor) or x.dim() != 4 or x.dtype not in DTYPES:
         return False
     if not all(isinstance(v, int) for v in sizes):
@@ -666,6 +668,11 @@ def repeat_operands(match) -> bool:
     batch, kv_heads, n_rep, seq, head_dim, heads = sizes
     return (n_rep >= 1 and heads == kv_heads * n_rep
             and all(statically_known_true(a == b) for a, b in zip(x.shape, (batch, kv_heads, seq, head_dim))))
+
+
+def repeat_operands(match) -> bool:
+    """A filter: the matched x and sizes pass :func:`repeats`."""
+    return repeats(match.bindings["x"].meta.get("val"), [match.bindings.get(n) for n in SIZES])
 
 
 def both(*filters):
