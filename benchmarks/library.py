@@ -40,7 +40,7 @@ TOL = {torch.float32: 1e-4, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
 
 def cases():
     """(label, rule name, make_inputs(dtype) -> args)."""
-    from fxkern.library import gelu, layernorm, rmsnorm, rotary, softmax, swiglu
+    from fxkern.library import gelu, layernorm, norm_rotary, rmsnorm, rotary, softmax, swiglu
 
     rows, d = SHAPE
 
@@ -64,6 +64,12 @@ def cases():
         qkv = t(b, s, h * 3 * d, dtype=dt).view(b, s, h, 3 * d).transpose(1, 2)
         _, cos, sin, half = rope(1, s, 1, rot, dt)
         return qkv[..., :d], cos, sin, half, rot
+
+    def heads_norm_rope(b, s, h, d, dt, heads_first):
+        """Projected queries or keys as the q/k norm reads them ((b, s, h, d), or Gemma 3's (b, h, s, d) view of
+        it), the norm's weight, cos and sin (1, 1, s, d), eps, half."""
+        x, cos, sin, half = rope(b, s, h, d, dt)
+        return x if heads_first else x.transpose(1, 2), t(d, dtype=dt), cos, sin, 1e-6, half
 
     return [
         ("RMSNorm (Llama)", "rms_norm", rmsnorm.llama_rmsnorm,
@@ -122,6 +128,15 @@ def cases():
         # projection's rows, 16x2048 tokens, 32 heads of 128
         ("partial RoPE (transformers, GPT-NeoX), q 16x32x2048x128 of fused QKV, rotary_dim 32",
          "partial_rotary_embedding", rotary.partial_rotary_embedding, lambda dt: neox(16, 2048, 32, 128, 32, dt)),
+        # Qwen3's and Gemma 3's query and key norms with the rotation after them (32 query heads, 8 key/value
+        # heads of 128, 16x2048 tokens): x as each model's norm reads it, (b, s, h, d) and (b, h, s, d)
+        ("q norm + RoPE (Qwen3), q 16x2048x32x128", "rms_norm_rotary_embedding", norm_rotary.rms_norm_rotary_embedding,
+         lambda dt: heads_norm_rope(16, 2048, 32, 128, dt, heads_first=False)),
+        ("q norm + RoPE (Gemma 3), q 16x32x2048x128", "gemma_rms_norm_rotary_embedding",
+         norm_rotary.gemma_rms_norm_rotary_embedding, lambda dt: heads_norm_rope(16, 2048, 32, 128, dt, heads_first=True)),
+        ("k norm + RoPE + repeat_kv (Qwen3), k 16x2048x8x128 to 32 heads", "rms_norm_rotary_embedding_repeat_kv",
+         norm_rotary.rms_norm_rotary_embedding_repeat_kv,
+         lambda dt: (*heads_norm_rope(16, 2048, 8, 128, dt, heads_first=False), 16, 8, 4, 2048, 128, 32)),
         ("RMSNorm (Llama), 4096x2048", "rms_norm", rmsnorm.llama_rmsnorm,
          lambda dt: (t(4096, 2048, dtype=dt), t(2048, dtype=dt), 1e-6)),
         ("residual add + RMSNorm (Llama), 4096x2048", "add_rms_norm", rmsnorm.add_llama_rmsnorm,

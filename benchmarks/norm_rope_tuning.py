@@ -1,0 +1,134 @@
+"""A head's RMSNorm and rotation in one kernel (``fxkern.library.norm_rotary``) against variants of
+itself, the library's norm and rotary ops one after the other, and inductor.
+
+    python benchmarks/norm_rope_tuning.py [--rounds 3] [--section-out FILE]
+
+Qwen3's queries as its norm reads them (the ``(b, s, h, d)`` projection), Gemma 3's (the ``(b, h, s, d)``
+view of it), and Qwen3's grouped-query keys, normalised, rotated and repeated (8 heads to 32); 16x2048
+tokens, heads of 128, cos and sin ``(1, 1, s, d)``. GB/s of useful bytes (x, the weight, cos, sin and
+the output once each), CUDA events around 10 back-to-back calls, the GPU kept busy by an untimed call
+before each sample, median of 20, then the median over rounds (the order rotated each round).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import common  # noqa: E402
+import torch  # noqa: E402
+
+DTYPES = (torch.float32, torch.bfloat16)
+
+# A variant: macros, and the output elements a 128-thread block takes.
+SHIPPED = {"macros": "", "per_block": 8192}
+VARIANTS: dict[str, dict] = {
+    "shipped (2 rows a thread group, 8192 a block)": SHIPPED,
+    "1 row a thread group": {**SHIPPED, "macros": "#define FXK_NR_ROWS 1\n"},
+    "4 rows a thread group": {**SHIPPED, "macros": "#define FXK_NR_ROWS 4\n"},
+    "4096 a block": {**SHIPPED, "per_block": 4096},
+    "16384 a block": {**SHIPPED, "per_block": 16384},
+}
+
+
+def variant_op(label: str, v: dict, index: int):
+    """The variant's strided kernel as a private op (norm_rotary.NORM_ROTARY_STRIDED with its macros
+    and grid); ``make(form)`` is a public op's eager path over it."""
+    import fxkern
+    from fxkern.library import norm_rotary
+    from fxkern.symbolic import cdiv
+
+    def geometry(inputs, outputs, per=v["per_block"]):
+        return (cdiv(outputs[0].numel(), per),), (128,)
+
+    spec = dataclasses.replace(norm_rotary.NORM_ROTARY_STRIDED, kernel_source=v["macros"] + norm_rotary.SOURCE,
+                               geometry=fxkern.Custom(geometry))
+    name = f"fxkern_tune::norm_rope_{index}"
+    fxkern.cuda_kernel_op(name, spec, meta_fn=norm_rotary._strided_output, schema=norm_rotary._STRIDED_SCHEMA)
+    return lambda form: norm_rotary._eager(form, fxkern.kernel_op(name).cuda_impl)
+
+
+def cases():
+    """(name, op name, args) in each dtype."""
+    def heads(b, s, h, d, dt, heads_first):
+        x = torch.randn(b, s, h * d, device="cuda").to(dt).view(b, s, h, d)
+        pos = torch.arange(s, device="cuda", dtype=torch.float32)[:, None]
+        emb = pos * (1.0 / 10000 ** (torch.arange(0, d, 2, device="cuda") / d))[None]
+        emb = torch.cat((emb, emb), -1)[None, None]
+        w = torch.randn(d, device="cuda").to(dt)
+        return x.transpose(1, 2) if heads_first else x, w, emb.cos().to(dt), emb.sin().to(dt), 1e-6, d // 2
+
+    out = []
+    for dt in DTYPES:
+        name = str(dt)[6:]
+        out.append((f"Qwen3 q 16x2048x32x128 {name}", "rms_norm_rotary_embedding",
+                    heads(16, 2048, 32, 128, dt, False)))
+        out.append((f"Gemma 3 q 16x32x2048x128 {name}", "gemma_rms_norm_rotary_embedding",
+                    heads(16, 2048, 32, 128, dt, True)))
+        out.append((f"Qwen3 k 16x2048x8x128 to 32 heads {name}", "rms_norm_rotary_embedding_repeat_kv",
+                    (*heads(16, 2048, 8, 128, dt, False), 16, 8, 4, 2048, 128, 32)))
+    return out
+
+
+def two_ops(name: str):
+    """The library's norm op, then its rotary op (with the repeat): what the rules ran before the fused op."""
+    import fxkern.library as lib
+
+    gemma = name.startswith("gemma")
+    norm = lib.op("gemma_rms_norm" if gemma else "rms_norm")
+    rotate = lib.op("rotary_embedding_repeat_kv" if name.endswith("repeat_kv") else "rotary_embedding")
+
+    def run(x, weight, cos, sin, eps, half, *sizes):
+        n = norm(x, weight, eps)
+        return rotate(n if gemma else n.transpose(1, 2), cos, sin, half, *sizes)
+
+    return run
+
+
+def main(argv=None) -> None:
+    args = common.tuning_args("norm_rope_tuning", "q/k norm + rotary tuning", __doc__, argv)
+    if args is None:
+        return
+    import fxkern.library
+    from fxkern.library import norm_rotary
+
+    fxkern.library.rules()
+    torch.manual_seed(0)
+    makers = {label: variant_op(label, v, i) for i, (label, v) in enumerate(VARIANTS.items())}
+    labels = ("inductor", "norm op, then rotary op", *VARIANTS)
+    table: dict[str, list[float]] = {label: [] for label in labels}
+    all_cases = cases()
+    for case, name, call in all_cases:
+        form = norm_rotary._Form(name, name.startswith("gemma"), name.endswith("repeat_kv"))
+        pattern = getattr(norm_rotary, name)
+        runs = {"inductor": common.inductor(pattern), "norm op, then rotary op": two_ops(name),
+                **{label: make(form) for label, make in makers.items()}}
+        want = fxkern.library.op(name)(*call)
+        for label, fn in runs.items():
+            if label in VARIANTS:
+                torch.testing.assert_close(fn(*call), want, rtol=0, atol=0, msg=lambda m: f"{label}, {case}: {m}")
+        tensors = [a for a in call if isinstance(a, torch.Tensor)]
+        nbytes = sum(t.numel() * t.element_size() for t in tensors) + want.numel() * want.element_size()
+        for label, gbs in common.bandwidth_rows(runs, [(call, nbytes)], args.rounds).items():
+            table[label] += gbs
+    lines = [
+        "## q/k norm + rotary tuning (`fxkern.library.norm_rotary`)",
+        "",
+        f"Machine: {common.machine()}. Date: {common.today()}. Command: `python benchmarks/norm_rope_tuning.py "
+        f"--rounds {args.rounds}`.",
+        "",
+        " ".join(__doc__.split("\n\n")[2].split()),
+        "",
+        "| variant | " + " | ".join(case for case, _, _ in all_cases) + " |",
+        "| --- | " + " | ".join("---:" for _ in all_cases) + " |",
+    ]
+    for label, gbs in table.items():
+        lines.append(f"| {label} | " + " | ".join(f"{g:.0f}" for g in gbs) + " |")
+    common.emit("norm_rope_tuning", "\n".join(lines), args.section_out)
+
+
+if __name__ == "__main__":
+    main()
