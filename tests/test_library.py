@@ -844,16 +844,16 @@ class NormedRotatedHeads(nn.Module):
     (Qwen3 before the transpose, Gemma 3 after it), rotated, the keys and values repeated for each
     query head of their group. ``cached`` also returns the rotated keys (what a KV cache stores)."""
 
-    def __init__(self, norm, heads_first, n_rep, cached=False):
+    def __init__(self, norm, heads_first, n_rep, cached=False, head_dim=16):
         super().__init__()
-        self.q_norm, self.k_norm = norm(16), norm(16)
+        self.q_norm, self.k_norm = norm(head_dim), norm(head_dim)
         for w in (self.q_norm.weight, self.k_norm.weight):
             nn.init.normal_(w)
-        self.heads_first, self.n_rep, self.cached = heads_first, n_rep, cached
+        self.heads_first, self.n_rep, self.cached, self.head_dim = heads_first, n_rep, cached, head_dim
 
     def forward(self, q_proj, k_proj, v_proj, cos, sin):
         b, s, _ = q_proj.shape
-        q, k, v = (t.view(b, s, -1, 16) for t in (q_proj, k_proj, v_proj))
+        q, k, v = (t.view(b, s, -1, self.head_dim) for t in (q_proj, k_proj, v_proj))
         if self.heads_first:  # Gemma 3
             q, k = self.q_norm(q.transpose(1, 2)), self.k_norm(k.transpose(1, 2))
         else:  # Qwen3
@@ -917,6 +917,32 @@ def test_norms_in_the_other_order_stay_two_kernels(rules):
     for norm, heads_first, name in ((LlamaRMSNorm, True, "rms_norm"), (GemmaRMSNorm, False, "gemma_rms_norm")):
         got = replaced(NormedRotatedHeads(norm, heads_first, 1), q[..., :32], q[..., 32:], q[..., :32], cos, sin)
         assert got == {name: 2, "rotary_embedding": 2}, got
+
+
+def test_heads_the_fused_kernel_does_not_take_run_the_norm_and_rotation_apart(rules):
+    """Heads of more than 256 columns (past what a warp holds) and a norm weight of another dtype than
+    the heads' (the products then promote) are left to the norm and rotary rules."""
+    from transformers.models.qwen3.modeling_qwen3 import Qwen3RMSNorm
+
+    torch.manual_seed(0)
+    cos, sin = rope_tables(2, 4, 512)
+    wide = NormedRotatedHeads(Qwen3RMSNorm, False, 1, head_dim=512)
+    x = torch.randn(2, 4, 1024)
+    assert replaced(wide, x, x.flip(0), x, cos, sin) == {"rms_norm": 2, "rotary_embedding": 2}
+    # float32 norm weights on bfloat16 heads: the norm's output is float32, and so is its rotation,
+    # which no library op computes; nothing is replaced
+    cos, sin = rope_tables(2, 8, 16)
+    mixed = NormedRotatedHeads(Qwen3RMSNorm, False, 1).to(torch.bfloat16)
+    mixed.q_norm.float()
+    q = torch.randn(2, 8, 32, dtype=torch.bfloat16)
+    ep = torch.export.export(mixed.eval(), (q, q.flip(0), q, cos.bfloat16(), sin.bfloat16()))
+    report = fxkern.explain(ep, rules)
+    # the keys (a bfloat16 norm) are fused; the queries are not, and explain says why
+    assert len(report["rms_norm_rotary_embedding"].matches) == 1 and report["rms_norm_rotary_embedding"].near_misses
+    new = fxkern.apply(ep, rules, verify=True)
+    for got, want in zip(new.module()(q, q.flip(0), q, cos.bfloat16(), sin.bfloat16()),
+                         mixed(q, q.flip(0), q, cos.bfloat16(), sin.bfloat16())):
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
 
 
 def test_norm_rotary_ops_on_cpu_are_their_patterns_and_check_their_inputs():

@@ -107,7 +107,8 @@ def rows_in_place(on_cuda: Callable[..., Any]) -> Callable[..., Any]:
 
 def add_rule(rules: RuleSet, pattern: Callable[..., Any], target: Any, name: str,
              filter: Callable[[Any], bool] | None = None, irs: Sequence[str] | None = None,
-             example_inputs: Sequence[Any] | None = None, priority: int | None = None) -> Rule:
+             example_inputs: Sequence[Any] | Callable[[torch.dtype], Sequence[Any]] | None = None,
+             priority: int | None = None) -> Rule:
     """``fxkern.replace`` into the library's rule set, the op named ``fxkern_lib::<name>``."""
     return replace(pattern, target, name=f"{NAMESPACE}::{name}", rules=rules, filter=filter, irs=irs,
                    example_inputs=example_inputs, priority=priority)

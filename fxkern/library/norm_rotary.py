@@ -331,7 +331,7 @@ class _Form:
         if weight.dtype != x.dtype or weight.dim() != 1:
             raise KernelInputError(f"{op}: weight {weight.dtype} {tuple(weight.shape)} must be x's dtype ({x.dtype}) "
                                    f"and 1-d, (head_dim,)")
-        if isinstance(d, int) and isinstance(half, int) and 2 * half > MAX_HEAD_DIM:
+        if 2 * half > MAX_HEAD_DIM:  # half is always a concrete int: checked under TensorRT's symbols too
             raise KernelInputError(f"{op}: head_dim {2 * half} is more than {MAX_HEAD_DIM}, the most the kernel holds "
                                    f"in one warp; run {NAMESPACE}::rms_norm and rotary_embedding apart")
         # the checks of sizes on concrete ones only: TensorRT's shape inference gives each axis a free
