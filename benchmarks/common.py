@@ -151,6 +151,28 @@ def write_section(name: str, body: str, path: Path = DOC) -> None:
     path.write_text(text)
 
 
+def variant_section(title: str, script: str, rounds: int, doc: str, columns: list[str],
+                    table: dict[str, list[float]], extra: "tuple[str, dict[str, str]] | None" = None) -> str:
+    """A tuning benchmark's section: ``title``, machine, date and command (``script --rounds``),
+    ``doc``'s third paragraph, then a row of GB/s a variant (``table``) over ``columns``; ``extra``
+    adds a last column (its header, and a value a variant)."""
+    head, values = extra or (None, {})
+    lines = [
+        f"## {title}",
+        "",
+        f"Machine: {machine()}. Date: {today()}. Command: `python benchmarks/{script} --rounds {rounds}`.",
+        "",
+        " ".join(doc.split("\n\n")[2].split()),
+        "",
+        "| variant | " + " | ".join(columns) + (f" | {head}" if head else "") + " |",
+        "| --- | " + " | ".join("---:" for _ in columns) + (" | ---" if head else "") + " |",
+    ]
+    for label, gbs in table.items():
+        last = f" | {values.get(label, '')}" if head else ""
+        lines.append(f"| {label} | " + " | ".join(f"{g:.0f}" for g in gbs) + last + " |")
+    return "\n".join(lines)
+
+
 def emit(name: str, body: str, section_out: "Path | None") -> None:
     """Print a benchmark's section, and write it to ``section_out`` or into docs/benchmarks.md."""
     print(body)

@@ -143,21 +143,10 @@ def compare_variants(variants: dict, base, pattern, scalars: tuple, x_scale: flo
     table = common.bandwidth_rows(
         runners, [((x, mask, *scalars), 2 * x.numel() * x.element_size() + mask.numel() * mask.element_size())
                   for _, x, mask in cases], args.rounds)
-    lines = [
-        f"## {title}",
-        "",
-        f"Machine: {common.machine()}. Date: {common.today()}. Command: `python benchmarks/{script} "
-        f"--rounds {args.rounds}`.",
-        "",
-        " ".join(doc.split("\n\n")[2].split()),
-        "",
-        "| variant | " + " | ".join(name for name, _, _ in cases) + " | registers |",
-        "| --- | " + " | ".join("---:" for _ in cases) + " | --- |",
-    ]
-    for label, gbs in table.items():
-        regs = registers(fns[label][1]) if label in fns else ""
-        lines.append(f"| {label} | " + " | ".join(f"{g:.0f}" for g in gbs) + f" | {regs} |")
-    common.emit(section, "\n".join(lines), args.section_out)
+    regs = {label: registers(names) for label, (_, names) in fns.items()}
+    body = common.variant_section(title, script, args.rounds, doc, [name for name, _, _ in cases], table,
+                                  extra=("registers", regs))
+    common.emit(section, body, args.section_out)
 
 
 if __name__ == "__main__":

@@ -114,20 +114,9 @@ def main(argv=None) -> None:
         nbytes = sum(t.numel() * t.element_size() for t in tensors) + want.numel() * want.element_size()
         for label, gbs in common.bandwidth_rows(runs, [(call, nbytes)], args.rounds).items():
             table[label] += gbs
-    lines = [
-        "## q/k norm + rotary tuning (`fxkern.library.norm_rotary`)",
-        "",
-        f"Machine: {common.machine()}. Date: {common.today()}. Command: `python benchmarks/norm_rope_tuning.py "
-        f"--rounds {args.rounds}`.",
-        "",
-        " ".join(__doc__.split("\n\n")[2].split()),
-        "",
-        "| variant | " + " | ".join(case for case, _, _ in all_cases) + " |",
-        "| --- | " + " | ".join("---:" for _ in all_cases) + " |",
-    ]
-    for label, gbs in table.items():
-        lines.append(f"| {label} | " + " | ".join(f"{g:.0f}" for g in gbs) + " |")
-    common.emit("norm_rope_tuning", "\n".join(lines), args.section_out)
+    body = common.variant_section("q/k norm + rotary tuning (`fxkern.library.norm_rotary`)", "norm_rope_tuning.py",
+                                  args.rounds, __doc__, [case for case, _, _ in all_cases], table)
+    common.emit("norm_rope_tuning", body, args.section_out)
 
 
 if __name__ == "__main__":

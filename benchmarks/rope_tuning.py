@@ -127,20 +127,9 @@ def main(argv=None) -> None:
         nbytes = (sum(t.numel() * t.element_size() for t in tensors) + want.numel() * want.element_size())
         for label, gbs in common.bandwidth_rows(runs[kind], [(call, nbytes)], args.rounds).items():
             table[label] += gbs
-    lines = [
-        "## Rotary embedding tuning (`fxkern.library.rotary`)",
-        "",
-        f"Machine: {common.machine()}. Date: {common.today()}. Command: `python benchmarks/rope_tuning.py "
-        f"--rounds {args.rounds}`.",
-        "",
-        " ".join(__doc__.split("\n\n")[2].split()),
-        "",
-        "| variant | " + " | ".join(name for name, _, _ in all_cases) + " |",
-        "| --- | " + " | ".join("---:" for _ in all_cases) + " |",
-    ]
-    for label, gbs in table.items():
-        lines.append(f"| {label} | " + " | ".join(f"{g:.0f}" for g in gbs) + " |")
-    common.emit("rope_tuning", "\n".join(lines), args.section_out)
+    body = common.variant_section("Rotary embedding tuning (`fxkern.library.rotary`)", "rope_tuning.py",
+                                  args.rounds, __doc__, [name for name, _, _ in all_cases], table)
+    common.emit("rope_tuning", body, args.section_out)
 
 
 if __name__ == "__main__":
