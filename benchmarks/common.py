@@ -31,11 +31,28 @@ def tuning_args(section: str, title: str, doc: str, argv=None) -> argparse.Names
     parser = argparse.ArgumentParser(description=doc.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--section-out", type=Path, default=None)
+    parser.add_argument("--only", action="append", default=[], metavar="TEXT",
+                        help="time only the variants whose label contains TEXT (repeatable); the first "
+                             "variant, the shipped kernel, always runs")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         emit(section, f"## {title}\n\nNo GPU on this machine: measured on the device only.", args.section_out)
         return None
     return args
+
+
+def pick(variants: dict, args: argparse.Namespace) -> dict:
+    """``variants`` less those ``--only`` leaves out: the first (the shipped kernel) and every one
+    whose label contains one of ``args.only``; all of them without ``--only``."""
+    if not args.only:
+        return variants
+    first = next(iter(variants))
+    return {k: v for k, v in variants.items() if k == first or any(t in k for t in args.only)}
+
+
+def command(script: str, args: argparse.Namespace) -> str:
+    """The command line a tuning section names: ``script`` with its ``--rounds`` and ``--only``."""
+    return f"python benchmarks/{script} --rounds {args.rounds}" + "".join(f" --only {t!r}" for t in args.only)
 
 
 def bandwidth_rows(runners: dict[str, Callable[..., object]], cases: list[tuple[tuple, int]],
@@ -151,16 +168,16 @@ def write_section(name: str, body: str, path: Path = DOC) -> None:
     path.write_text(text)
 
 
-def variant_section(title: str, script: str, rounds: int, doc: str, columns: list[str],
+def variant_section(title: str, script: str, args: argparse.Namespace, doc: str, columns: list[str],
                     table: dict[str, list[float]], extra: "tuple[str, dict[str, str]] | None" = None) -> str:
-    """A tuning benchmark's section: ``title``, machine, date and command (``script --rounds``),
+    """A tuning benchmark's section: ``title``, machine, date and command (``command(script, args)``),
     ``doc``'s third paragraph, then a row of GB/s a variant (``table``) over ``columns``; ``extra``
     adds a last column (its header, and a value a variant)."""
     head, values = extra or (None, {})
     lines = [
         f"## {title}",
         "",
-        f"Machine: {machine()}. Date: {today()}. Command: `python benchmarks/{script} --rounds {rounds}`.",
+        f"Machine: {machine()}. Date: {today()}. Command: `{command(script, args)}`.",
         "",
         " ".join(doc.split("\n\n")[2].split()),
         "",

@@ -49,6 +49,20 @@ _HINTS = (
 # SM) was slower than fetching none or all (2x16x2048x2048 float32: 2406 and 2817 GB/s, against 3369
 # and 3399); 16-bit blocks of 64 threads at 12 an SM, float32 small ones at 12 an SM, and 256-thread
 # float32 blocks at 3 an SM were slower or level.
+# 2026-11-25 18:20-18:40 UTC, on an H100 (no H200 was lent; the shipped kernel there: 2863, 2816-2830,
+# 2845-2849 and 2792-2798 GB/s in this table's four columns, 93-95% of the H100's copy, where the
+# H200 run above reached 77-80% of its copy in three of them). Nsight Compute (tools/masked_study.sh)
+# put the shipped kernels at 25% occupancy (128 and 124 registers), issue slots 40-48% busy, no
+# eligible warp half the time, DRAM 79-85% busy: bound by the loads a thread keeps in flight, not by
+# instructions. Tried and not shipped, as kernel edits since removed: exp(x - max) once an element,
+# kept in registers for the write (146-223 registers: 12 or 8 blocks an SM; bfloat16 1626-2381, float32
+# at 2048 2435); the mask copied to shared memory by cp.async while the scores load into registers
+# (level: 2825, 2791; at 24 or 32 blocks an SM the 16-bit kernel spilled 112-216 bytes, its 16 load
+# addresses alone taking 32 registers); and on top of that, small blocks taking 4 or 8 register-fulls
+# of rows, each fetching its next rows before reducing the current ones (108 registers, no spill,
+# bfloat16 2430-2654: 6-14% slower; the next rows' loads add no bytes in flight an SM, and a load of a
+# row that may be dead merged with the previous row's pack element by element until the dead rows
+# loaded from the tensor's start instead: at first 1819).
 VARIANTS: dict[str, dict] = {
     "shipped": _variant(),
     "the softmax's grids, values made as loads arrive (shipped before 2026-11-25)": _variant(
@@ -126,7 +140,9 @@ def compare_variants(variants: dict, base, pattern, scalars: tuple, x_scale: flo
 
     fxkern.library.rules()
     torch.manual_seed(0)
-    fns = {label: variant_op(label, v, i, base=base, prefix=prefix) for i, (label, v) in enumerate(variants.items())}
+    chosen = common.pick(variants, args)
+    fns = {label: variant_op(label, v, i, base=base, prefix=prefix)
+           for i, (label, v) in enumerate(variants.items()) if label in chosen}
     compiled = common.inductor(pattern)
     cases = []
     for b, h, s in SHAPES:
@@ -144,7 +160,7 @@ def compare_variants(variants: dict, base, pattern, scalars: tuple, x_scale: flo
         runners, [((x, mask, *scalars), 2 * x.numel() * x.element_size() + mask.numel() * mask.element_size())
                   for _, x, mask in cases], args.rounds)
     regs = {label: registers(names) for label, (_, names) in fns.items()}
-    body = common.variant_section(title, script, args.rounds, doc, [name for name, _, _ in cases], table,
+    body = common.variant_section(title, script, args, doc, [name for name, _, _ in cases], table,
                                   extra=("registers", regs))
     common.emit(section, body, args.section_out)
 

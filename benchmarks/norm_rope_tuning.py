@@ -97,8 +97,9 @@ def main(argv=None) -> None:
 
     fxkern.library.rules()
     torch.manual_seed(0)
-    makers = {label: variant_op(label, v, i) for i, (label, v) in enumerate(VARIANTS.items())}
-    labels = ("inductor", "norm op, then rotary op", *VARIANTS)
+    variants = common.pick(VARIANTS, args)
+    makers = {label: variant_op(label, v, i) for i, (label, v) in enumerate(VARIANTS.items()) if label in variants}
+    labels = ("inductor", "norm op, then rotary op", *variants)
     table: dict[str, list[float]] = {label: [] for label in labels}
     all_cases = cases()
     for case, name, call in all_cases:
@@ -115,7 +116,7 @@ def main(argv=None) -> None:
         for label, gbs in common.bandwidth_rows(runs, [(call, nbytes)], args.rounds).items():
             table[label] += gbs
     body = common.variant_section("q/k norm + rotary tuning (`fxkern.library.norm_rotary`)", "norm_rope_tuning.py",
-                                  args.rounds, __doc__, [case for case, _, _ in all_cases], table)
+                                  args, __doc__, [case for case, _, _ in all_cases], table)
     common.emit("norm_rope_tuning", body, args.section_out)
 
 

@@ -111,11 +111,12 @@ def main(argv=None) -> None:
              "partial": (rotary.partial_rotary_embedding, rotary._partial_output, True),
              "rotary_repeat": (rotary.rotary_embedding_repeat_kv, rotary._rotary_repeat_output, True),
              "repeat": (rotary.repeat_kv, rotary._repeat_output, False)}
-    makers = {label: variant_op(label, v, i) for i, (label, v) in enumerate(VARIANTS.items())}
+    variants = common.pick(VARIANTS, args)
+    makers = {label: variant_op(label, v, i) for i, (label, v) in enumerate(VARIANTS.items()) if label in variants}
     runs = {kind: {"inductor": common.inductor(pattern),
                    **{label: make(check, rotated) for label, make in makers.items()}}
             for kind, (pattern, check, rotated) in kinds.items()}
-    table: dict[str, list[float]] = {label: [] for label in ("inductor", *VARIANTS)}
+    table: dict[str, list[float]] = {label: [] for label in ("inductor", *variants)}
     all_cases = cases()
     for name, kind, call in all_cases:
         want = kinds[kind][0](*call)
@@ -128,7 +129,7 @@ def main(argv=None) -> None:
         for label, gbs in common.bandwidth_rows(runs[kind], [(call, nbytes)], args.rounds).items():
             table[label] += gbs
     body = common.variant_section("Rotary embedding tuning (`fxkern.library.rotary`)", "rope_tuning.py",
-                                  args.rounds, __doc__, [name for name, _, _ in all_cases], table)
+                                  args, __doc__, [name for name, _, _ in all_cases], table)
     common.emit("rope_tuning", body, args.section_out)
 
 

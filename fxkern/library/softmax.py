@@ -242,6 +242,52 @@ struct MaskedRows {
     }
 };
 
+// The softmax of a row held in registers, written to yr: c holds this thread's packs of it (the k-th at
+// column (k * G + t) * V); slot is 2 x ROW_WARPS floats of shared memory no other live reduction uses.
+template <typename T, int V, int NV>
+__device__ __forceinline__ void write_row(Pack<T, V> (&c)[NV], bool live, int D, int G, int t, T* __restrict__ yr,
+                                          float (*slot)[ROW_WARPS]) {
+    float m = neg_inf();
+#pragma unroll
+    for (int k = 0; k < NV; ++k) {
+        const int col = (k * G + t) * V;
+        if (live && col < D) {
+            float f[V];
+            to_floats(c[k], f);
+#pragma unroll
+            for (int j = 0; j < V; ++j) m = fmaxf(m, f[j]);
+        }
+    }
+    // This thread's sum of exp(x - m) (shifted by 0 when its elements are all -inf or NaN: 0, or NaN),
+    // then one reduction of (max, sum) pairs for the row.
+    const float sh = m == neg_inf() ? 0.0f : m;
+    float s = 0.0f;
+#pragma unroll
+    for (int k = 0; k < NV; ++k) {
+        const int col = (k * G + t) * V;
+        if (live && col < D) {
+            float f[V];
+            to_floats(c[k], f);
+#pragma unroll
+            for (int j = 0; j < V; ++j) s += exp_shifted<sizeof(T) == 2>(f[j], sh);
+        }
+    }
+    group_max_sum<T>(m, s, G, slot);
+    const float inv = __frcp_rn(s);  // 1.0f / s, without the division's slow path
+#pragma unroll
+    for (int k = 0; k < NV; ++k) {
+        const int col = (k * G + t) * V;
+        if (live && col < D) {
+            float f[V];
+            opaque(c[k]);
+            to_floats(c[k], f);
+#pragma unroll
+            for (int j = 0; j < V; ++j) f[j] = exp_shifted<sizeof(T) == 2>(f[j], m) * inv;
+            store<T, V>(yr + col, from_floats<T, V>(f));
+        }
+    }
+}
+
 template <typename T, int V, int NV, typename In>
 __device__ __forceinline__ void softmax_rows(const In& in, int D, unsigned rows, T* __restrict__ y,
                                              float (*red)[ROW_WARPS]) {
@@ -274,46 +320,7 @@ __device__ __forceinline__ void softmax_rows(const In& in, int D, unsigned rows,
                     if (live && col < D) c[k] = in.template pack<V>(xr, col);
                 }
             }
-            float m = neg_inf();
-#pragma unroll
-            for (int k = 0; k < NV; ++k) {
-                const int col = (k * G + t) * V;
-                if (live && col < D) {
-                    float f[V];
-                    to_floats(c[k], f);
-#pragma unroll
-                    for (int j = 0; j < V; ++j) m = fmaxf(m, f[j]);
-                }
-            }
-            // This thread's sum of exp(x - m) (shifted by 0 when its elements are all -inf or NaN:
-            // 0, or NaN), then one reduction of (max, sum) pairs for the row.
-            const float sh = m == neg_inf() ? 0.0f : m;
-            float s = 0.0f;
-#pragma unroll
-            for (int k = 0; k < NV; ++k) {
-                const int col = (k * G + t) * V;
-                if (live && col < D) {
-                    float f[V];
-                    to_floats(c[k], f);
-#pragma unroll
-                    for (int j = 0; j < V; ++j) s += exp_shifted<sizeof(T) == 2>(f[j], sh);
-                }
-            }
-            group_max_sum<T>(m, s, G, red + 2 * (p & 1));
-            const float inv = __frcp_rn(s);  // 1.0f / s, without the division's slow path
-            T* yr = y + xr.o;
-#pragma unroll
-            for (int k = 0; k < NV; ++k) {
-                const int col = (k * G + t) * V;
-                if (live && col < D) {
-                    float f[V];
-                    opaque(c[k]);
-                    to_floats(c[k], f);
-#pragma unroll
-                    for (int j = 0; j < V; ++j) f[j] = exp_shifted<sizeof(T) == 2>(f[j], m) * inv;
-                    store<T, V>(yr + col, from_floats<T, V>(f));
-                }
-            }
+            write_row<T, V, NV>(c, live, D, G, t, y + xr.o, red + 2 * (p & 1));
         }
     } else {  // long rows: online max and sum, then a second read
         for (unsigned row = begin, p = 0; row < end; ++row, ++p) {

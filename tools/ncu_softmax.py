@@ -1,0 +1,40 @@
+"""One scaled, masked softmax call by fxkern, one plain softmax on the same scores and one masked call
+by inductor, for Nsight Compute to compare (the masked kernel's tuning, docs/library.md):
+
+    ncu --clock-control none --profile-from-start off --section SpeedOfLight --section Occupancy \
+        --section WarpStateStats --section SchedulerStats --section ComputeWorkloadAnalysis \
+        python tools/ncu_softmax.py [--dtype bfloat16] [--shape 8x32x512]
+
+--shape is batch x heads x sequence: scores (b, h, s, s) and transformers' (b, 1, s, s) causal mask.
+"""
+
+import argparse
+
+import torch
+
+import fxkern.library as lib
+from fxkern.library import softmax
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--dtype", default="bfloat16")
+parser.add_argument("--shape", default="8x32x512")
+args = parser.parse_args()
+b, h, s = (int(v) for v in args.shape.split("x"))
+dtype = getattr(torch, args.dtype)
+x = (torch.randn(b, h, s, s, device="cuda") * 3).to(dtype)
+mask = torch.full((s, s), torch.finfo(dtype).min, device="cuda", dtype=dtype).triu(1).expand(b, 1, s, s).contiguous()
+pattern = softmax.scaled_masked_softmax_float32
+compiled = torch.compile(pattern, dynamic=False)
+lib.rules()  # registers every library op, private ones included
+masked, plain = lib.op("scaled_masked_softmax"), lib.op("softmax")
+for _ in range(3):  # compiled, autotuned and warm before the profiled calls
+    masked(x, mask, 0.125)
+    plain(x)
+    compiled(x, mask, 0.125)
+torch.cuda.synchronize()
+torch.cuda.profiler.start()
+masked(x, mask, 0.125)
+plain(x)
+compiled(x, mask, 0.125)
+torch.cuda.synchronize()
+torch.cuda.profiler.stop()
