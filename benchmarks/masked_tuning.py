@@ -75,14 +75,6 @@ VARIANTS: dict[str, dict] = {
     "rows in memory order (b, h, q), as before 2026-11-24 21:00 UTC": _variant(edits=(
         ("if (sH == 0) {  // the same for every thread: no divergence", "if (false) {"),)),
     "hints (scores evict first, mask evict last)": _variant(edits=_HINTS),
-    # the mask to shared memory (cp.async), and blocks that fetch their next rows before reducing
-    "mask staged in shared memory": _variant(fetch_level=2),
-    "mask staged, 16-bit small blocks taking 4 register-fulls, next rows fetched first": _variant(
-        fetch_level=2, pipeline={"_short": 4}),
-    "mask staged, 16-bit small blocks taking 8 register-fulls, next rows fetched first": _variant(
-        fetch_level=2, pipeline={"_short": 8}),
-    "mask staged, every grid fetching first, taking 4 register-fulls, next rows fetched first": _variant(
-        fetch_level=2, fetch_first=("_short", "_short_32bit", "_32bit"), pipeline={"_short": 4, "_short_32bit": 4, "_32bit": 4}),
     # diagnostics, not candidates: what eager's second rounding and finding the mask row cost
     "(one rounding: x * scale + mask in float32)": _variant(edits=(
         ("        to_floats(from_floats<T, V>(f), f);  // rounded to T, as eager's multiplication stores it\n", ""),)),

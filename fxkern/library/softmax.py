@@ -111,7 +111,7 @@ struct Rows {
     int D;
     struct Row { const T* x; size_t o; };
     __device__ __forceinline__ Row row(unsigned r) const { return {x + (size_t)r * D, (size_t)r * D}; }
-    static constexpr bool FETCH_FIRST = false, PIPELINE = false;
+    static constexpr bool FETCH_FIRST = false;
     template <int V>
     __device__ __forceinline__ Pack<T, V> pack(const Row& r, int col) const { return load<T, V>(r.x + col); }
 };
@@ -129,30 +129,10 @@ struct Rows {
 #ifndef FXK_MASK_PAIRS
 #define FXK_MASK_PAIRS 1
 #endif
-// FXK_MASK_FETCH_FIRST=1: MaskedRows fetches a row's scores and mask into registers before it makes
-// their values; 2: the scores into registers and the mask into shared memory (cp.async, no register
-// held while it is in flight), so a thread's registers go to the loads that come from memory (the
-// mask, shared by the heads, mostly comes from cache).
+// FXK_MASK_FETCH_FIRST=1: MaskedRows fetches a row's scores and mask before it makes their values.
 #ifndef FXK_MASK_FETCH_FIRST
 #define FXK_MASK_FETCH_FIRST 0
 #endif
-// FXK_MASK_PIPELINE=1 (with FXK_MASK_FETCH_FIRST): a block taking several register-fulls of rows fetches
-// the next rows before it reduces and writes the current ones.
-#ifndef FXK_MASK_PIPELINE
-#define FXK_MASK_PIPELINE 0
-#endif
-// 16 bytes from global to shared memory through L1, without a register (cp.async, sm_80 and later).
-__device__ __forceinline__ void copy_async16(void* smem, const void* gmem) {
-#if __CUDA_ARCH__ >= 800
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 16;"
-                 ::"r"((unsigned)__cvta_generic_to_shared(smem)), "l"(gmem) : "memory");
-#endif
-}
-__device__ __forceinline__ void copy_async_wait() {
-#if __CUDA_ARCH__ >= 800
-    asm volatile("cp.async.wait_all;" ::: "memory");
-#endif
-}
 //
 // CAP (Gemma 2's soft-capped scores): T(T(cap * T(tanh(T(T(x * scale) * (1 / cap))))) + mask), each
 // op rounded to T as eager rounds it (its division by a Python number multiplies by the float32
@@ -179,12 +159,11 @@ struct MaskedRows {
     int D;
     unsigned H, Q, sB, sH, sQ;  // the mask's row strides per batch, head and query (0: broadcast)
     bool scale_is_t;            // the scale is exactly a T (0.125 is; 1 / sqrt(96) is not)
-    T* stage;                   // FXK_MASK_FETCH_FIRST 2: a thread's k-th mask pack at (k * ROW_THREADS + thread) * V
     __device__ __forceinline__ MaskedRows(const T* x_, const T* mask_, float scale_, int D_, int H_, int Q_,
-                                          int mB, int mH, int mQ, float cap_ = 1.0f, T* stage_ = nullptr)
+                                          int mB, int mH, int mQ, float cap_ = 1.0f)
         : x(x_), mask(mask_), scale(scale_), cap(cap_), inv_cap(__frcp_rn(cap_)), D(D_), H((unsigned)H_),
           Q((unsigned)Q_), sB(mB > 1 ? (unsigned)(mH * mQ) : 0u), sH(mH > 1 ? (unsigned)mQ : 0u),
-          sQ(mQ > 1 ? 1u : 0u), scale_is_t(to_f<T>(from_f<T>(scale_)) == scale_), stage(stage_) {}
+          sQ(mQ > 1 ? 1u : 0u), scale_is_t(to_f<T>(from_f<T>(scale_)) == scale_) {}
     struct Row { const T* x; const T* m; size_t o; };
     __device__ __forceinline__ Row row(unsigned r) const {
         unsigned b, h, q;
@@ -203,44 +182,14 @@ struct MaskedRows {
         const size_t o = ((size_t)(b * H + h) * Q + q) * D;
         return {x + o, mask + (size_t)mrow * D, o};
     }
-    static constexpr bool FETCH_FIRST = FXK_MASK_FETCH_FIRST != 0, PIPELINE = FETCH_FIRST && FXK_MASK_PIPELINE;
+    static constexpr bool FETCH_FIRST = FXK_MASK_FETCH_FIRST;
     template <int V> struct Raw { Pack<T, V> x, m; };
-    // The mask packs go to shared memory when they are 16 bytes (the vector path; rows that are not
-    // whole packs keep them in registers).
-#if __CUDA_ARCH__ >= 800
-    template <int V> static constexpr bool STAGED = FXK_MASK_FETCH_FIRST == 2 && V * sizeof(T) == 16;
-#else
-    template <int V> static constexpr bool STAGED = false;  // no cp.async before sm_80
-#endif
-    // Fetch the k-th pack a thread holds of row r, at column col, and stage its mask pack; ready() once
-    // a row's are fetched and staged, then value(raw, k) for each. The copies to shared memory go out
-    // after the scores' loads: each address then dies with its load (issued together, the 16 addresses
-    // took 32 registers and spilled in 64).
     template <int V>
-    __device__ __forceinline__ Raw<V> fetch(const Row& r, int col, bool on = true) const {
-        Raw<V> raw;
-        raw.x = load<T, V>(on ? r.x + col : x);
-        if constexpr (!STAGED<V>) raw.m = load<T, V>(on ? r.m + col : mask);
-        return raw;
+    __device__ __forceinline__ Raw<V> fetch(const Row& r, int col) const {
+        return {load<T, V>(r.x + col), load<T, V>(r.m + col)};
     }
     template <int V>
-    __device__ __forceinline__ void stage_mask(const Row& r, int col, int k) const {
-        if constexpr (STAGED<V>) copy_async16(stage + (k * ROW_THREADS + threadIdx.x) * V, r.m + col);
-    }
-    template <int V>
-    __device__ __forceinline__ void ready() const {
-        if constexpr (STAGED<V>) copy_async_wait();
-    }
-    template <int V>
-    __device__ __forceinline__ Pack<T, V> value(const Raw<V>& raw, int k) const {
-        if constexpr (STAGED<V>)
-            return value<V>({raw.x, *reinterpret_cast<const Pack<T, V>*>(stage + (k * ROW_THREADS + threadIdx.x) * V)});
-        return value<V>(raw);
-    }
-    template <int V>
-    __device__ __forceinline__ Pack<T, V> pack(const Row& r, int col) const {
-        return value<V>({load<T, V>(r.x + col), load<T, V>(r.m + col)});
-    }
+    __device__ __forceinline__ Pack<T, V> pack(const Row& r, int col) const { return value<V>(fetch<V>(r, col)); }
     template <int V>
     __device__ __forceinline__ Pack<T, V> value(const Raw<V>& raw) const {
         const Pack<T, V>& a = raw.x;
@@ -339,27 +288,6 @@ __device__ __forceinline__ void write_row(Pack<T, V> (&c)[NV], bool live, int D,
     }
 }
 
-// A FETCH_FIRST input's packs of row r this thread holds (the k-th at column (k * G + t) * V): their
-// loads, then their masks staged; ready() before their values are made. CARRIED: raw holds the
-// previous rows' packs, so every pack is loaded, a dead one from the tensor's start: a pack loaded only
-// when its row is live merges with the old one element by element, which waits for the load (the
-// compiler then issued one load at a time).
-template <int V, int NV, bool CARRIED = false, typename In, typename Row>
-__device__ __forceinline__ void fetch_row(const In& in, typename In::template Raw<V> (&raw)[NV], const Row& r, bool live,
-                                          int D, int G, int t) {
-#pragma unroll
-    for (int k = 0; k < NV; ++k) {
-        const int col = (k * G + t) * V;
-        if (CARRIED) raw[k] = in.template fetch<V>(r, col, live && col < D);
-        else if (live && col < D) raw[k] = in.template fetch<V>(r, col);
-    }
-#pragma unroll
-    for (int k = 0; k < NV; ++k) {
-        const int col = (k * G + t) * V;
-        if (live && col < D) in.template stage_mask<V>(r, col, k);
-    }
-}
-
 template <typename T, int V, int NV, typename In>
 __device__ __forceinline__ void softmax_rows(const In& in, int D, unsigned rows, T* __restrict__ y,
                                              float (*red)[ROW_WARPS]) {
@@ -368,55 +296,31 @@ __device__ __forceinline__ void softmax_rows(const In& in, int D, unsigned rows,
     const int G = row_group(D, V * NV);
     if (G * V * NV >= D) {
         const int groups = ROW_THREADS >> log2_of(G), g = threadIdx.x >> log2_of(G), t = threadIdx.x & (G - 1);
-        if constexpr (In::PIPELINE) {
-            // The next rows' packs are fetched before these are reduced and written, so a thread's
-            // loads stay in flight while it computes (with FETCH_FIRST 2 the mask waits in shared
-            // memory, and the registers hold one row's scores and the next's).
-            typename In::template Raw<V> raw[NV];
-            bool live = begin + g < end;
-            auto xr = in.row(begin + g);
-            fetch_row<V, NV>(in, raw, xr, live, D, G, t);
-            for (unsigned first = begin, p = 0; first < end; first += groups, ++p) {
-                Pack<T, V> c[NV];
-                in.template ready<V>();
+        for (unsigned first = begin, p = 0; first < end; first += groups, ++p) {
+            const unsigned row = first + g;
+            const bool live = row < end;
+            const auto xr = in.row(row);
+            Pack<T, V> c[NV];
+            if constexpr (In::FETCH_FIRST) {
+                typename In::template Raw<V> raw[NV];
 #pragma unroll
                 for (int k = 0; k < NV; ++k) {
                     const int col = (k * G + t) * V;
-                    if (live && col < D) c[k] = in.template value<V>(raw[k], k);
+                    if (live && col < D) raw[k] = in.template fetch<V>(xr, col);
                 }
-                const bool this_live = live;
-                T* yr = y + xr.o;
-                if (first + groups < end) {  // the same for the whole block
-                    live = first + groups + g < end;
-                    xr = in.row(first + groups + g);
-                    fetch_row<V, NV, true>(in, raw, xr, live, D, G, t);
-                }
-                write_row<T, V, NV>(c, this_live, D, G, t, yr, red + 2 * (p & 1));
-            }
-        } else {
-            for (unsigned first = begin, p = 0; first < end; first += groups, ++p) {
-                const unsigned row = first + g;
-                const bool live = row < end;
-                const auto xr = in.row(row);
-                Pack<T, V> c[NV];
-                if constexpr (In::FETCH_FIRST) {
-                    typename In::template Raw<V> raw[NV];
-                    fetch_row<V, NV>(in, raw, xr, live, D, G, t);
-                    in.template ready<V>();
 #pragma unroll
-                    for (int k = 0; k < NV; ++k) {
-                        const int col = (k * G + t) * V;
-                        if (live && col < D) c[k] = in.template value<V>(raw[k], k);
-                    }
-                } else {
-#pragma unroll
-                    for (int k = 0; k < NV; ++k) {
-                        const int col = (k * G + t) * V;
-                        if (live && col < D) c[k] = in.template pack<V>(xr, col);
-                    }
+                for (int k = 0; k < NV; ++k) {
+                    const int col = (k * G + t) * V;
+                    if (live && col < D) c[k] = in.template value<V>(raw[k]);
                 }
-                write_row<T, V, NV>(c, live, D, G, t, y + xr.o, red + 2 * (p & 1));
+            } else {
+#pragma unroll
+                for (int k = 0; k < NV; ++k) {
+                    const int col = (k * G + t) * V;
+                    if (live && col < D) c[k] = in.template pack<V>(xr, col);
+                }
             }
+            write_row<T, V, NV>(c, live, D, G, t, y + xr.o, red + 2 * (p & 1));
         }
     } else {  // long rows: online max and sum, then a second read
         for (unsigned row = begin, p = 0; row < end; ++row, ++p) {
@@ -476,13 +380,7 @@ __device__ __forceinline__ void masked_softmax(const T* x, const T* mask, float 
     if (D <= 0) return;
     const unsigned rows = (unsigned)n / (unsigned)D;
     constexpr int V = 16 / sizeof(T);
-#if FXK_MASK_FETCH_FIRST == 2
-    constexpr int packs = sizeof(T) == 4 ? FXK_ROW_PACKS_F32 : FXK_ROW_PACKS_HALF;
-    __shared__ __align__(16) T stage[ROW_THREADS * packs * V];
-#else
-    T* stage = nullptr;
-#endif
-    const fxk::MaskedRows<T, CAP> in(x, mask, DIV ? __frcp_rn(scale) : scale, D, H, Q, mB, mH, mQ, cap, stage);
+    const fxk::MaskedRows<T, CAP> in(x, mask, DIV ? __frcp_rn(scale) : scale, D, H, Q, mB, mH, mQ, cap);
     if (D % V == 0 && fxk::aligned16(x) && fxk::aligned16(mask) && fxk::aligned16(y))
         fxk::softmax_rows<T, V, (sizeof(T) == 4 ? FXK_ROW_PACKS_F32 : FXK_ROW_PACKS_HALF)>(in, D, rows, y, red);
     else
@@ -552,13 +450,11 @@ SHORT_BLOCKS = {4: (64, 4), 2: (32, 8)}
 SHORT_ROWS = {size: threads * packs * 16 // size for size, (threads, packs) in SHORT_BLOCKS.items()}
 
 
-def _small_blocks(spec: KernelSpec, element_size: int, blocks: int, packs: int | None = None) -> KernelSpec:
+def _small_blocks(spec: KernelSpec, element_size: int, blocks: int) -> KernelSpec:
     """``spec`` for one element size in the small blocks (``SHORT_BLOCKS``), ``blocks`` resident an
-    SM (its launch bounds), a block per register-full of elements; ``packs`` a thread, if given, in
-    place of ``SHORT_BLOCKS``'s (the rows ``_grid`` sends these blocks stay those of ``SHORT_ROWS``)."""
-    threads, default_packs = SHORT_BLOCKS[element_size]
-    packs = packs or default_packs
-    elements = threads * packs * 16 // element_size
+    SM (its launch bounds), a block per register-full of elements."""
+    threads, packs = SHORT_BLOCKS[element_size]
+    elements = SHORT_ROWS[element_size]
     size = "F32" if element_size == 4 else "HALF"
     macros = "".join(f"#define {k} {v}\n" for k, v in
                      (("ROW_THREADS", threads), (f"FXK_ROW_PACKS_{size}", packs), (f"FXK_ROW_BLOCKS_{size}", blocks)))
@@ -570,8 +466,7 @@ def _small_blocks(spec: KernelSpec, element_size: int, blocks: int, packs: int |
 
 
 def _grids(spec: KernelSpec, blocks_short_32bit: int = 16, blocks_short: int = 32, blocks_f32: int | None = None,
-           fetch_first: tuple[str, ...] = (), fetch_level: int = 1,
-           packs_short: int | None = None, pipeline: dict[str, int] | None = None) -> dict[str, KernelSpec]:
+           fetch_first: tuple[str, ...] = ()) -> dict[str, KernelSpec]:
     """The grids a softmax kernel runs in, by the suffix of their private ops' names.
 
     ``""``: ``spec``'s own, a 256-thread block per 16384 elements (TensorRT plugins carry it; a
@@ -582,34 +477,14 @@ def _grids(spec: KernelSpec, blocks_short_32bit: int = 16, blocks_short: int = 3
     rows, ``blocks_short_32bit`` and ``blocks_short`` of them an SM; measured faster there than the
     256-thread blocks (benchmarks/row_tuning.py --softmax; docs/library.md, "Rows").
     ``fetch_first``: the grids whose masked kernels fetch a row's packs before they make their
-    values (``FXK_MASK_FETCH_FIRST``), by suffix; ``fetch_level`` what they fetch (1: scores and
-    mask, 2: scores only). ``packs_short``: 16-byte packs a thread in the 16-bit small blocks
-    (default ``SHORT_BLOCKS``'s). ``pipeline``: the grids (among ``fetch_first``'s) whose blocks
-    take several register-fulls of rows, by suffix, and how many (``FXK_MASK_PIPELINE``: each
-    block fetches its next rows before it reduces and writes the current ones)."""
+    values (``FXK_MASK_FETCH_FIRST``), by suffix."""
     blocks = f"#define FXK_ROW_BLOCKS_F32 {blocks_f32}\n" if blocks_f32 else ""
     grids = {"": spec, "_32bit": dataclasses.replace(spec, geometry=Custom(row_geometry_8k),
                                                      kernel_source=blocks + spec.kernel_source),
              "_short_32bit": _small_blocks(spec, 4, blocks_short_32bit),
-             "_short": _small_blocks(spec, 2, blocks_short, packs_short)}
-    for suffix in fetch_first:
-        grids[suffix] = dataclasses.replace(
-            grids[suffix], kernel_source=f"#define FXK_MASK_FETCH_FIRST {fetch_level}\n" + grids[suffix].kernel_source)
-    for suffix, sets in (pipeline or {}).items():
-        grids[suffix] = _pipelined(grids[suffix], sets)
-    return grids
-
-
-def _pipelined(spec: KernelSpec, sets: int) -> KernelSpec:
-    """``spec`` with ``FXK_MASK_PIPELINE`` on and a block per ``sets`` of its register-fulls."""
-    per_block = spec.geometry.fn
-
-    def geometry(inputs, outputs):
-        (blocks,), threads = per_block(inputs, outputs)
-        return (cdiv(blocks, sets),), threads
-
-    return dataclasses.replace(spec, kernel_source="#define FXK_MASK_PIPELINE 1\n" + spec.kernel_source,
-                               geometry=Custom(geometry))
+             "_short": _small_blocks(spec, 2, blocks_short)}
+    return {suffix: dataclasses.replace(g, kernel_source="#define FXK_MASK_FETCH_FIRST 1\n" + g.kernel_source)
+            if suffix in fetch_first else g for suffix, g in grids.items()}
 
 
 # The masked kernel reads two tensors into registers: it runs half the blocks an SM, each thread with
