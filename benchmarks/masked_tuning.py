@@ -54,7 +54,7 @@ _HINTS = (
 # H200 run above reached 77-80% of its copy in three of them). Nsight Compute (tools/masked_study.sh)
 # put the shipped kernels at 25% occupancy (128 and 124 registers), issue slots 40-48% busy, no
 # eligible warp half the time, DRAM 79-85% busy: bound by the loads a thread keeps in flight, not by
-# instructions. Tried and not shipped, as kernel edits since removed: exp(x - max) once an element,
+# instructions. Tried and not shipped: exp(x - max) once an element,
 # kept in registers for the write (146-223 registers: 12 or 8 blocks an SM; bfloat16 1626-2381, float32
 # at 2048 2435); the mask copied to shared memory by cp.async while the scores load into registers
 # (level: 2825, 2791; at 24 or 32 blocks an SM the 16-bit kernel spilled 112-216 bytes, its 16 load
@@ -62,7 +62,8 @@ _HINTS = (
 # of rows, each fetching its next rows before reducing the current ones (108 registers, no spill,
 # bfloat16 2430-2654: 6-14% slower; the next rows' loads add no bytes in flight an SM, and a load of a
 # row that may be dead merged with the previous row's pack element by element until the dead rows
-# loaded from the tensor's start instead: at first 1819).
+# loaded from the tensor's start instead: at first 1819). The last two are commit 4ccc0ce (its variants
+# run there), reverted after it.
 VARIANTS: dict[str, dict] = {
     "shipped": _variant(),
     "the softmax's grids, values made as loads arrive (shipped before 2026-11-25)": _variant(
