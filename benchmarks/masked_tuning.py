@@ -60,7 +60,7 @@ _HINTS = (
 # (level: 2825, 2791; at 24 or 32 blocks an SM the 16-bit kernel spilled 112-216 bytes, its 16 load
 # addresses alone taking 32 registers); and on top of that, small blocks taking 4 or 8 register-fulls
 # of rows, each fetching its next rows before reducing the current ones (108 registers, no spill,
-# bfloat16 2430-2654: 6-14% slower; the next rows' loads add no bytes in flight an SM, and a load of a
+# bfloat16 2430-2654: 5-14% slower; the next rows' loads add no bytes in flight an SM, and a load of a
 # row that may be dead merged with the previous row's pack element by element until the dead rows
 # loaded from the tensor's start instead: at first 1819). The last two are commit 4ccc0ce (its variants
 # run there), reverted after it.
