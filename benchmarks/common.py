@@ -41,13 +41,12 @@ def tuning_args(section: str, title: str, doc: str, argv=None) -> argparse.Names
     return args
 
 
-def pick(variants: dict, args: argparse.Namespace) -> dict:
-    """``variants`` less those ``--only`` leaves out: the first (the shipped kernel) and every one
-    whose label contains one of ``args.only``; all of them without ``--only``."""
-    if not args.only:
-        return variants
-    first = next(iter(variants))
-    return {k: v for k, v in variants.items() if k == first or any(t in k for t in args.only)}
+def pick(variants: dict, args: argparse.Namespace) -> list[tuple[int, str, object]]:
+    """``(index, label, variant)`` of the ``variants`` to time: the first (the shipped kernel) and every
+    one whose label contains one of ``args.only``, all of them without ``--only``. The index is the
+    variant's place in ``variants``, so its ops keep their names whichever are picked."""
+    return [(i, label, v) for i, (label, v) in enumerate(variants.items())
+            if not args.only or i == 0 or any(t in label for t in args.only)]
 
 
 def command(script: str, args: argparse.Namespace) -> str:

@@ -141,9 +141,7 @@ def compare_variants(variants: dict, base, pattern, scalars: tuple, x_scale: flo
 
     fxkern.library.rules()
     torch.manual_seed(0)
-    chosen = common.pick(variants, args)
-    fns = {label: variant_op(label, v, i, base=base, prefix=prefix)
-           for i, (label, v) in enumerate(variants.items()) if label in chosen}
+    fns = {label: variant_op(label, v, i, base=base, prefix=prefix) for i, label, v in common.pick(variants, args)}
     compiled = common.inductor(pattern)
     cases = []
     for b, h, s in SHAPES:

@@ -97,9 +97,8 @@ def main(argv=None) -> None:
 
     fxkern.library.rules()
     torch.manual_seed(0)
-    variants = common.pick(VARIANTS, args)
-    makers = {label: variant_op(label, v, i) for i, (label, v) in enumerate(VARIANTS.items()) if label in variants}
-    labels = ("inductor", "norm op, then rotary op", *variants)
+    makers = {label: variant_op(label, v, i) for i, label, v in common.pick(VARIANTS, args)}
+    labels = ("inductor", "norm op, then rotary op", *makers)
     table: dict[str, list[float]] = {label: [] for label in labels}
     all_cases = cases()
     for case, name, call in all_cases:

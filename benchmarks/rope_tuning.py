@@ -111,12 +111,11 @@ def main(argv=None) -> None:
              "partial": (rotary.partial_rotary_embedding, rotary._partial_output, True),
              "rotary_repeat": (rotary.rotary_embedding_repeat_kv, rotary._rotary_repeat_output, True),
              "repeat": (rotary.repeat_kv, rotary._repeat_output, False)}
-    variants = common.pick(VARIANTS, args)
-    makers = {label: variant_op(label, v, i) for i, (label, v) in enumerate(VARIANTS.items()) if label in variants}
+    makers = {label: variant_op(label, v, i) for i, label, v in common.pick(VARIANTS, args)}
     runs = {kind: {"inductor": common.inductor(pattern),
                    **{label: make(check, rotated) for label, make in makers.items()}}
             for kind, (pattern, check, rotated) in kinds.items()}
-    table: dict[str, list[float]] = {label: [] for label in ("inductor", *variants)}
+    table: dict[str, list[float]] = {label: [] for label in ("inductor", *makers)}
     all_cases = cases()
     for name, kind, call in all_cases:
         want = kinds[kind][0](*call)
