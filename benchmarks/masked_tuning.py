@@ -64,6 +64,21 @@ _HINTS = (
 # row that may be dead merged with the previous row's pack element by element until the dead rows
 # loaded from the tensor's start instead: at first 1819). The last two are commit 4ccc0ce (its variants
 # run there), reverted after it.
+# The 16-bit write pass's exp(x - max) / sum as one exp2 (an fma, no multiplication by 1 / sum).
+FUSED_WRITE = (
+    "    const float inv = __frcp_rn(s);  // 1.0f / s, without the division's slow path\n",
+    "    const float inv = __frcp_rn(s);  // 1.0f / s, without the division's slow path\n"
+    "    const float nl = -__log2f(s);\n"), (
+    "            for (int j = 0; j < V; ++j) f[j] = exp_shifted<sizeof(T) == 2>(f[j], m) * inv;\n",
+    "            for (int j = 0; j < V; ++j) {\n"
+    "                if constexpr (sizeof(T) == 2) {\n"
+    "                    float r;\n"
+    "                    asm(\"ex2.approx.ftz.f32 %0, %1;\" : \"=f\"(r) : \"f\"(fmaf(f[j] - m, 1.4426950408889634f, nl)));\n"
+    "                    f[j] = r;\n"
+    "                } else {\n"
+    "                    f[j] = exp_shifted<false>(f[j], m) * inv;\n"
+    "                }\n"
+    "            }\n")
 VARIANTS: dict[str, dict] = {
     "shipped": _variant(),
     "the softmax's grids, values made as loads arrive (shipped before 2026-11-25)": _variant(
@@ -72,6 +87,7 @@ VARIANTS: dict[str, dict] = {
     "float32 long rows fetched first": _variant(fetch_first=("_short", "_32bit")),
     "float32 small blocks at 16 an SM": _variant(blocks_short_32bit=16),
     "float32 long rows at 4 an SM": _variant(blocks_f32=None),
+    "16-bit write: one exp2 of (x - max) * log2(e) - log2(sum)": _variant(edits=FUSED_WRITE),
     "16-bit prologue on the float path": _variant(edits=(("#define FXK_MASK_PAIRS 1", "#define FXK_MASK_PAIRS 0"),)),
     "rows in memory order (b, h, q), as before 2026-11-24 21:00 UTC": _variant(edits=(
         ("if (sH == 0) {  // the same for every thread: no divergence", "if (false) {"),)),

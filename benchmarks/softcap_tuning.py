@@ -18,7 +18,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import common  # noqa: E402
-from masked_tuning import compare_variants  # noqa: E402
+from masked_tuning import FUSED_WRITE, compare_variants  # noqa: E402
 
 SCALE, CAP = 0.0625, 50.0
 
@@ -44,16 +44,33 @@ def _masked(**changes) -> dict:
 # Diagnostics: tanh.approx in float32 too, 3243 and 2489 (3053 and 3116 fetching first), so tanhf
 # costs float32 a tenth to a fifth; tanhf in bfloat16 too, 1783 and 1834; one rounding, the capped
 # score in float32, bfloat16 2795 and 2910 (+13%): eager's roundings, kept, cost that much.
+_FLOAT_PROLOGUE = ("#define FXK_CAP_PAIRS 1", "#define FXK_CAP_PAIRS 0")
+_TANH_PAIRS = (
+    "                        const float2 u = Pair<T>::f(Pair<T>::t(__fmul_rn(v.x, inv_cap), __fmul_rn(v.y, inv_cap)));\n"
+    "                        const P t = Pair<T>::t(tanh_<IsBf16<T>::value>(u.x), tanh_<IsBf16<T>::value>(u.y));\n",
+    "                        const P u2 = Pair<T>::t(__fmul_rn(v.x, inv_cap), __fmul_rn(v.y, inv_cap));\n"
+    "                        P t;\n"
+    "                        if constexpr (IsBf16<T>::value) {\n"
+    "                            asm(\"tanh.approx.bf16x2 %0, %1;\" : \"=r\"(*reinterpret_cast<unsigned*>(&t))\n"
+    "                                : \"r\"(*reinterpret_cast<const unsigned*>(&u2)));\n"
+    "                        } else {\n"
+    "                            const float2 u = Pair<T>::f(u2);\n"
+    "                            t = Pair<T>::t(tanh_<false>(u.x), tanh_<false>(u.y));\n"
+    "                        }\n")
 VARIANTS: dict[str, dict] = {
     "shipped": _variant(),
+    "float prologue (shipped before 2026-11-25 20:00 UTC)": _variant(edits=(_FLOAT_PROLOGUE,)),
+    "16-bit write: one exp2 of (x - max) * log2(e) - log2(sum)": _variant(edits=FUSED_WRITE),
+    "(tanh.approx.bf16x2: pairs, no conversions; 1 ulp off eager for 2086 inputs, tools/tanh_bf16.py)": _variant(
+        edits=(_TANH_PAIRS,)),
     "the masked softmax's tuning (shipped before 01:50 UTC)": _variant(**_masked()),
     "float32 small blocks at 16 an SM": _variant(**_masked(blocks_short_32bit=16)),
     "float32 small blocks at 16 an SM, rows of up to 8192 fetched first": _variant(**_masked(
         blocks_short_32bit=16, fetch_first=("_short", "_32bit"))),
     "float32 small blocks at 8 an SM, fetched first": _variant(blocks_short_32bit=8),
     # diagnostics: what tanhf would cost bfloat16, and what rounding each step to bfloat16, as eager does, costs
-    "(tanhf in bfloat16 too)": _variant(edits=(("tanh_<IsBf16<T>::value>(f[j])", "tanh_<false>(f[j])"),)),
-    "(one rounding: the capped, masked score computed in float32)": _variant(edits=tuple(
+    "(tanhf in bfloat16 too)": _variant(edits=(("tanh_<IsBf16<T>::value>(", "tanh_<false>("),)),
+    "(one rounding: the capped, masked score computed in float32)": _variant(edits=(_FLOAT_PROLOGUE,) + tuple(
         (f"            for (int j = 0; j < V; ++j) f[j] = {op};\n            to_floats(from_floats<T, V>(f), f);\n",
          f"            for (int j = 0; j < V; ++j) f[j] = {op};\n")
         for op in ("__fmul_rn(f[j], scale)", "__fmul_rn(f[j], inv_cap)", "tanh_<IsBf16<T>::value>(f[j])",

@@ -129,6 +129,10 @@ struct Rows {
 #ifndef FXK_MASK_PAIRS
 #define FXK_MASK_PAIRS 1
 #endif
+// FXK_CAP_PAIRS=0 keeps the soft-capped 16-bit prologue on the float path (benchmarks/softcap_tuning.py).
+#ifndef FXK_CAP_PAIRS
+#define FXK_CAP_PAIRS 1
+#endif
 // FXK_MASK_FETCH_FIRST=1: MaskedRows fetches a row's scores and mask before it makes their values.
 #ifndef FXK_MASK_FETCH_FIRST
 #define FXK_MASK_FETCH_FIRST 0
@@ -136,9 +140,10 @@ struct Rows {
 //
 // CAP (Gemma 2's soft-capped scores): T(T(cap * T(tanh(T(T(x * scale) * (1 / cap))))) + mask), each
 // op rounded to T as eager rounds it (its division by a Python number multiplies by the float32
-// reciprocal). tanh is tanhf, except in bfloat16, where tanh.approx (relative error under 2^-10.9,
-// about a quarter of bfloat16's half ulp) costs one instruction instead of tanhf's twenty or so,
-// which left the kernel short of issue slots (benchmarks/softcap_tuning.py).
+// reciprocal). tanh is tanhf, except in bfloat16, where tanh.approx.f32 costs one instruction instead
+// of tanhf's twenty or so, which left the kernel short of issue slots (benchmarks/softcap_tuning.py),
+// and, rounded to bfloat16, is eager's tanhf rounded for every bfloat16 input (tools/tanh_bf16.py).
+// (tanh.approx.bf16x2 is not: 2086 inputs a bfloat16 ulp off, which the cap multiplies.)
 template <bool FAST>
 __device__ __forceinline__ float tanh_(float v) {
     if (FAST) {
@@ -159,11 +164,13 @@ struct MaskedRows {
     int D;
     unsigned H, Q, sB, sH, sQ;  // the mask's row strides per batch, head and query (0: broadcast)
     bool scale_is_t;            // the scale is exactly a T (0.125 is; 1 / sqrt(96) is not)
+    bool cap_is_t;              // and the cap (Gemma 2's 50.0 is)
     __device__ __forceinline__ MaskedRows(const T* x_, const T* mask_, float scale_, int D_, int H_, int Q_,
                                           int mB, int mH, int mQ, float cap_ = 1.0f)
         : x(x_), mask(mask_), scale(scale_), cap(cap_), inv_cap(__frcp_rn(cap_)), D(D_), H((unsigned)H_),
           Q((unsigned)Q_), sB(mB > 1 ? (unsigned)(mH * mQ) : 0u), sH(mH > 1 ? (unsigned)mQ : 0u),
-          sQ(mQ > 1 ? 1u : 0u), scale_is_t(to_f<T>(from_f<T>(scale_)) == scale_) {}
+          sQ(mQ > 1 ? 1u : 0u), scale_is_t(to_f<T>(from_f<T>(scale_)) == scale_),
+          cap_is_t(to_f<T>(from_f<T>(cap_)) == cap_) {}
     struct Row { const T* x; const T* m; size_t o; };
     __device__ __forceinline__ Row row(unsigned r) const {
         unsigned b, h, q;
@@ -195,6 +202,26 @@ struct MaskedRows {
         const Pack<T, V>& a = raw.x;
         const Pack<T, V>& m = raw.m;
         if constexpr (CAP) {
+            if constexpr (FXK_CAP_PAIRS && sizeof(T) == 2 && V % 2 == 0) {
+                // As the masked pairs below: x * scale, cap * tanh and + mask each a product or sum of
+                // two T values rounded once, when the scale and the cap are T; only the division
+                // (times 1 / cap, not a T) and tanh go through float.
+                if (scale_is_t && cap_is_t) {
+                    using P = typename Pair<T>::P;
+                    const P s2 = Pair<T>::t(scale, scale), c2 = Pair<T>::t(cap, cap);
+                    const P *pa = reinterpret_cast<const P*>(a.v), *pm = reinterpret_cast<const P*>(m.v);
+                    Pack<T, V> o;
+                    P* po = reinterpret_cast<P*>(o.v);
+#pragma unroll
+                    for (int j = 0; j < V / 2; ++j) {
+                        const float2 v = Pair<T>::f(__hmul2_rn(pa[j], s2));
+                        const float2 u = Pair<T>::f(Pair<T>::t(__fmul_rn(v.x, inv_cap), __fmul_rn(v.y, inv_cap)));
+                        const P t = Pair<T>::t(tanh_<IsBf16<T>::value>(u.x), tanh_<IsBf16<T>::value>(u.y));
+                        po[j] = __hadd2_rn(__hmul2_rn(t, c2), pm[j]);
+                    }
+                    return o;
+                }
+            }
             // __fmul_rn/__fadd_rn: each op on its own, never contracted into an fma eager does not do
             float f[V], g[V];
             to_floats(a, f);
