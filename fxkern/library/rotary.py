@@ -294,9 +294,11 @@ __global__ void __launch_bounds__(128) rotary_strided(const T* x_span, const T* 
 }
 """
 
-# Output elements a block takes (benchmarks/rope_tuning.py): in plain RoPE 4 items a thread in
-# float32, 2 in 16-bit; a repeating kernel's block reads 1/n_rep of that.
-ELEMENTS_PER_BLOCK = 4096
+# Output elements a block takes (benchmarks/rope_tuning.py): in plain RoPE 2 items a thread in
+# float32, 1 in 16-bit; a repeating kernel's block reads 1/n_rep of that. 2048 against 4096: 1-2%
+# faster on an H100 in two runs (docs/benchmarks.md, rope_tuning_h100 and rope_block_h100), level
+# or faster on an H200 (rope_tuning); 8192 and 16384 slower on both.
+ELEMENTS_PER_BLOCK = 2048
 assert EW_BLOCK == 128  # the kernels' launch bounds
 
 
