@@ -369,6 +369,22 @@ def _cpu_impl(entry: KernelOp) -> Callable[..., Any]:
 MAX_SIGNATURES = 1024
 
 
+class Signatures(dict):
+    """What was decided for each call signature of an op, at most MAX_SIGNATURES of them: shapes that
+    never repeat (a growing sequence) start it over rather than grow it without bound."""
+
+    def remember(self, key: Any, value: Any) -> Any:
+        if len(self) >= MAX_SIGNATURES:
+            self.clear()
+        self[key] = value
+        return value
+
+
+def tensor_signature(*tensors: torch.Tensor) -> Tuple[Any, ...]:
+    """The part of a call's signature its tensors give: each one's shape, strides, dtype and device."""
+    return tuple([(t.shape, t.stride(), t.dtype, t.device) for t in tensors])
+
+
 def _like(index: int, dtype: Optional[torch.dtype]) -> Callable[[List[torch.Tensor]], torch.Tensor]:
     """An output allocated like input ``index`` (contiguous by then), in ``dtype`` if given."""
     if dtype is None:
@@ -446,13 +462,12 @@ def _cuda_impl(entry: KernelOp) -> Callable[..., Any]:
     # They are worked out and checked once per signature, as a JIT guards a specialisation, and a
     # model's repeated calls pay only for allocating, packing and launching.
     scalar_positions = tuple(i for i, _, _ in scalar_slots)
-    launches: Dict[Any, Tuple[Any, ...]] = {}
+    launches = Signatures()
 
     def signature(args: Tuple[Any, ...], tensors: List[torch.Tensor]) -> Any:
         if meta_fn is None:
             return tuple([(t.shape, t.dtype, t.device, t.is_contiguous()) for t in tensors])
-        return (tuple([(t.shape, t.stride(), t.dtype, t.device) for t in tensors]),
-                tuple([args[i] for i in scalar_positions]))
+        return tensor_signature(*tensors), tuple([args[i] for i in scalar_positions])
 
     def prepare(args: Tuple[Any, ...], tensors: List[torch.Tensor]) -> Tuple[Tuple[Any, ...], List[torch.Tensor]]:
         """Check a new signature and decide its launch; returns it with this call's outputs."""
@@ -499,9 +514,7 @@ def _cuda_impl(entry: KernelOp) -> Callable[..., Any]:
         known = launches.get(key)
         if known is None:
             known, outs = prepare(args, tensors)
-            if len(launches) >= MAX_SIGNATURES:  # shapes that never repeat (a growing sequence): start over
-                launches.clear()
-            launches[key] = known
+            launches.remember(key, known)
             copies, _, fn, grid, smem, extras, index = known
         else:
             copies, allocs, fn, grid, smem, extras, index = known

@@ -239,3 +239,15 @@ def test_registration_does_no_gpu_work():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_signatures_stay_bounded_when_shapes_never_repeat():
+    # A sequence growing a token a call brings a new signature every call: the memo starts over at
+    # MAX_SIGNATURES instead of holding every one, and keeps answering for the newest.
+    from fxkern.ops import MAX_SIGNATURES, Signatures
+
+    seen = Signatures()
+    for n in range(MAX_SIGNATURES + 5):
+        assert seen.remember((n,), n) == n
+        assert seen[(n,)] == n and len(seen) <= MAX_SIGNATURES
+    assert len(seen) == 5

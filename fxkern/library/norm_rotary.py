@@ -39,7 +39,7 @@ from fxkern.library import rotary
 from fxkern.library._rules import COMPILE_FREE_IRS, NAMESPACE, add_rule
 from fxkern.library.rmsnorm import NORM_MATH, gemma_rmsnorm, llama_rmsnorm
 from fxkern.library.rotary import SIZES, repeat_kv, rotary_embedding
-from fxkern.ops import MAX_SIGNATURES, cuda_kernel_op, kernel_op
+from fxkern.ops import Signatures, cuda_kernel_op, kernel_op, tensor_signature
 from fxkern.patterns import SENTINELS
 from fxkern.spec import Custom, DimSize, InputDecl, KernelSpec, Numel, ScalarInput
 from fxkern.symbolic import cdiv
@@ -350,31 +350,21 @@ class _Form:
 def _eager(form: _Form, strided):
     """A public op on CUDA: checks the call, narrows broadcast tables, and runs NORM_ROTARY_STRIDED on x
     where it lies (decided once per signature, as rotary's ops do)."""
-    decided: dict = {}
+    decided = Signatures()
 
     def on_cuda(x, weight, cos, sin, eps, half, *sizes):
-        key = (x.shape, x.stride(), x.dtype, x.device, half, sizes,
-               *[(t.shape, t.stride(), t.dtype, t.device) for t in (weight, cos, sin)])
+        key = (tensor_signature(x, weight, cos, sin), half, sizes)
         how = decided.get(key)
         if how is None:
             out = form.output(x, weight, cos, sin, eps, half, *sizes)
             heads = form.heads(x)
             n_rep = out.shape[1] // heads.shape[1] if heads.shape[1] else 1
-            how = (rotary._broadcast_axes(cos, sin), rotary.walk(heads) if x.numel() else None, n_rep, tuple(out.shape))
-            if len(decided) >= MAX_SIGNATURES:
-                decided.clear()
-            decided[key] = how
+            how = decided.remember(key, (rotary._broadcast_axes(cos, sin), rotary.walk(heads) if x.numel() else None,
+                                         n_rep, tuple(out.shape)))
         axes, layout, n_rep, out_shape = how
         if not x.numel():
             return x.new_empty(out_shape)
-        heads = form.heads(x)
-        if layout is None:
-            heads = heads.contiguous()
-            layout = rotary.walk(heads)
-            if layout is None:
-                raise KernelInputError(f"{form.qualname}: x {tuple(x.shape)} has more than 2**31 - 1 elements, more "
-                                       f"than the kernel indexes; split the batch")
-        b, a1, a2, sb, s1, s2, heads_inner, span = layout
+        heads, (b, a1, a2, sb, s1, s2, heads_inner, span) = rotary.walked(form.qualname, form.heads(x), layout)
         cos, sin = rotary._narrow(cos, sin, axes)
         return strided(heads.as_strided((span,), (1,)), weight.contiguous(), cos, sin, eps, half, int(form.gemma),
                        b, a1, a2, sb, s1, s2, heads_inner, n_rep, *cos.shape[:3])

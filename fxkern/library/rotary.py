@@ -54,7 +54,7 @@ from torch.fx.experimental.symbolic_shapes import statically_known_true
 from fxkern.errors import KernelInputError
 from fxkern.library._rules import COMPILE_FREE_IRS, DTYPES, NAMESPACE, add_rule, broadcasts_4d, check_broadcast_4d
 from fxkern.library.cuda_common import COMMON, EW_BLOCK
-from fxkern.ops import MAX_SIGNATURES, cuda_kernel_op, kernel_op
+from fxkern.ops import Signatures, cuda_kernel_op, kernel_op, tensor_signature
 from fxkern.spec import Custom, DimSize, InputDecl, KernelSpec, Numel, OutputDecl, SameAs, ScalarInput
 from fxkern.symbolic import cdiv
 from fxkern.derive import INT32_MAX
@@ -582,38 +582,41 @@ def walk(x: torch.Tensor) -> tuple[int, int, int, int, int, int, int, int] | Non
     return b, a1, a2, sb, s1, s2, int(heads_inner), span
 
 
+def walked(op: str, x: torch.Tensor, layout):
+    """x and the walk the kernel takes over it: ``layout`` (``walk(x)``) if x's own axes have one, else
+    a contiguous copy's; an error naming ``op`` when even that is past int32."""
+    if layout is not None:
+        return x, layout
+    x = x.contiguous()
+    layout = walk(x)
+    if layout is None:
+        raise KernelInputError(f"{op}: x {tuple(x.shape)} has more than 2**31 - 1 elements, more than the "
+                               f"kernel indexes; split the batch")
+    return x, layout
+
+
 def _eager(op: str, strided, check, rotated: bool):
     """A public op on CUDA: checks the call, narrows broadcast tables, and runs ROTARY_STRIDED on x
     where it lies. All of it but the launch depends only on the call's signature, so it is decided
     once per signature (as the launches under it are, fxkern.ops). ``rotated``: the op takes cos, sin
     and half after x; its scalars are (half[, rotary_dim], sizes...) or, for repeat_kv, (sizes...)."""
-    decided: dict = {}
+    decided = Signatures()
 
     def on_cuda(x, *args):
         tables = args[:2] if rotated else ()
         scalars = args[2:] if rotated else args
-        key = (x.shape, x.stride(), x.dtype, x.device, scalars,
-               *[(t.shape, t.stride(), t.dtype, t.device) for t in tables])
+        key = (tensor_signature(x, *tables), scalars)
         how = decided.get(key)
         if how is None:
             out = check(x, *args)  # the meta_fn: the call's checks, and its output (B, H * n_rep, S, D)
             half = scalars[0] if rotated else 0
-            layout = walk(x) if x.numel() else None
-            how = (_broadcast_axes(*tables) if rotated else (), layout, half, x.shape[-1] - 2 * half,
-                   out.shape[1] // x.shape[1] if x.shape[1] else 1, tuple(out.shape))
-            if len(decided) >= MAX_SIGNATURES:
-                decided.clear()
-            decided[key] = how
+            how = decided.remember(key, (_broadcast_axes(*tables) if rotated else (), walk(x) if x.numel() else None,
+                                         half, x.shape[-1] - 2 * half, out.shape[1] // x.shape[1] if x.shape[1] else 1,
+                                         tuple(out.shape)))
         axes, layout, half, pass_cols, n_rep, out_shape = how
         if not x.numel():
             return x.new_empty(out_shape)
-        if layout is None:
-            x = x.contiguous()
-            layout = walk(x)
-            if layout is None:  # past int32 even when contiguous
-                raise KernelInputError(f"{op}: x {tuple(x.shape)} has more than 2**31 - 1 elements, more than the "
-                                       f"kernel indexes; split the batch")
-        b, a1, a2, sb, s1, s2, heads_inner, span = layout
+        x, (b, a1, a2, sb, s1, s2, heads_inner, span) = walked(op, x, layout)
         x_span = x.as_strided((span,), (1,))
         if rotated:
             cos, sin = _narrow(*tables, axes)
