@@ -38,12 +38,19 @@ DTYPES = (torch.float32, torch.bfloat16)
 # A variant: source edits ((old, new) pairs), macros, and the elements a 128-thread block takes.
 SHIPPED = {"edits": (), "macros": "", "per_block": 2048}
 VARIANTS: dict[str, dict] = {
-    "shipped (x read in place, 2048 a block, 16-bit pairs, 4 pass packs a thread in rows written once)": SHIPPED,
+    "shipped (x read in place, 2048 a block, 16-bit pairs, 4 pass packs a thread in rows written once, repeats evict-first)": SHIPPED,
     "4096 a block (shipped before 2026-11-25 20:30 UTC)": {**SHIPPED, "per_block": 4096},
     "16-bit on the float path": {**SHIPPED, "macros": "#define FXK_ROPE_PAIRS 0\n"},
     "1 pass pack a thread": {**SHIPPED, "macros": "#define FXK_PASS_PACKS 1\n"},
     "2 pass packs a thread": {**SHIPPED, "macros": "#define FXK_PASS_PACKS 2\n"},
     "8192 a block": {**SHIPPED, "per_block": 8192},
+    # for repeat_kv in float32, 0.96x inductor (2026-11-25 20:10 UTC, an H100); evict-first stores of
+    # repeated rows shipped since 20:20 UTC (keys rotated and repeated +1.8-3.5%, values level to +0.6%)
+    "repeated rows stored as any other (shipped before 2026-11-25 20:20 UTC)": {**SHIPPED, "edits": (
+        ("    if constexpr (sizeof(Pack<T, V>) == 16) {\n        if (R > 1) {",
+         "    if constexpr (false) {\n        if (R > 1) {"),)},
+    "2 pass packs a thread when repeating, 4096 a block": {**SHIPPED, "per_block": 4096, "edits": (
+        ("const unsigned pp = R > 1 ? 1u : PP;", "const unsigned pp = R > 1 ? 2u : PP;"),)},
 }
 
 

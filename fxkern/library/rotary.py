@@ -162,6 +162,20 @@ __device__ __forceinline__ Rows rows_of(int A1, int A2, int sB, int s1, int s2, 
 // are (cB, cH, cS, 2 * half), contiguous, each of cB, cH, cS 1 or x's size. A thread takes one item:
 // a pack of V columns from each half of a row with their cos and sin, or FXK_PASS_PACKS packs of pass
 // columns, Q packs apart (a copy: more than one pack a thread keeps more loads in flight).
+// A row repeated R > 1 times is stored evict-first (st.global.cs: written once, read by no one here),
+// so R times x's bytes of output pass through L2 without pushing out what is still to be read
+// (benchmarks/rope_tuning.py: keys rotated and repeated +2-3.5% on an H100, values level or +0.6%).
+template <typename T, int V>
+__device__ __forceinline__ void store_out(T* p, const Pack<T, V>& v, unsigned R) {
+    if constexpr (sizeof(Pack<T, V>) == 16) {
+        if (R > 1) {
+            __stcs(reinterpret_cast<float4*>(p), *reinterpret_cast<const float4*>(&v));
+            return;
+        }
+    }
+    store<T, V>(p, v);
+}
+
 template <typename T, int V>
 __device__ __forceinline__ void rotary_rows(const T* __restrict__ x, const T* __restrict__ cs, const T* __restrict__ sn,
                                             unsigned half, unsigned pass, unsigned B, const Rows& w,
@@ -191,8 +205,8 @@ __device__ __forceinline__ void rotary_rows(const T* __restrict__ x, const T* __
             Pack<T, V> ya, yb;
             rope_packs<T, V>(xa, xb, ca, cb, sa, sb, ya, yb);
             for (unsigned k = 0; k < R; ++k) {
-                store<T, V>(y + out + k * head + col, ya);
-                store<T, V>(y + out + k * head + col + half, yb);
+                store_out<T, V>(y + out + k * head + col, ya, R);
+                store_out<T, V>(y + out + k * head + col + half, yb, R);
             }
         } else {
             // pass packs j - Prot, + Q, + 2Q...: a warp's threads take neighbouring packs each access
@@ -204,7 +218,7 @@ __device__ __forceinline__ void rotary_rows(const T* __restrict__ x, const T* __
             for (unsigned k = 0; k < R; ++k) {
 #pragma unroll
                 for (unsigned p = 0; p < PP; ++p)
-                    if (p < pp && p * Q < left) store<T, V>(y + out + k * head + col + p * Q * V, v[p]);
+                    if (p < pp && p * Q < left) store_out<T, V>(y + out + k * head + col + p * Q * V, v[p], R);
             }
         }
     }
