@@ -6,12 +6,7 @@
 #   ONLY="hints,memory order" bash tools/masked_study.sh
 # NCU=0 leaves out Nsight Compute; LIBRARY=1 adds the library benchmark's masked rows, measured
 # against the device-to-device copy.
-set -u -o pipefail
-OUT=${OUT:-$PWD/gpu-out}
-mkdir -p "$OUT"
-export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
-export FXKERN_CACHE_DIR=${FXKERN_CACHE_DIR:-/tmp/fxkern-gpu-cache}
-nvidia-smi -L
+source "$(dirname "$0")/device_env.sh"
 cases=("bfloat16 8x32x512" "bfloat16 2x16x2048" "float32 2x16x2048" "float32 8x32x512")
 [[ ${NCU:-1} == 0 ]] && cases=()
 for case in "${cases[@]}"; do

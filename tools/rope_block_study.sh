@@ -1,15 +1,11 @@
 #!/usr/bin/env bash
-# The rotary kernel at 2048 output elements a block (was 4096) in one device call (2026-11-25): the
-# rotary GPU tests, rope_tuning's shipped and 4096 variants, and the library benchmark's transformers
-# rows. REPEAT=1 instead: rope_tuning's repeat_kv variants (repeated rows stored without the
-# evict-first hint, two packs a thread when repeating), the rotary GPU tests and the library's repeat_kv rows; REPEAT=2: norm_rope_tuning's
-# variant with the hint (not yet run), and the norm+rotary GPU tests. Results under $OUT (or ./gpu-out).
-set -u -o pipefail
-OUT=${OUT:-$PWD/gpu-out}
-mkdir -p "$OUT"
-export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
-export FXKERN_CACHE_DIR=${FXKERN_CACHE_DIR:-/tmp/fxkern-gpu-cache}
-nvidia-smi -L
+# The rotary kernel's blocks and stores in one device call (2026-11-25). Default: the rotary GPU
+# tests, rope_tuning's shipped 2048-element blocks against 4096, and the library benchmark's
+# transformers rows. REPEAT=1: rope_tuning's repeat_kv variants (repeated rows stored without the
+# evict-first hint, two packs a thread when repeating), the rotary GPU tests and the library's
+# repeat_kv rows. REPEAT=2: norm_rope_tuning's evict-first variant (not yet run) and the norm+rotary
+# GPU tests. Results under $OUT (or ./gpu-out).
+source "$(dirname "$0")/device_env.sh"
 if [[ ${REPEAT:-0} == 2 ]]; then
   python3 benchmarks/norm_rope_tuning.py --rounds 3 --only 'evict-first' --section-out "$OUT/norm_rope_repeat.md" 2>&1 | tail -6
   python3 -m pytest -q -p no:cacheprovider tests/test_library_gpu.py -k "norm_rotary" 2>&1 | tail -2

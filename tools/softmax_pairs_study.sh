@@ -1,14 +1,10 @@
 #!/usr/bin/env bash
-# The 16-bit softmax kernels' pair arithmetic in one device call (2026-11-25): how bfloat16 tanh
-# through the SFU compares with eager (tools/tanh_bf16.py), the softmax kernels' GPU tests, and
-# softcap_tuning / masked_tuning for the pair variants against the float ones they replace (PART=1),
-# then the write pass's exp2 and the library's softmax rows (PART=2); PART=1 or PART=2 runs half (each fits one call), TESTS=0 leaves out the first two; results under $OUT (or ./gpu-out).
-set -u -o pipefail
-OUT=${OUT:-$PWD/gpu-out}
-mkdir -p "$OUT"
-export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
-export FXKERN_CACHE_DIR=${FXKERN_CACHE_DIR:-/tmp/fxkern-gpu-cache}
-nvidia-smi -L
+# The 16-bit softmax kernels' pair arithmetic in device calls (2026-11-25). PART=1: how bfloat16
+# tanh through the SFU compares with eager (tools/tanh_bf16.py), the softmax kernels' GPU tests, and
+# softcap_tuning for the pair variants against the float ones they replace. PART=2: the soft-capped
+# and masked GPU tests, the write pass's exp2 variant in softcap_tuning and masked_tuning, and the
+# library's softmax rows. TESTS=0 leaves out the tests (and tanh_bf16). Results under $OUT (or ./gpu-out).
+source "$(dirname "$0")/device_env.sh"
 if [[ ${PART:-1} == 1 ]]; then
   [[ ${TESTS:-1} == 1 ]] && python3 tools/tanh_bf16.py
   [[ ${TESTS:-1} == 1 ]] && python3 -m pytest -q -p no:cacheprovider tests/test_library_gpu.py -k softmax 2>&1 | tail -8
