@@ -409,9 +409,9 @@ def test_scaled_masked_softmax_on_every_grid_and_mask(dtype):
                 assert rel < 1e-5, f"x{tuple(x.shape)} mask{tuple(mask.shape)}: rel. error vs float64 {rel:.2e}"
 
 
-# (scale, cap, spread of the scores): Gemma 2 9B's kind, a scale and cap that are bfloat16 and float16
-# numbers (the 16-bit kernels multiply them in pairs), and 27B's 1 / sqrt(144), which is not (they
-# take the float path); the spread puts scores * scale / cap over tanh's curve.
+# (scale, cap, spread of the scores): Gemma 2 9B's kind, a scale and cap that are bfloat16 numbers
+# (the bfloat16 kernels multiply them in pairs), and 27B's 1 / sqrt(144), which is not (the float
+# path); the spread puts scores * scale / cap over tanh's curve.
 SOFTCAPS = [(0.5, 5.0, 8.0), (1 / 12, 50.0, 600.0)]
 
 

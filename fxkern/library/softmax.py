@@ -129,7 +129,8 @@ struct Rows {
 #ifndef FXK_MASK_PAIRS
 #define FXK_MASK_PAIRS 1
 #endif
-// FXK_CAP_PAIRS=0 keeps the soft-capped 16-bit prologue on the float path (benchmarks/softcap_tuning.py).
+// FXK_CAP_PAIRS=0 keeps the soft-capped bfloat16 prologue on the float path (benchmarks/softcap_tuning.py).
+// float16 keeps it there: with tanhf its pairs path spilled in the 256-thread grid, and it is unmeasured.
 #ifndef FXK_CAP_PAIRS
 #define FXK_CAP_PAIRS 1
 #endif
@@ -202,10 +203,10 @@ struct MaskedRows {
         const Pack<T, V>& a = raw.x;
         const Pack<T, V>& m = raw.m;
         if constexpr (CAP) {
-            if constexpr (FXK_CAP_PAIRS && sizeof(T) == 2 && V % 2 == 0) {
+            if constexpr (FXK_CAP_PAIRS && IsBf16<T>::value && V % 2 == 0) {
                 // As the masked pairs below: x * scale, cap * tanh and + mask each a product or sum of
-                // two T values rounded once, when the scale and the cap are T; only the division
-                // (times 1 / cap, not a T) and tanh go through float.
+                // two bfloat16 values rounded once, when the scale and the cap are bfloat16; only the
+                // division (times 1 / cap, not a bfloat16) and tanh go through float.
                 if (scale_is_t && cap_is_t) {
                     using P = typename Pair<T>::P;
                     const P s2 = Pair<T>::t(scale, scale), c2 = Pair<T>::t(cap, cap);
