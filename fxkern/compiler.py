@@ -119,11 +119,15 @@ def compile_source(
     std: str = "c++17",
     include_paths: Sequence[str] = (),
     filename: str = "kernel.cu",
+    extra_options: Sequence[str] = (),
 ) -> CompiledKernel:
-    """Compile (or fetch from the cache) ``source`` for ``arch``."""
+    """Compile (or fetch from the cache) ``source`` for ``arch``. ``extra_options`` go to NVRTC
+    after fxkern's own (``--ptxas-options=-v`` puts ptxas's resource report in the log); they are
+    part of the cache key."""
     arch = normalize_arch(arch)
     options = [f"--gpu-architecture={arch}", f"-std={std}", "-lineinfo"]
     options += [f"--include-path={p}" for p in (*include_paths, *default_include_paths())]
+    options += list(extra_options)
     key_material = json.dumps(
         {
             "format": CACHE_FORMAT,

@@ -1,4 +1,4 @@
-"""tools/same_sass.py: the CPU check that a kernel-source cleanup leaves the machine code alone."""
+"""tools/same_sass.py and tools/kernel_resources.py: CPU checks of what a kernel-source change does to the machine code."""
 
 import os
 import sys
@@ -60,3 +60,79 @@ def test_kernel_names_keep_the_instantiation():
     assert same_sass.kernel_name("_Z12softmax_lastI13__nv_bfloat16EvPKT_iiPS1_") == "softmax_last<__nv_bfloat16>"
     assert same_sass.kernel_name("_Z12softmax_lastIfEvPKT_iiPS0_") == "softmax_last<float>"
     assert same_sass.kernel_name("scale_kernel") == "scale_kernel"
+
+
+# ---- tools/kernel_resources.py: ptxas's register and spill report, read on the CPU ----------------
+
+import kernel_resources  # noqa: E402
+
+ROOMY = r"""
+extern "C" __global__ void roomy(const float* x, int n, float* y) {
+    __shared__ float tile[64];
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    tile[threadIdx.x & 63] = i < n ? x[i] : 0.0f;
+    __syncthreads();
+    if (i < n) y[i] = tile[(threadIdx.x + 1) & 63];
+}
+"""
+# 96 floats live across a sum of them all, under launch bounds that leave 32 registers: ptxas spills.
+CROWDED = r"""
+extern "C" __global__ void __launch_bounds__(1024, 2) crowded(const float4* x, float4* y) {
+    float4 v[24];
+    float s = 0.0f;
+#pragma unroll
+    for (int k = 0; k < 24; ++k) {
+        v[k] = x[threadIdx.x + k * 1024];
+        s += v[k].x + v[k].y + v[k].z + v[k].w;
+    }
+#pragma unroll
+    for (int k = 0; k < 24; ++k)
+        y[threadIdx.x + k * 1024] = make_float4(v[k].x * s, v[k].y * s, v[k].z * s, v[k].w * s);
+}
+"""
+
+
+def _report(source):
+    log = compiler.compile_source(source, [], arch="sm_90", extra_options=("--ptxas-options=-v",)).log
+    return {u.kernel: u for u in kernel_resources.parse(log)}
+
+
+def test_resources_of_a_kernel_that_fits(fresh_cache):
+    report = _report(ROOMY)
+    assert list(report) == ["roomy"]
+    u = report["roomy"]
+    assert 0 < u.registers <= 32 and not u.spills and u.stack == 0
+    assert u.smem == 64 * 4
+
+
+def test_resources_name_a_kernel_that_spills(fresh_cache):
+    u = _report(CROWDED)["crowded"]
+    assert u.registers <= 32  # what its launch bounds leave a thread
+    assert u.spills and u.spill_stores > 0 and u.spill_loads > 0 and u.stack > 0
+
+
+def test_the_report_is_its_own_cache_entry(fresh_cache):
+    # The plain compile (what registration caches) keeps a quiet log; the report's options make another entry.
+    assert "Used" not in compiler.compile_source(ROOMY, [], arch="sm_90").log
+    assert "roomy" in _report(ROOMY)
+
+
+def test_resources_of_a_registered_op_cover_each_instantiation(fresh_cache):
+    import torch
+
+    import fxkern
+    from fxkern import Elementwise, InputDecl, KernelSpec, Numel, OutputDecl, SameAs
+
+    src = r"""
+template <typename T>
+__global__ void twice(const T* x, int n, T* y) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) y[i] = x[i] + x[i];
+}
+"""
+    spec = KernelSpec(src, "twice", inputs=[InputDecl("x")], outputs=[OutputDecl("y", SameAs("x"))],
+                      extras=[Numel("x")], geometry=Elementwise(), dtypes=[torch.float32, torch.float16])
+    fxkern.cuda_kernel_op("fxkern_test_tools::twice", spec)
+    report = kernel_resources.usage(fxkern.kernel_op("fxkern_test_tools::twice"))
+    assert sorted(same_sass.kernel_name(u.kernel) for u in report) == ["twice<__half>", "twice<float>"]
+    assert all(u.registers > 0 and not u.spills for u in report)
