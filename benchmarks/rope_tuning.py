@@ -45,7 +45,7 @@ VARIANTS: dict[str, dict] = {
     "2 pass packs a thread": {**SHIPPED, "macros": "#define FXK_PASS_PACKS 2\n"},
     "8192 a block": {**SHIPPED, "per_block": 8192},
     # for repeat_kv in float32, 0.96x inductor (2026-11-25 20:10 UTC, an H100); evict-first stores of
-    # repeated rows shipped since 20:20 UTC (keys rotated and repeated +1.8-3.5%, values level to +0.6%)
+    # repeated rows shipped since 20:20 UTC (keys rotated and repeated +1.8-3.5%, values level to +1.8%)
     "repeated rows stored as any other (shipped before 2026-11-25 20:20 UTC)": {**SHIPPED, "edits": (
         ("    if constexpr (sizeof(Pack<T, V>) == 16) {\n        if (R > 1) {",
          "    if constexpr (false) {\n        if (R > 1) {"),)},

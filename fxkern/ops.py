@@ -22,7 +22,7 @@ import os
 import re
 from dataclasses import dataclass, field
 from concurrent.futures import Future
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -140,8 +140,10 @@ def kernel_source(spec: KernelSpec) -> str:
     return f'{pre}#line 1 "{spec.kernel_name}.cu"\n{spec.kernel_source}'
 
 
-def compile_plan(plan: KernelPlan, source: str, arch: str) -> compiler.CompiledKernel:
-    """Compile for ``arch`` and check every instantiation's PTX parameters against the plan."""
+def compile_plan(plan: KernelPlan, source: str, arch: str,
+                 extra_options: Sequence[str] = ()) -> compiler.CompiledKernel:
+    """Compile for ``arch`` and check every instantiation's PTX parameters against the plan.
+    ``extra_options``: more NVRTC options (compiler.compile_source), as tools/kernel_resources.py passes."""
     spec = plan.spec
     compiled = compiler.compile_source(
         source,
@@ -150,6 +152,7 @@ def compile_plan(plan: KernelPlan, source: str, arch: str) -> compiler.CompiledK
         std=spec.compile_std,
         include_paths=tuple(spec.include_paths or ()),
         filename=f"{spec.kernel_name}.cu",
+        extra_options=extra_options,
     )
     entries = compiler.ptx_entries(compiled.ptx)
     for expr in plan.name_expressions():

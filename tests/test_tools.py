@@ -10,6 +10,7 @@ from fxkern import compiler
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
 
+import kernel_resources  # noqa: E402
 import same_sass  # noqa: E402
 
 KERNEL = r"""
@@ -64,7 +65,6 @@ def test_kernel_names_keep_the_instantiation():
 
 # ---- tools/kernel_resources.py: ptxas's register and spill report, read on the CPU ----------------
 
-import kernel_resources  # noqa: E402
 
 ROOMY = r"""
 extern "C" __global__ void roomy(const float* x, int n, float* y) {

@@ -65,15 +65,11 @@ def parse(log: str) -> list[Usage]:
 
 
 def usage(entry) -> list[Usage]:
-    """ptxas's report for each kernel of a registered op (its own source, names and options)."""
-    from fxkern import compiler, ops
+    """ptxas's report for each kernel of a registered op, compiled as its registration compiles it."""
+    from fxkern import ops
 
-    spec = entry.spec
-    compiled = compiler.compile_source(
-        entry.source, entry.plan.name_expressions(), arch=ops.registration_arch(spec), std=spec.compile_std,
-        include_paths=tuple(spec.include_paths or ()), filename=f"{spec.kernel_name}.cu",
-        extra_options=("--ptxas-options=-v",))
-    return parse(compiled.log)
+    arch = ops.registration_arch(entry.spec)
+    return parse(ops.compile_plan(entry.plan, entry.source, arch, extra_options=("--ptxas-options=-v",)).log)
 
 
 def main(argv=None) -> int:

@@ -164,7 +164,8 @@ __device__ __forceinline__ Rows rows_of(int A1, int A2, int sB, int s1, int s2, 
 // columns, Q packs apart (a copy: more than one pack a thread keeps more loads in flight).
 // A row repeated R > 1 times is stored evict-first (st.global.cs: written once, read by no one here),
 // so R times x's bytes of output pass through L2 without pushing out what is still to be read
-// (benchmarks/rope_tuning.py: keys rotated and repeated +2-3.5% on an H100, values level or +0.6%).
+// (benchmarks/rope_tuning.py, two runs on an H100: keys rotated and repeated +1.8-3.5%, float32
+// values +0.6-1.8%, bfloat16 values level).
 template <typename T, int V>
 __device__ __forceinline__ void store_out(T* p, const Pack<T, V>& v, unsigned R) {
     if constexpr (sizeof(Pack<T, V>) == 16) {
