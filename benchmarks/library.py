@@ -217,11 +217,19 @@ def main(argv=None) -> None:
     fxkern.library.rules()
     copies = [copy_bandwidth() for _ in range(args.rounds)]
     copy_gbs = statistics.median(copies)
+    print(f"device-to-device copy: {copy_gbs:.0f} GB/s", flush=True)
     dtypes = [getattr(torch, d) for d in args.dtypes.split(",")]
     chosen = [c for c in cases() if args.only is None or args.only.lower() in c[0].lower()]
     if not chosen:
         parser.error(f"--only {args.only!r} names no kernel")
-    rows = [measure(*case, dtype, copy_gbs, args.rounds, not args.idle_start) for case in chosen for dtype in dtypes]
+    rows = []
+    for case in chosen:
+        for dtype in dtypes:
+            rows.append(measure(*case, dtype, copy_gbs, args.rounds, not args.idle_start))
+            label, dt, ms, gbs, frac, ratios, _ = rows[-1]
+            # a row as soon as it is measured, so a run cut short by a time limit still tells what it got
+            print(f"{label} {dt}: {gbs['fxkern']:.0f} GB/s ({frac:.0%} of copy), inductor "
+                  f"{gbs['inductor']:.0f}, {statistics.median(ratios):.3f}x", flush=True)
     goal = 0.9 * copy_gbs
     lines = [
         "## Library kernels (`fxkern.library`)",

@@ -26,24 +26,22 @@ DTYPES = (torch.float32, torch.bfloat16)
 # A variant: source edits ((old, new) pairs), macros, and the output elements a 128-thread block takes.
 SHIPPED = {"edits": (), "macros": "", "per_block": 8192}
 VARIANTS: dict[str, dict] = {
-    "shipped (2 rows a thread group, 8192 a block)": SHIPPED,
+    "shipped (2 rows a thread group, 8192 a block, repeats evict-first)": SHIPPED,
     "1 row a thread group": {**SHIPPED, "macros": "#define FXK_NR_ROWS 1\n"},
     "4 rows a thread group": {**SHIPPED, "macros": "#define FXK_NR_ROWS 4\n"},
     "4096 a block": {**SHIPPED, "per_block": 4096},
     "16384 a block": {**SHIPPED, "per_block": 16384},
-    # rotary's kernel stores repeated rows evict-first since 2026-11-25 20:20 UTC (+1.8-3.4% for its
-    # repeated keys on an H100); not yet measured here (no device time was left that session)
-    "repeated rows stored evict-first (rotary.store_out)": {**SHIPPED, "edits": (
-        ("                        store<T, V>(y + out + q * head + col, ya);\n"
-         "                        store<T, V>(y + out + q * head + col + half, yb);\n",
-         "                        store_out<T, V>(y + out + q * head + col, ya, R);\n"
-         "                        store_out<T, V>(y + out + q * head + col + half, yb, R);\n"),)},
+    # 2026-11-26, H200: the hint behind a branch on R in the one kernel, q 3673/3665 GB/s against
+    # 3907/3902 float32 and k 3871 against 3745; as a second instantiation in the one kernel (96
+    # registers a thread; 80 with launch bounds asking 6 blocks an SM), k 3864 against 3746 and q
+    # bfloat16 0.6-1.1% slower. Since, a kernel of its own for repeats.
+    "repeated rows stored as any other": {**SHIPPED, "macros": "#define FXK_NR_EVICT_REPEATS 0\n"},
 }
 
 
 def variant_op(label: str, v: dict, index: int):
-    """The variant's strided kernel as a private op (norm_rotary.NORM_ROTARY_STRIDED with its macros
-    and grid); ``make(form)`` is a public op's eager path over it."""
+    """The variant's strided kernels as private ops (norm_rotary.NORM_ROTARY_STRIDED and its repeating
+    kernel, with the variant's macros and grid); ``make(form)`` is a public op's eager path over them."""
     import fxkern
     from fxkern.library import norm_rotary
     from fxkern.symbolic import cdiv
@@ -56,11 +54,11 @@ def variant_op(label: str, v: dict, index: int):
         if old not in source:
             raise SystemExit(f"variant {label!r}: {old!r} is not in norm_rotary.SOURCE any more; update the variant")
         source = source.replace(old, new)
-    spec = dataclasses.replace(norm_rotary.NORM_ROTARY_STRIDED, kernel_source=v["macros"] + source,
-                               geometry=fxkern.Custom(geometry))
     name = f"fxkern_tune::norm_rope_{index}"
-    fxkern.cuda_kernel_op(name, spec, meta_fn=norm_rotary._strided_output, schema=norm_rotary._STRIDED_SCHEMA)
-    return lambda form: norm_rotary._eager(form, fxkern.kernel_op(name).cuda_impl)
+    strided = norm_rotary.strided_launchers(
+        *((name + suffix, dataclasses.replace(spec, kernel_source=v["macros"] + source, geometry=fxkern.Custom(geometry)))
+          for suffix, spec in (("", norm_rotary.NORM_ROTARY_STRIDED), ("_repeat", norm_rotary.NORM_ROTARY_STRIDED_REPEAT))))
+    return lambda form: norm_rotary._eager(form, strided)
 
 
 def cases():

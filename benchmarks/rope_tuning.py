@@ -36,27 +36,27 @@ DTYPES = (torch.float32, torch.bfloat16)
 # against the shipped kernel's 4039 and inductor's 4190 in the same run.
 
 # A variant: source edits ((old, new) pairs), macros, and the elements a 128-thread block takes.
-SHIPPED = {"edits": (), "macros": "", "per_block": 2048}
+SHIPPED = {"edits": (), "macros": "", "per_block": 4096}
 VARIANTS: dict[str, dict] = {
-    "shipped (x read in place, 2048 a block, 16-bit pairs, 4 pass packs a thread in rows written once, repeats evict-first)": SHIPPED,
-    "4096 a block (shipped before 2026-11-25 20:30 UTC)": {**SHIPPED, "per_block": 4096},
+    "shipped (x read in place, 4096 a block, 16-bit pairs, 4 pass packs a thread in rows written once, repeats evict-first)": SHIPPED,
+    # on an H200 2.6-5% slower than 4096 at 16x32x2048x128 (2026-11-26, two runs); 1-2% faster on an H100
+    "2048 a block (shipped 2026-11-25 20:30 UTC to 2026-11-26)": {**SHIPPED, "per_block": 2048},
     "16-bit on the float path": {**SHIPPED, "macros": "#define FXK_ROPE_PAIRS 0\n"},
     "1 pass pack a thread": {**SHIPPED, "macros": "#define FXK_PASS_PACKS 1\n"},
     "2 pass packs a thread": {**SHIPPED, "macros": "#define FXK_PASS_PACKS 2\n"},
     "8192 a block": {**SHIPPED, "per_block": 8192},
-    # for repeat_kv in float32, 0.96x inductor (2026-11-25 20:10 UTC, an H100); evict-first stores of
-    # repeated rows shipped since 20:20 UTC (keys rotated and repeated +1.8-3.5%, values level to +1.8%)
-    "repeated rows stored as any other (shipped before 2026-11-25 20:20 UTC)": {**SHIPPED, "edits": (
-        ("    if constexpr (sizeof(Pack<T, V>) == 16) {\n        if (R > 1) {",
-         "    if constexpr (false) {\n        if (R > 1) {"),)},
-    "2 pass packs a thread when repeating, 4096 a block": {**SHIPPED, "per_block": 4096, "edits": (
+    # evict-first stores of repeated rows since 2026-11-25 20:20 UTC, behind a branch on R until
+    # 2026-11-26 (H200: contiguous float32 rows written once 2.6-6% slower for it), since in an
+    # instantiation of their own
+    "repeated rows stored as any other": {**SHIPPED, "macros": "#define FXK_ROPE_EVICT_REPEATS 0\n"},
+    "2 pass packs a thread when repeating": {**SHIPPED, "edits": (
         ("const unsigned pp = R > 1 ? 1u : PP;", "const unsigned pp = R > 1 ? 2u : PP;"),)},
 }
 
 
 def variant_op(label: str, v: dict, index: int):
     """The variant as ``make(check, rotated)``: a public op's eager path (checks, tables narrowed, x
-    read in place; rotary._eager) over the variant's kernel."""
+    read in place; rotary._eager) over the variant's kernels (for n_rep 1 and n_rep > 1)."""
     import fxkern
     from fxkern.library import rotary
     from fxkern.symbolic import cdiv
@@ -70,11 +70,11 @@ def variant_op(label: str, v: dict, index: int):
     def geometry(inputs, outputs, per=v["per_block"]):
         return (cdiv(outputs[0].numel(), per),), (128,)
 
-    spec = dataclasses.replace(rotary.ROTARY_STRIDED, kernel_source=v["macros"] + source,
-                               geometry=fxkern.Custom(geometry))
     name = f"fxkern_tune::rope_{index}"
-    fxkern.cuda_kernel_op(name, spec, meta_fn=rotary._strided_output, schema=rotary._STRIDED_SCHEMA)
-    return lambda check, rotated: rotary._eager(name, fxkern.kernel_op(name).cuda_impl, check, rotated)
+    strided = rotary.strided_launchers(
+        *((name + suffix, dataclasses.replace(spec, kernel_source=v["macros"] + source, geometry=fxkern.Custom(geometry)))
+          for suffix, spec in (("", rotary.ROTARY_STRIDED), ("_repeat", rotary.ROTARY_STRIDED_REPEAT))))
+    return lambda check, rotated: rotary._eager(name, strided, check, rotated)
 
 
 def cases():

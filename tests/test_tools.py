@@ -93,7 +93,7 @@ extern "C" __global__ void __launch_bounds__(1024, 2) crowded(const float4* x, f
 
 
 def _report(source):
-    log = compiler.compile_source(source, [], arch="sm_90", extra_options=("--ptxas-options=-v",)).log
+    log = compiler.compile_source(source, [], arch="sm_90", extra_options=kernel_resources.report_options()).log
     return {u.kernel: u for u in kernel_resources.parse(log)}
 
 

@@ -64,12 +64,21 @@ def parse(log: str) -> list[Usage]:
     return out
 
 
+def report_options() -> tuple[str, ...]:
+    """NVRTC options that put ptxas's report in the log. NVRTC 12.9 and newer keep compiled code in
+    a cache of their own across compiles in one process, and a kernel served from it gets no report:
+    ``--no-cache`` makes ptxas run (and report) every time."""
+    from fxkern import compiler
+
+    return ("--ptxas-options=-v",) + (("--no-cache",) if compiler.nvrtc_version() >= (12, 9) else ())
+
+
 def usage(entry) -> list[Usage]:
     """ptxas's report for each kernel of a registered op, compiled as its registration compiles it."""
     from fxkern import ops
 
     arch = ops.registration_arch(entry.spec)
-    return parse(ops.compile_plan(entry.plan, entry.source, arch, extra_options=("--ptxas-options=-v",)).log)
+    return parse(ops.compile_plan(entry.plan, entry.source, arch, extra_options=report_options()).log)
 
 
 def main(argv=None) -> int:

@@ -31,6 +31,8 @@ norm after the transpose, Gemma's before it) match the norm and rotary rules apa
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 
@@ -56,12 +58,21 @@ namespace fxk {
 #define FXK_NR_ROWS 2
 #endif
 
+// Rows written R > 1 times (grouped-query keys) are stored evict-first when EVICT says so, as rotary's
+// (rotary.store_out), and eager PyTorch runs a kernel of its own for them (norm_rotary_strided_repeat):
+// behind a branch on R in the one kernel the hint cost rows written once 6% on an H200, and as a second
+// instantiation beside the first the kernel took 96 registers a thread (benchmarks/norm_rope_tuning.py,
+// 2026-11-26).
+#ifndef FXK_NR_EVICT_REPEATS
+#define FXK_NR_EVICT_REPEATS 1
+#endif
+
 // Rows of D = 2 * half columns, walked as w says: each normalised (MODE: Llama's or Gemma's numbers)
 // and rotated, then written R times into y (B, H * R, S, D), contiguous. G threads take a row (a power
 // of two up to 32: the sum of squares is a sub-warp shuffle), each holding NP packs of V columns from
 // each half with their pairs (column c with c + half, as the rotation pairs them); a group holds U rows
 // at once. A block takes a contiguous chunk of the rows.
-template <typename T, int MODE, int V, int NP>
+template <typename T, int MODE, int V, int NP, bool EVICT = false>
 __device__ __forceinline__ void norm_rotary_rows(const T* __restrict__ x, const T* __restrict__ wt,
                                                  const T* __restrict__ cs, const T* __restrict__ sn, float eps,
                                                  unsigned half, unsigned B, const Rows& w, unsigned cB, unsigned cH,
@@ -119,8 +130,8 @@ __device__ __forceinline__ void norm_rotary_rows(const T* __restrict__ x, const 
                     rope_packs<T, V>(na, nb, load<T, V>(cs + co + col), load<T, V>(cs + co + col + half),
                                      load<T, V>(sn + co + col), load<T, V>(sn + co + col + half), ya, yb);
                     for (unsigned q = 0; q < R; ++q) {
-                        store<T, V>(y + out + q * head + col, ya);
-                        store<T, V>(y + out + q * head + col + half, yb);
+                        store_out<T, V, EVICT>(y + out + q * head + col, ya);
+                        store_out<T, V, EVICT>(y + out + q * head + col + half, yb);
                     }
                 }
             }
@@ -132,14 +143,14 @@ __device__ __forceinline__ void norm_rotary_rows(const T* __restrict__ x, const 
 // packs a half, one a thread. Else single elements, up to 4 a half a thread (half <= 128: the ops refuse
 // head_dim past 256). The row count a thread holds sets the kernel's registers (each instantiation is in
 // every launch's budget), so the 16-byte path holds one pack from each half and no more.
-template <typename T, int MODE>
+template <typename T, int MODE, bool EVICT = false>
 __device__ __forceinline__ void norm_rotary(const T* x, const T* wt, const T* cs, const T* sn, float eps, int half,
                                             int B, const Rows& w, int cB, int cH, int cS, int R, T* y) {
     constexpr int V = 16 / sizeof(T);
     if (half <= 0 || R <= 0 || half > 128) return;
     const bool packs = half % V == 0 && w.sB % V == 0 && w.s1 % V == 0 && w.s2 % V == 0;
     if (packs && aligned16(x) && aligned16(wt) && aligned16(cs) && aligned16(sn) && aligned16(y))
-        norm_rotary_rows<T, MODE, V, 1>(x, wt, cs, sn, eps, half, B, w, cB, cH, cS, R, y);
+        norm_rotary_rows<T, MODE, V, 1, EVICT>(x, wt, cs, sn, eps, half, B, w, cB, cH, cS, R, y);
     else if (half <= 32)
         norm_rotary_rows<T, MODE, 1, 1>(x, wt, cs, sn, eps, half, B, w, cB, cH, cS, R, y);
     else if (half <= 64)
@@ -196,17 +207,40 @@ __global__ void __launch_bounds__(128) gemma_rms_norm_rotary_repeat_kv(const T* 
 }
 
 // What every op runs in eager PyTorch: the (B, H, S, D) view of x read in place from x_span at strides
-// sB, s1, s2 (walked (b, a1, a2), a2 the heads when heads_inner), gemma: Gemma's numbers, else Llama's.
+// sB, s1, s2 (walked (b, a1, a2), a2 the heads when heads_inner), gemma: Gemma's numbers, else Llama's;
+// for n_rep > 1 (REPEAT), norm_rotary_strided_repeat.
+namespace fxk {
+template <typename T, bool REPEAT>
+__device__ __forceinline__ void norm_rotary_strided(const T* x_span, const T* weight, const T* cs, const T* sn,
+                                                    float eps, int half, int gemma, int B, int A1, int A2, int sB,
+                                                    int s1, int s2, int heads_inner, int n_rep, int cB, int cH, int cS,
+                                                    T* y) {
+    constexpr bool EVICT = REPEAT && FXK_NR_EVICT_REPEATS;
+    const Rows w = rows_of(A1, A2, sB, s1, s2, heads_inner);
+    if (gemma)
+        norm_rotary<T, RMS_GEMMA, EVICT>(x_span, weight, cs, sn, eps, half, B, w, cB, cH, cS, n_rep, y);
+    else
+        norm_rotary<T, RMS_LLAMA, EVICT>(x_span, weight, cs, sn, eps, half, B, w, cB, cH, cS, n_rep, y);
+}
+}  // namespace fxk
+
 template <typename T>
 __global__ void __launch_bounds__(128) norm_rotary_strided(const T* x_span, const T* weight, const T* cs,
                                                            const T* sn, float eps, int half, int gemma, int B, int A1,
                                                            int A2, int sB, int s1, int s2, int heads_inner, int n_rep,
                                                            int cB, int cH, int cS, T* y) {
-    const fxk::Rows w = fxk::rows_of(A1, A2, sB, s1, s2, heads_inner);
-    if (gemma)
-        fxk::norm_rotary<T, fxk::RMS_GEMMA>(x_span, weight, cs, sn, eps, half, B, w, cB, cH, cS, n_rep, y);
-    else
-        fxk::norm_rotary<T, fxk::RMS_LLAMA>(x_span, weight, cs, sn, eps, half, B, w, cB, cH, cS, n_rep, y);
+    fxk::norm_rotary_strided<T, false>(x_span, weight, cs, sn, eps, half, gemma, B, A1, A2, sB, s1, s2, heads_inner,
+                                       n_rep, cB, cH, cS, y);
+}
+
+template <typename T>
+__global__ void __launch_bounds__(128) norm_rotary_strided_repeat(const T* x_span, const T* weight, const T* cs,
+                                                                  const T* sn, float eps, int half, int gemma, int B,
+                                                                  int A1, int A2, int sB, int s1, int s2,
+                                                                  int heads_inner, int n_rep, int cB, int cH, int cS,
+                                                                  T* y) {
+    fxk::norm_rotary_strided<T, true>(x_span, weight, cs, sn, eps, half, gemma, B, A1, A2, sB, s1, s2, heads_inner,
+                                      n_rep, cB, cH, cS, y);
 }
 """
 
@@ -255,6 +289,8 @@ NORM_ROTARY_STRIDED = KernelSpec(
     dtypes=_DTYPES,
 )
 STRIDED = f"{NAMESPACE}::_norm_rotary_strided"
+NORM_ROTARY_STRIDED_REPEAT = dataclasses.replace(NORM_ROTARY_STRIDED, kernel_name="norm_rotary_strided_repeat")
+STRIDED_REPEAT = f"{NAMESPACE}::_norm_rotary_strided_repeat"
 _STRIDED_SCHEMA = ("(Tensor x_span, Tensor weight, Tensor cos, Tensor sin, float eps, "
                    + ", ".join(f"int {n}" for n in _STRIDED_ARGS) + ") -> Tensor")
 
@@ -349,7 +385,7 @@ class _Form:
 
 def _eager(form: _Form, strided):
     """A public op on CUDA: checks the call, narrows broadcast tables, and runs NORM_ROTARY_STRIDED on x
-    where it lies (decided once per signature, as rotary's ops do)."""
+    where it lies (``strided``: its launcher and NORM_ROTARY_STRIDED_REPEAT's, for n_rep 1 and more) (decided once per signature, as rotary's ops do)."""
     decided = Signatures()
 
     def on_cuda(x, weight, cos, sin, eps, half, *sizes):
@@ -366,7 +402,8 @@ def _eager(form: _Form, strided):
             return x.new_empty(out_shape)
         heads, (b, a1, a2, sb, s1, s2, heads_inner, span) = rotary.walked(form.qualname, form.heads(x), layout)
         cos, sin = rotary._narrow(cos, sin, axes)
-        return strided(heads.as_strided((span,), (1,)), weight.contiguous(), cos, sin, eps, half, int(form.gemma),
+        launch = strided[n_rep > 1]
+        return launch(heads.as_strided((span,), (1,)), weight.contiguous(), cos, sin, eps, half, int(form.gemma),
                        b, a1, a2, sb, s1, s2, heads_inner, n_rep, *cos.shape[:3])
 
     on_cuda.__name__ = form.name
@@ -411,13 +448,17 @@ def _examples(gemma: bool, repeat: bool):
     return examples
 
 
+def strided_launchers(plain, repeat):
+    """The eager path's two private ops, (qualname, spec) each: NORM_ROTARY_STRIDED and its repeating
+    kernel, or a variant's. Registers them; returns their launchers, for n_rep 1 and n_rep > 1."""
+    return rotary.launchers((plain, repeat), _strided_reference, _strided_output, _STRIDED_SCHEMA)
+
+
 def register(rules) -> None:
     # Ahead of the norm and rotary rules, each of which matches inside these (library/__init__.py), and
     # the repeating forms ahead of the plain ones they hold. Not inside inductor, which fuses the norm
     # and the rotation into one reduction kernel itself.
-    cuda_kernel_op(STRIDED, NORM_ROTARY_STRIDED, reference=_strided_reference, meta_fn=_strided_output,
-                   schema=_STRIDED_SCHEMA)
-    strided = kernel_op(STRIDED).cuda_impl
+    strided = strided_launchers((STRIDED, NORM_ROTARY_STRIDED), (STRIDED_REPEAT, NORM_ROTARY_STRIDED_REPEAT))
     for pattern, spec, gemma, repeat in (
             (rms_norm_rotary_embedding_repeat_kv, RMS_NORM_ROTARY_REPEAT_KV, False, True),
             (gemma_rms_norm_rotary_embedding_repeat_kv, GEMMA_RMS_NORM_ROTARY_REPEAT_KV, True, True),

@@ -48,6 +48,8 @@ eager PyTorch's to the bit in every dtype; the repeats are copies.
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 
@@ -163,21 +165,33 @@ __device__ __forceinline__ Rows rows_of(int A1, int A2, int sB, int s1, int s2, 
 // a pack of V columns from each half of a row with their cos and sin, or FXK_PASS_PACKS packs of pass
 // columns, Q packs apart (a copy: more than one pack a thread keeps more loads in flight).
 // A row repeated R > 1 times is stored evict-first (st.global.cs: written once, read by no one here),
-// so R times x's bytes of output pass through L2 without pushing out what is still to be read
-// (benchmarks/rope_tuning.py, two runs on an H100: keys rotated and repeated +1.8-3.5%, float32
-// values +0.6-1.8%, bfloat16 values level).
-template <typename T, int V>
-__device__ __forceinline__ void store_out(T* p, const Pack<T, V>& v, unsigned R) {
-    if constexpr (sizeof(Pack<T, V>) == 16) {
-        if (R > 1) {
-            __stcs(reinterpret_cast<float4*>(p), *reinterpret_cast<const float4*>(&v));
-            return;
-        }
-    }
-    store<T, V>(p, v);
-}
+// so R times x's bytes of output pass through L2 without pushing out what is still to be read: keys
+// rotated and repeated +1.8-3.1%, float32 values +1.8% (benchmarks/rope_tuning.py, an H200 and an
+// H100). EVICT says so at compile time, and eager PyTorch runs a kernel of its own for repeats
+// (rotary_strided_repeat): behind a branch on R in the one kernel the hint cost rows written once
+// 2.6-6% on an H200 (float32 contiguous; 2026-11-26), and as a second instantiation beside the first,
+// bfloat16 partial rotary 38%.
+#ifndef FXK_ROPE_EVICT_REPEATS
+#define FXK_ROPE_EVICT_REPEATS 1
+#endif
 
 template <typename T, int V>
+__device__ __forceinline__ void store_evict_first(T* p, const Pack<T, V>& v) {
+    if constexpr (sizeof(Pack<T, V>) == 16)
+        __stcs(reinterpret_cast<float4*>(p), *reinterpret_cast<const float4*>(&v));
+    else
+        store<T, V>(p, v);
+}
+
+template <typename T, int V, bool EVICT>
+__device__ __forceinline__ void store_out(T* p, const Pack<T, V>& v) {
+    if constexpr (EVICT)
+        store_evict_first<T, V>(p, v);
+    else
+        store<T, V>(p, v);
+}
+
+template <typename T, int V, bool EVICT = false>
 __device__ __forceinline__ void rotary_rows(const T* __restrict__ x, const T* __restrict__ cs, const T* __restrict__ sn,
                                             unsigned half, unsigned pass, unsigned B, const Rows& w,
                                             unsigned cB, unsigned cH, unsigned cS, unsigned R, T* __restrict__ y) {
@@ -206,8 +220,8 @@ __device__ __forceinline__ void rotary_rows(const T* __restrict__ x, const T* __
             Pack<T, V> ya, yb;
             rope_packs<T, V>(xa, xb, ca, cb, sa, sb, ya, yb);
             for (unsigned k = 0; k < R; ++k) {
-                store_out<T, V>(y + out + k * head + col, ya, R);
-                store_out<T, V>(y + out + k * head + col + half, yb, R);
+                store_out<T, V, EVICT>(y + out + k * head + col, ya);
+                store_out<T, V, EVICT>(y + out + k * head + col + half, yb);
             }
         } else {
             // pass packs j - Prot, + Q, + 2Q...: a warp's threads take neighbouring packs each access
@@ -219,20 +233,20 @@ __device__ __forceinline__ void rotary_rows(const T* __restrict__ x, const T* __
             for (unsigned k = 0; k < R; ++k) {
 #pragma unroll
                 for (unsigned p = 0; p < PP; ++p)
-                    if (p < pp && p * Q < left) store_out<T, V>(y + out + k * head + col + p * Q * V, v[p], R);
+                    if (p < pp && p * Q < left) store_out<T, V, EVICT>(y + out + k * head + col + p * Q * V, v[p]);
             }
         }
     }
 }
 
-template <typename T>
+template <typename T, bool EVICT = false>
 __device__ __forceinline__ void rotary(const T* x, const T* cs, const T* sn, int half, int pass, int B, const Rows& w,
                                        int cB, int cH, int cS, int R, T* y) {
     constexpr int V = 16 / sizeof(T);
     if (half < 0 || pass < 0 || R <= 0 || half + pass == 0) return;
     const bool packs = half % V == 0 && pass % V == 0 && w.sB % V == 0 && w.s1 % V == 0 && w.s2 % V == 0;
     if (packs && aligned16(x) && aligned16(cs) && aligned16(sn) && aligned16(y))
-        rotary_rows<T, V>(x, cs, sn, half, pass, B, w, cB, cH, cS, R, y);
+        rotary_rows<T, V, EVICT>(x, cs, sn, half, pass, B, w, cB, cH, cS, R, y);
     else
         rotary_rows<T, 1>(x, cs, sn, half, pass, B, w, cB, cH, cS, R, y);
 }
@@ -264,7 +278,8 @@ __global__ void __launch_bounds__(128) partial_rotary(const T* x, const T* cs, c
 // The grouped-query keys: rotated (partly, with pass columns) and repeated for each query head of their
 // group in one pass. The sizes are the ones the pattern captures (x is (batch, kv_heads, seq, head_dim),
 // y has heads = kv_heads * n_rep); the op checks them against x, and the kernels read no more rows
-// than x's n elements hold (a plugin given a smaller x).
+// than x's n elements hold (a plugin given a smaller x). Their rows are stored evict-first (EVICT), an
+// n_rep of 1 included: a hint, the same numbers.
 namespace fxk {
 __device__ __forceinline__ int batches(int batch, int n, int kv_heads, int seq, int head_dim) {
     const long long row = (long long)kv_heads * seq * head_dim;
@@ -276,8 +291,9 @@ template <typename T>
 __global__ void __launch_bounds__(128) rotary_repeat_kv(const T* x, const T* cs, const T* sn, int half, int batch,
                                                         int kv_heads, int n_rep, int seq, int head_dim, int heads,
                                                         int n, int cB, int cH, int cS, T* y) {
-    fxk::rotary<T>(x, cs, sn, half, head_dim - 2 * half, fxk::batches(batch, n, kv_heads, seq, head_dim),
-                   fxk::contiguous_rows(kv_heads, seq, head_dim), cB, cH, cS, n_rep, y);
+    fxk::rotary<T, FXK_ROPE_EVICT_REPEATS != 0>(x, cs, sn, half, head_dim - 2 * half,
+                                                fxk::batches(batch, n, kv_heads, seq, head_dim),
+                                                fxk::contiguous_rows(kv_heads, seq, head_dim), cB, cH, cS, n_rep, y);
 }
 
 template <typename T>
@@ -285,16 +301,17 @@ __global__ void __launch_bounds__(128) partial_rotary_repeat_kv(const T* x, cons
                                                                 int rotary_dim, int batch, int kv_heads, int n_rep,
                                                                 int seq, int head_dim, int heads, int n, int cB,
                                                                 int cH, int cS, T* y) {
-    fxk::rotary<T>(x, cs, sn, half, head_dim - 2 * half, fxk::batches(batch, n, kv_heads, seq, head_dim),
-                   fxk::contiguous_rows(kv_heads, seq, head_dim), cB, cH, cS, n_rep, y);
+    fxk::rotary<T, FXK_ROPE_EVICT_REPEATS != 0>(x, cs, sn, half, head_dim - 2 * half,
+                                                fxk::batches(batch, n, kv_heads, seq, head_dim),
+                                                fxk::contiguous_rows(kv_heads, seq, head_dim), cB, cH, cS, n_rep, y);
 }
 
 // The grouped-query values: repeat_kv alone, a copy that writes each head n_rep times.
 template <typename T>
 __global__ void __launch_bounds__(128) repeat_kv(const T* x, int batch, int kv_heads, int n_rep, int seq,
                                                  int head_dim, int heads, int n, T* y) {
-    fxk::rotary<T>(x, x, x, 0, head_dim, fxk::batches(batch, n, kv_heads, seq, head_dim),
-                   fxk::contiguous_rows(kv_heads, seq, head_dim), 1, 1, 1, n_rep, y);
+    fxk::rotary<T, FXK_ROPE_EVICT_REPEATS != 0>(x, x, x, 0, head_dim, fxk::batches(batch, n, kv_heads, seq, head_dim),
+                                                fxk::contiguous_rows(kv_heads, seq, head_dim), 1, 1, 1, n_rep, y);
 }
 
 // What every op runs in eager PyTorch: x read where it lies (x_span: the storage x's elements span,
@@ -307,13 +324,22 @@ __global__ void __launch_bounds__(128) rotary_strided(const T* x_span, const T* 
     fxk::rotary<T>(x_span, cs, sn, half, pass, B, fxk::rows_of(A1, A2, sB, s1, s2, heads_inner), cB, cH, cS,
                    n_rep, y);
 }
+
+// The same for n_rep > 1 (the eager path launches it only then): repeated rows stored evict-first.
+template <typename T>
+__global__ void __launch_bounds__(128) rotary_strided_repeat(const T* x_span, const T* cs, const T* sn, int half,
+                                                             int pass, int B, int A1, int A2, int sB, int s1, int s2,
+                                                             int heads_inner, int n_rep, int cB, int cH, int cS, T* y) {
+    fxk::rotary<T, FXK_ROPE_EVICT_REPEATS != 0>(x_span, cs, sn, half, pass, B,
+                                                fxk::rows_of(A1, A2, sB, s1, s2, heads_inner), cB, cH, cS, n_rep, y);
+}
 """
 
-# Output elements a block takes (benchmarks/rope_tuning.py): in plain RoPE 2 items a thread in
-# float32, 1 in 16-bit; a repeating kernel's block reads 1/n_rep of that. 2048 against 4096: 1-2%
-# faster on an H100 in two runs (docs/benchmarks.md, rope_tuning_h100 and rope_block_h100), level
-# or faster on an H200 (rope_tuning); 8192 and 16384 slower on both.
-ELEMENTS_PER_BLOCK = 2048
+# Output elements a block takes (benchmarks/rope_tuning.py): in plain RoPE 4 items a thread in
+# float32, 2 in 16-bit; a repeating kernel's block reads 1/n_rep of that. On an H200, the GPU the
+# library is tuned for, 4096 against 2048: 2.6-5% faster in two runs on 2026-11-26 (2048 was 1-2%
+# faster on an H100: docs/benchmarks.md, rope_block_h100); 8192 level to 2% slower.
+ELEMENTS_PER_BLOCK = 4096
 assert EW_BLOCK == 128  # the kernels' launch bounds
 
 
@@ -393,6 +419,9 @@ ROTARY_STRIDED = KernelSpec(
     dtypes=DTYPES,
 )
 STRIDED = f"{NAMESPACE}::_rotary_strided"
+# The same kernel for rows written n_rep > 1 times, stored evict-first.
+ROTARY_STRIDED_REPEAT = dataclasses.replace(ROTARY_STRIDED, kernel_name="rotary_strided_repeat")
+STRIDED_REPEAT = f"{NAMESPACE}::_rotary_strided_repeat"
 _STRIDED_SCHEMA = ("(Tensor x_span, Tensor cos, Tensor sin, " + ", ".join(f"int {n}" for n in _STRIDED_ARGS)
                    + ") -> Tensor")
 
@@ -612,7 +641,7 @@ def walked(op: str, x: torch.Tensor, layout):
 
 def _eager(op: str, strided, check, rotated: bool):
     """A public op on CUDA: checks the call, narrows broadcast tables, and runs ROTARY_STRIDED on x
-    where it lies. All of it but the launch depends only on the call's signature, so it is decided
+    where it lies (``strided``: its launcher and ROTARY_STRIDED_REPEAT's, for n_rep 1 and more). All of it but the launch depends only on the call's signature, so it is decided
     once per signature (as the launches under it are, fxkern.ops). ``rotated``: the op takes cos, sin
     and half after x; its scalars are (half[, rotary_dim], sizes...) or, for repeat_kv, (sizes...)."""
     decided = Signatures()
@@ -639,7 +668,7 @@ def _eager(op: str, strided, check, rotated: bool):
         else:
             cos = sin = x_span
             dims = (1, 1, 1)
-        return strided(x_span, cos, sin, half, pass_cols, b, a1, a2, sb, s1, s2, heads_inner, n_rep, *dims)
+        return strided[n_rep > 1](x_span, cos, sin, half, pass_cols, b, a1, a2, sb, s1, s2, heads_inner, n_rep, *dims)
 
     on_cuda.__name__ = op.split("::")[1]
     return on_cuda
@@ -718,13 +747,24 @@ _ROTARY_REPEAT_EXAMPLE = (torch.zeros(13, 5, 11, 74), *_KV_TABLES, 37, 13, 5, 7,
 _PARTIAL_REPEAT_EXAMPLE = (torch.zeros(13, 5, 11, 90), *_KV_TABLES, 37, 74, 13, 5, 7, 11, 90, 35)
 
 
+def launchers(ops, reference, meta_fn, schema):
+    """Registers private ops ((qualname, spec) each) of one schema and CPU reference; returns their launchers."""
+    for qualname, spec in ops:
+        cuda_kernel_op(qualname, spec, reference=reference, meta_fn=meta_fn, schema=schema)
+    return tuple(kernel_op(qualname).cuda_impl for qualname, _ in ops)
+
+
+def strided_launchers(plain, repeat):
+    """The eager path's two private ops, (qualname, spec) each: ROTARY_STRIDED and its repeating kernel,
+    or a variant's. Registers them; returns their launchers, for n_rep 1 and n_rep > 1."""
+    return launchers((plain, repeat), _strided_reference, _strided_output, _STRIDED_SCHEMA)
+
+
 def register(rules) -> None:
     # Not inside inductor, whose own pointwise kernels for these are one pass as well. Registration
     # order is priority: each form before the ones it contains (the keys' rotation and repeat before
     # either alone, the partial rotation before the plain one it holds).
-    cuda_kernel_op(STRIDED, ROTARY_STRIDED, reference=_strided_reference, meta_fn=_strided_output,
-                   schema=_STRIDED_SCHEMA)
-    strided = kernel_op(STRIDED).cuda_impl
+    strided = strided_launchers((STRIDED, ROTARY_STRIDED), (STRIDED_REPEAT, ROTARY_STRIDED_REPEAT))
 
     def op(name, spec, reference, meta_fn, rotated=True, schema=None):
         qualname = f"{NAMESPACE}::{name}"
