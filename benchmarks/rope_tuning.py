@@ -6,9 +6,10 @@ transformers' ``apply_rotary_pos_emb`` on queries as attention projects them (``
 ``(b, h, s, d)``, read in place) and on contiguous ones, cos and sin ``(1, 1, s, d)``; GPT-NeoX's
 partial rotary (a quarter of each head) of the queries' column block of the fused QKV projection; and
 grouped-query attention's projected keys rotated and repeated, and values repeated (8 heads to 32).
-Every op runs the one kernel. GB/s of useful bytes (x, cos, sin and output once each), CUDA events
-around 10 back-to-back calls, the GPU kept busy by an untimed call before each sample, median of 20,
-then the median over rounds (the order rotated each round).
+Every op runs the one kernel (rows written more than once, its repeating twin). GB/s of useful
+bytes (x, cos, sin and output once each), CUDA events around 10 back-to-back calls, the GPU kept
+busy by an untimed call before each sample, median of 20, then the median over rounds (the order
+rotated each round).
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ DTYPES = (torch.float32, torch.bfloat16)
 SHIPPED = {"edits": (), "macros": "", "per_block": 4096}
 VARIANTS: dict[str, dict] = {
     "shipped (x read in place, 4096 a block, 16-bit pairs, 4 pass packs a thread in rows written once, repeats evict-first)": SHIPPED,
-    # on an H200 2.6-5% slower than 4096 at 16x32x2048x128 (2026-11-26, two runs); 1-2% faster on an H100
+    # on an H200 1.4-5% slower than 4096 at 16x32x2048x128 (2026-11-26, three runs); 1-2% faster on an H100
     "2048 a block (shipped 2026-11-25 20:30 UTC to 2026-11-26)": {**SHIPPED, "per_block": 2048},
     "16-bit on the float path": {**SHIPPED, "macros": "#define FXK_ROPE_PAIRS 0\n"},
     "1 pass pack a thread": {**SHIPPED, "macros": "#define FXK_PASS_PACKS 1\n"},

@@ -41,7 +41,7 @@ from fxkern.library import rotary
 from fxkern.library._rules import COMPILE_FREE_IRS, NAMESPACE, add_rule
 from fxkern.library.rmsnorm import NORM_MATH, gemma_rmsnorm, llama_rmsnorm
 from fxkern.library.rotary import SIZES, repeat_kv, rotary_embedding
-from fxkern.ops import Signatures, cuda_kernel_op, kernel_op, tensor_signature
+from fxkern.ops import Signatures, cuda_kernel_op, tensor_signature
 from fxkern.patterns import SENTINELS
 from fxkern.spec import Custom, DimSize, InputDecl, KernelSpec, Numel, ScalarInput
 from fxkern.symbolic import cdiv

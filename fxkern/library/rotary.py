@@ -24,7 +24,8 @@ second one and the ``cat``, a form matched on its own.
 
 Queries come out of their projection as ``q.view(B, S, H, D).transpose(1, 2)``: a ``(B, H, S, D)``
 view of a ``(B, S, H, D)`` tensor; from a fused QKV projection (GPT-NeoX, Phi-3) a column block of
-each row as well. In eager PyTorch every op here runs one kernel, ``rotary_strided``, that reads x
+each row as well. In eager PyTorch every op here runs one kernel, ``rotary_strided`` (or, for rows
+written more than once, ``rotary_strided_repeat``, which stores them evict-first), that reads x
 where it lies, at any non-negative strides with a contiguous last axis (within int32; other layouts
 are made contiguous first), and writes a contiguous ``(B, H, S, D)`` result, which attention would
 otherwise copy out itself.
@@ -337,7 +338,7 @@ __global__ void __launch_bounds__(128) rotary_strided_repeat(const T* x_span, co
 
 # Output elements a block takes (benchmarks/rope_tuning.py): in plain RoPE 4 items a thread in
 # float32, 2 in 16-bit; a repeating kernel's block reads 1/n_rep of that. On an H200, the GPU the
-# library is tuned for, 4096 against 2048: 2.6-5% faster in two runs on 2026-11-26 (2048 was 1-2%
+# library is tuned for, 4096 against 2048: 1.4-5% faster in three runs on 2026-11-26 (2048 was 1-2%
 # faster on an H100: docs/benchmarks.md, rope_block_h100); 8192 level to 2% slower.
 ELEMENTS_PER_BLOCK = 4096
 assert EW_BLOCK == 128  # the kernels' launch bounds
