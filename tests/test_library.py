@@ -1083,6 +1083,36 @@ def test_rotary_eager_path_refuses_more_than_int32_elements():
         on_cuda(x, cos, cos.clone(), 64)
 
 
+def test_rows_written_more_than_once_run_their_own_kernel():
+    """The eager path launches the repeating kernel for n_rep > 1 only: rows written once keep the
+    kernel measured without the evict-first hint (docs/library.md)."""
+    from fxkern.library import rotary
+
+    launched = []
+    launchers = (lambda *a: launched.append("plain"), lambda *a: launched.append("repeat"))
+    x, (cos, sin) = torch.randn(2, 4, 8, 16), rope_tables(2, 8, 16)
+    rope = rotary._eager("fxkern_lib::rotary_embedding_repeat_kv", launchers, rotary._rotary_repeat_output, True)
+    rope(x, cos[:, None], sin[:, None], 8, 2, 4, 2, 8, 16, 8)
+    rope(x, cos[:, None], sin[:, None], 8, 2, 4, 1, 8, 16, 4)  # n_rep 1: rows written once
+    copy = rotary._eager("fxkern_lib::repeat_kv", launchers, rotary._repeat_output, False)
+    copy(x, 2, 4, 3, 8, 16, 12)
+    assert launched == ["repeat", "plain", "repeat"]
+
+
+def test_only_the_repeating_kernels_store_evict_first():
+    """st.global.cs in the PTX of the eager path's repeating kernels (rotary's and norm+rotary's), in
+    none of the kernels for rows written once."""
+    from fxkern.library import norm_rotary, rotary
+
+    lib.rules()
+    for plain, repeat in ((rotary.STRIDED, rotary.STRIDED_REPEAT), (norm_rotary.STRIDED, norm_rotary.STRIDED_REPEAT)):
+        assert "st.global.cs" not in fxkern.kernel_op(plain).compiled.ptx, plain
+        ptx = fxkern.kernel_op(repeat).compiled.ptx
+        entries = ptx.split(".entry ")[1:]
+        assert len(entries) == 3, repeat  # float32, float16, bfloat16
+        assert all("st.global.cs.v4" in e for e in entries), repeat
+
+
 def test_partial_rotary_op_checks_its_inputs():
     op = lib.op("partial_rotary_embedding")
     x, (cos, sin) = torch.randn(2, 4, 8, 16), rope_tables(2, 8, 4)

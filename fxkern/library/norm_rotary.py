@@ -59,7 +59,8 @@ namespace fxk {
 #endif
 
 // Rows written R > 1 times (grouped-query keys) are stored evict-first when EVICT says so, as rotary's
-// (rotary.store_out), and eager PyTorch runs a kernel of its own for them (norm_rotary_strided_repeat):
+// (rotary.store_out): in eager PyTorch, which runs a kernel of its own for them (norm_rotary_strided_repeat;
+// the TensorRT repeat kernels store plainly, not yet measured with the hint):
 // behind a branch on R in the one kernel the hint cost rows written once 6% on an H200, and as a second
 // instantiation beside the first the kernel took 96 registers a thread (benchmarks/norm_rope_tuning.py,
 // 2026-11-26).
@@ -385,7 +386,8 @@ class _Form:
 
 def _eager(form: _Form, strided):
     """A public op on CUDA: checks the call, narrows broadcast tables, and runs NORM_ROTARY_STRIDED on x
-    where it lies (``strided``: its launcher and NORM_ROTARY_STRIDED_REPEAT's, for n_rep 1 and more) (decided once per signature, as rotary's ops do)."""
+    where it lies, decided once per signature as rotary's ops do (``strided``: its launcher and
+    NORM_ROTARY_STRIDED_REPEAT's, for n_rep 1 and more)."""
     decided = Signatures()
 
     def on_cuda(x, weight, cos, sin, eps, half, *sizes):
@@ -404,7 +406,7 @@ def _eager(form: _Form, strided):
         cos, sin = rotary._narrow(cos, sin, axes)
         launch = strided[n_rep > 1]
         return launch(heads.as_strided((span,), (1,)), weight.contiguous(), cos, sin, eps, half, int(form.gemma),
-                       b, a1, a2, sb, s1, s2, heads_inner, n_rep, *cos.shape[:3])
+                      b, a1, a2, sb, s1, s2, heads_inner, n_rep, *cos.shape[:3])
 
     on_cuda.__name__ = form.name
     return on_cuda

@@ -165,13 +165,13 @@ __device__ __forceinline__ Rows rows_of(int A1, int A2, int sB, int s1, int s2, 
 // are (cB, cH, cS, 2 * half), contiguous, each of cB, cH, cS 1 or x's size. A thread takes one item:
 // a pack of V columns from each half of a row with their cos and sin, or FXK_PASS_PACKS packs of pass
 // columns, Q packs apart (a copy: more than one pack a thread keeps more loads in flight).
-// A row repeated R > 1 times is stored evict-first (st.global.cs: written once, read by no one here),
-// so R times x's bytes of output pass through L2 without pushing out what is still to be read: keys
-// rotated and repeated +1.8-3.1%, float32 values +1.8% (benchmarks/rope_tuning.py, an H200 and an
-// H100). EVICT says so at compile time, and eager PyTorch runs a kernel of its own for repeats
-// (rotary_strided_repeat): behind a branch on R in the one kernel the hint cost rows written once
-// 2.6-6% on an H200 (float32 contiguous; 2026-11-26), and as a second instantiation beside the first,
-// bfloat16 partial rotary 38%.
+// With EVICT, rows are stored evict-first (st.global.cs: written once, read by no one here), so a row
+// repeated R times passes R times x's bytes through L2 without pushing out what is still to be read:
+// keys rotated and repeated +1.8-3.1%, float32 values +1.8% (benchmarks/rope_tuning.py, an H200 and
+// an H100). Eager PyTorch runs a kernel of its own for R > 1 (rotary_strided_repeat); the TensorRT
+// repeat kernels set EVICT whatever R (for R = 1, a hint: the same numbers). Behind a branch on R in
+// the one kernel the hint made rows written once 2.6-6% slower on an H200 (float32 contiguous;
+// 2026-11-26), and as a second instantiation beside the first, bfloat16 partial rotary 38% slower.
 #ifndef FXK_ROPE_EVICT_REPEATS
 #define FXK_ROPE_EVICT_REPEATS 1
 #endif
@@ -642,9 +642,10 @@ def walked(op: str, x: torch.Tensor, layout):
 
 def _eager(op: str, strided, check, rotated: bool):
     """A public op on CUDA: checks the call, narrows broadcast tables, and runs ROTARY_STRIDED on x
-    where it lies (``strided``: its launcher and ROTARY_STRIDED_REPEAT's, for n_rep 1 and more). All of it but the launch depends only on the call's signature, so it is decided
-    once per signature (as the launches under it are, fxkern.ops). ``rotated``: the op takes cos, sin
-    and half after x; its scalars are (half[, rotary_dim], sizes...) or, for repeat_kv, (sizes...)."""
+    where it lies (``strided``: its launcher and ROTARY_STRIDED_REPEAT's, for n_rep 1 and more). All
+    of it but the launch depends only on the call's signature, so it is decided once per signature
+    (as the launches under it are, fxkern.ops). ``rotated``: the op takes cos, sin and half after x;
+    its scalars are (half[, rotary_dim], sizes...) or, for repeat_kv, (sizes...)."""
     decided = Signatures()
 
     def on_cuda(x, *args):
