@@ -18,7 +18,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import common  # noqa: E402
-from masked_tuning import FUSED_WRITE, compare_variants  # noqa: E402
+from masked_tuning import FUSED_WRITE, compare_variants, staged  # noqa: E402
 
 SCALE, CAP = 0.0625, 50.0
 
@@ -68,6 +68,9 @@ VARIANTS: dict[str, dict] = {
     "float32 small blocks at 16 an SM, rows of up to 8192 fetched first": _variant(**_masked(
         blocks_short_32bit=16, fetch_first=("_short", "_32bit"))),
     "float32 small blocks at 8 an SM, fetched first": _variant(blocks_short_32bit=8),
+    # masked_tuning.STAGED (not yet run on a GPU): rows staged through shared memory by cp.async
+    "staged through shared memory, 3 stages, 4 warps a block": staged(),
+    "staged through shared memory, 2 stages, 2 warps a block": staged(stages=2, threads=64),
     # diagnostics: what tanhf would cost bfloat16, and what rounding each step to bfloat16, as eager does, costs
     "(tanhf in bfloat16 too)": _variant(edits=(("tanh_<IsBf16<T>::value>(", "tanh_<false>("),)),
     "(one rounding: the capped, masked score computed in float32)": _variant(edits=(_FLOAT_PROLOGUE,) + tuple(

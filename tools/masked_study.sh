@@ -5,7 +5,9 @@
 # their labels, comma-separated; empty: all). Results under $OUT (or ./gpu-out):
 #   ONLY="hints,memory order" bash tools/masked_study.sh
 # NCU=0 leaves out Nsight Compute; LIBRARY=1 adds the library benchmark's masked rows, measured
-# against the device-to-device copy.
+# against the device-to-device copy; SOFTCAP=1 runs softcap_tuning.py for the same ONLY after it.
+# The rows staged through shared memory (not yet run on a GPU):
+#   NCU=0 ONLY="staged" SOFTCAP=1 bash tools/masked_study.sh
 source "$(dirname "$0")/device_env.sh"
 cases=("bfloat16 8x32x512" "bfloat16 2x16x2048" "float32 2x16x2048" "float32 8x32x512")
 [[ ${NCU:-1} == 0 ]] && cases=()
@@ -21,6 +23,9 @@ only=()
 IFS=, read -ra parts <<< "${ONLY:-}"
 for p in "${parts[@]}"; do only+=(--only "$p"); done
 python3 benchmarks/masked_tuning.py --rounds 3 "${only[@]}" --section-out "$OUT/masked_tuning.md" 2>&1 | tail -30
+if [[ ${SOFTCAP:-0} == 1 ]]; then
+  python3 benchmarks/softcap_tuning.py --rounds 3 "${only[@]}" --section-out "$OUT/softcap_tuning.md" 2>&1 | tail -30
+fi
 if [[ ${LIBRARY:-0} == 1 ]]; then
   python3 benchmarks/library.py --rounds 3 --only masked --section-out "$OUT/library_masked.md" 2>&1 | tail -12
 fi
