@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
-# The rotary kernel's blocks and stores in one device call (2026-11-25). Default: the rotary GPU
-# tests, rope_tuning's shipped 2048-element blocks against 4096, and the library benchmark's
-# transformers rows. REPEAT=1: rope_tuning's repeat_kv variants (repeated rows stored without the
-# evict-first hint, two packs a thread when repeating), the rotary GPU tests and the library's
-# repeat_kv rows. REPEAT=2: norm_rope_tuning's evict-first variant (not yet run) and the norm+rotary
-# GPU tests. Results under $OUT (or ./gpu-out).
+# The rotary kernels' blocks and stores in one device call. Default: the rotary GPU tests,
+# rope_tuning's shipped kernel (4096 elements a block, repeats in rotary_strided_repeat) against
+# 2048 a block and against repeats stored as any other, and the library benchmark's RoPE rows.
+# REPEAT=1: rope_tuning's repeat_kv variants (repeats stored as any other, two packs a thread when
+# repeating), the rotary GPU tests and the library's repeat_kv rows. REPEAT=2: every
+# norm_rope_tuning variant (rows a thread group and elements a block were chosen on an H100) and
+# the norm+rotary GPU tests. Results under $OUT (or ./gpu-out).
 source "$(dirname "$0")/device_env.sh"
 if [[ ${REPEAT:-0} == 2 ]]; then
-  python3 benchmarks/norm_rope_tuning.py --rounds 3 --only 'evict-first' --section-out "$OUT/norm_rope_repeat.md" 2>&1 | tail -6
   python3 -m pytest -q -p no:cacheprovider tests/test_library_gpu.py -k "norm_rotary" 2>&1 | tail -2
+  python3 benchmarks/norm_rope_tuning.py --rounds 3 --section-out "$OUT/norm_rope_tuning.md" 2>&1 | tail -10
   exit
 fi
 if [[ ${REPEAT:-0} == 1 ]]; then
@@ -18,5 +19,5 @@ if [[ ${REPEAT:-0} == 1 ]]; then
   exit
 fi
 python3 -m pytest -q -p no:cacheprovider tests/test_library_gpu.py -k "rotary or repeat_kv" 2>&1 | tail -6
-python3 benchmarks/rope_tuning.py --rounds 3 --only 4096 --section-out "$OUT/rope_tuning.md" 2>&1 | tail -8
-python3 benchmarks/library.py --rounds 3 --only transformers --section-out "$OUT/library_rope.md" 2>&1 | tail -14
+python3 benchmarks/rope_tuning.py --rounds 3 --only 2048 --only 'stored as any other' --section-out "$OUT/rope_tuning.md" 2>&1 | tail -8
+python3 benchmarks/library.py --rounds 3 --only RoPE --section-out "$OUT/library_rope.md" 2>&1 | grep -v "^|" | tail -16
