@@ -58,12 +58,11 @@ namespace fxk {
 #define FXK_NR_ROWS 2
 #endif
 
-// Rows written R > 1 times (grouped-query keys) are stored evict-first when EVICT says so, as rotary's
-// (rotary.store_out): in eager PyTorch, which runs a kernel of its own for them (norm_rotary_strided_repeat;
-// the TensorRT repeat kernels store plainly, not yet measured with the hint):
-// behind a branch on R in the one kernel the hint cost rows written once 6% on an H200, and as a second
-// instantiation beside the first the kernel took 96 registers a thread (benchmarks/norm_rope_tuning.py,
-// 2026-11-26).
+// With EVICT, rows are stored evict-first, as rotary's (rotary.store_out). Eager PyTorch runs a kernel
+// of its own for rows written R > 1 times (norm_rotary_strided_repeat), which sets it; the TensorRT
+// repeat kernels store plainly (not yet measured with the hint). Behind a branch on R in the one
+// kernel the hint made rows written once 6% slower on an H200, and as a second instantiation beside
+// the first the kernel took 96 registers a thread (benchmarks/norm_rope_tuning.py, 2026-11-26).
 #ifndef FXK_NR_EVICT_REPEATS
 #define FXK_NR_EVICT_REPEATS 1
 #endif
