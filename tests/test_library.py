@@ -1099,13 +1099,38 @@ def test_rows_written_more_than_once_run_their_own_kernel():
     assert launched == ["repeat", "plain", "repeat"]
 
 
+def test_norm_rotary_runs_its_16_byte_kernel_where_packs_fit():
+    """The eager path launches norm_rotary_packs (or its repeating twin, for n_rep > 1) where half, the
+    walk's strides and every pointer allow 16-byte packs, and the kernel for any alignment elsewhere:
+    the packs kernel writes nothing where they do not fit."""
+    from fxkern.library import norm_rotary
+
+    launched = []
+    launchers = tuple((lambda kind: lambda *a: launched.append(kind))(k) for k in ("any", "packs", "packs_repeat"))
+    qwen = norm_rotary._eager(norm_rotary._Form("rms_norm_rotary_embedding", False, False), launchers)
+    keys = norm_rotary._eager(norm_rotary._Form("rms_norm_rotary_embedding_repeat_kv", False, True), launchers)
+    b, s, h, d = 2, 8, 4, 16
+    x, w, (cos, sin) = torch.randn(b, s, h, d), torch.randn(d), rope_tables(b, s, d)
+    cos, sin = cos[:, None], sin[:, None]
+    qwen(x, w, cos, sin, 1e-6, d // 2)
+    keys(x, w, cos, sin, 1e-6, d // 2, b, h, 2, s, d, 2 * h)
+    keys(x, w, cos, sin, 1e-6, d // 2, b, h, 1, s, d, h)  # n_rep 1: rows written once
+    past = torch.randn(b * s * h * d + 1)[1:].view(b, s, h, d)  # one element past 16-byte alignment
+    qwen(past, w, cos, sin, 1e-6, d // 2)
+    qwen(x, torch.randn(d + 1)[1:], cos, sin, 1e-6, d // 2)  # the weight past alignment
+    wide = torch.randn(b, s, h, d + 2)[..., :d]  # rows d + 2 apart: strides not whole packs
+    qwen(wide, w, cos, sin, 1e-6, d // 2)
+    assert launched == ["packs", "packs_repeat", "packs", "any", "any", "any"]
+
+
 def test_only_the_repeating_kernels_store_evict_first():
     """st.global.cs in the PTX of the eager path's repeating kernels (rotary's and norm+rotary's), in
     none of the kernels for rows written once."""
     from fxkern.library import norm_rotary, rotary
 
     lib.rules()
-    for plain, repeat in ((rotary.STRIDED, rotary.STRIDED_REPEAT), (norm_rotary.STRIDED, norm_rotary.STRIDED_REPEAT)):
+    assert "st.global.cs" not in fxkern.kernel_op(norm_rotary.STRIDED).compiled.ptx
+    for plain, repeat in ((rotary.STRIDED, rotary.STRIDED_REPEAT), (norm_rotary.PACKS, norm_rotary.PACKS_REPEAT)):
         assert "st.global.cs" not in fxkern.kernel_op(plain).compiled.ptx, plain
         ptx = fxkern.kernel_op(repeat).compiled.ptx
         entries = ptx.split(".entry ")[1:]

@@ -811,8 +811,12 @@ def test_norm_rotary_reads_x_in_place_and_checks_its_inputs():
         sizes = (b, h, 2, s, d, 2 * h) if name.endswith("repeat_kv") else ()
         xs = x.transpose(1, 2) if heads_first else x
         names = kernels_run(lambda: lib.op(name)(xs, w, cos, sin, 1e-6, d // 2, *sizes))
-        kernel = "norm_rotary_strided_repeat" if name.endswith("repeat_kv") else "norm_rotary_strided"
+        kernel = "norm_rotary_packs_repeat" if name.endswith("repeat_kv") else "norm_rotary_packs"
         assert runs_only(names, kernel), names  # one kernel, no copy first
+        past = torch.cat([x.new_zeros(1), x.flatten()])[1:].view(x.shape)  # one element past alignment
+        names = kernels_run(lambda: lib.op(name)(past.transpose(1, 2) if heads_first else past, w, cos, sin, 1e-6,
+                                                 d // 2, *sizes))
+        assert runs_only(names, "norm_rotary_strided"), names
     op = lib.op("rms_norm_rotary_embedding")
     with pytest.raises(fxkern.KernelInputError, match="head_dim 512 is more than 256"):
         big = rand(1, 2, 2, 512, dtype=torch.bfloat16)

@@ -52,14 +52,23 @@ _DTYPES = rotary.DTYPES
 SOURCE = rotary.SOURCE + NORM_MATH + r"""
 namespace fxk {
 
-// Rows a thread group holds at once (benchmarks/norm_rope_tuning.py, H100: one row a group ran 5-11%
-// slower in 16-bit types, 4% in float32; four rows, 6-18% slower at 80+ registers a thread).
+// Rows a thread group holds at once in the kernels that take any alignment (benchmarks/norm_rope_tuning.py,
+// H100: one row a group ran 5-11% slower in 16-bit types, 4% in float32; four rows, 6-18% slower at
+// 80+ registers a thread).
 #ifndef FXK_NR_ROWS
 #define FXK_NR_ROWS 2
 #endif
 
+// Rows a thread group holds in eager PyTorch's 16-byte kernels (norm_rotary_packs), which load a row's
+// cos and sin with the row (AHEAD). H200, 2026-11-26, Qwen3's q float32 / bfloat16: 3966 / 3934 GB/s,
+// against 3866 / 3606 at two rows (94 registers a thread) and 3888 / 3924 at two rows with the tables
+// loaded after the sum of squares (benchmarks/norm_rope_tuning.py).
+#ifndef FXK_NR_PACK_ROWS
+#define FXK_NR_PACK_ROWS 1
+#endif
+
 // With EVICT, rows are stored evict-first, as rotary's (rotary.store_out). Eager PyTorch runs a kernel
-// of its own for rows written R > 1 times (norm_rotary_strided_repeat), which sets it; the TensorRT
+// of its own for rows written R > 1 times (norm_rotary_packs_repeat), which sets it; the TensorRT
 // repeat kernels store plainly (not yet measured with the hint). Behind a branch on R in the one
 // kernel the hint made rows written once 6% slower on an H200, and as a second instantiation beside
 // the first the kernel took 96 registers a thread (benchmarks/norm_rope_tuning.py, 2026-11-26).
@@ -71,13 +80,15 @@ namespace fxk {
 // and rotated, then written R times into y (B, H * R, S, D), contiguous. G threads take a row (a power
 // of two up to 32: the sum of squares is a sub-warp shuffle), each holding NP packs of V columns from
 // each half with their pairs (column c with c + half, as the rotation pairs them); a group holds U rows
-// at once. A block takes a contiguous chunk of the rows.
-template <typename T, int MODE, int V, int NP, bool EVICT = false>
+// at once. With AHEAD a row's cos and sin are loaded with the row, so their trip to L2 overlaps the
+// row's instead of following the sum of squares (a row's tables are as many bytes as the row); it
+// costs registers, which only the 16-byte kernels of eager PyTorch can spare. A block takes a
+// contiguous chunk of the rows.
+template <typename T, int MODE, int V, int NP, int U, bool AHEAD, bool EVICT>
 __device__ __forceinline__ void norm_rotary_rows(const T* __restrict__ x, const T* __restrict__ wt,
                                                  const T* __restrict__ cs, const T* __restrict__ sn, float eps,
                                                  unsigned half, unsigned B, const Rows& w, unsigned cB, unsigned cH,
                                                  unsigned cS, unsigned R, T* __restrict__ y) {
-    constexpr int U = FXK_NR_ROWS;
     const unsigned D = 2 * half, packs = half / V, need = (packs + NP - 1) / NP;
     const unsigned G = need > 1 ? 1u << (32 - __clz(need - 1)) : 1u, lg = log2_of(G);
     const unsigned g = threadIdx.x >> lg, t = threadIdx.x & (G - 1), groups = blockDim.x >> lg;
@@ -89,7 +100,7 @@ __device__ __forceinline__ void norm_rotary_rows(const T* __restrict__ x, const 
     for (unsigned first = lo; first < hi; first += groups * U) {  // the same steps for every thread of the block
         unsigned b[U], h[U], s[U];
         size_t xo[U];
-        Pack<T, V> a[U][NP], c[U][NP];
+        Pack<T, V> a[U][NP], c[U][NP], cos_a[U][NP], cos_b[U][NP], sin_a[U][NP], sin_b[U][NP];
         float sq[U];
 #pragma unroll
         for (int u = 0; u < U; ++u) {
@@ -103,6 +114,13 @@ __device__ __forceinline__ void norm_rotary_rows(const T* __restrict__ x, const 
                 if (r < hi && col < half) {
                     a[u][k] = load<T, V>(x + xo[u] + col);
                     c[u][k] = load<T, V>(x + xo[u] + col + half);
+                    if constexpr (AHEAD) {
+                        const size_t co = (size_t)(b[u] * sb + h[u] * sh + s[u] * ss) * D;
+                        cos_a[u][k] = load<T, V>(cs + co + col);
+                        cos_b[u][k] = load<T, V>(cs + co + col + half);
+                        sin_a[u][k] = load<T, V>(sn + co + col);
+                        sin_b[u][k] = load<T, V>(sn + co + col + half);
+                    }
                 }
             }
         }
@@ -127,8 +145,11 @@ __device__ __forceinline__ void norm_rotary_rows(const T* __restrict__ x, const 
                     const Pack<T, V> na = rms_pack<T, MODE, V>(a[u][k], load<T, V>(wt + col), rn);
                     const Pack<T, V> nb = rms_pack<T, MODE, V>(c[u][k], load<T, V>(wt + col + half), rn);
                     Pack<T, V> ya, yb;
-                    rope_packs<T, V>(na, nb, load<T, V>(cs + co + col), load<T, V>(cs + co + col + half),
-                                     load<T, V>(sn + co + col), load<T, V>(sn + co + col + half), ya, yb);
+                    if constexpr (AHEAD)
+                        rope_packs<T, V>(na, nb, cos_a[u][k], cos_b[u][k], sin_a[u][k], sin_b[u][k], ya, yb);
+                    else
+                        rope_packs<T, V>(na, nb, load<T, V>(cs + co + col), load<T, V>(cs + co + col + half),
+                                         load<T, V>(sn + co + col), load<T, V>(sn + co + col + half), ya, yb);
                     for (unsigned q = 0; q < R; ++q) {
                         store_out<T, V, EVICT>(y + out + q * head + col, ya);
                         store_out<T, V, EVICT>(y + out + q * head + col + half, yb);
@@ -139,24 +160,46 @@ __device__ __forceinline__ void norm_rotary_rows(const T* __restrict__ x, const 
     }
 }
 
-// 16-byte packs where every pointer, stride and half allow them: a row of up to 256 columns is at most 32
-// packs a half, one a thread. Else single elements, up to 4 a half a thread (half <= 128: the ops refuse
-// head_dim past 256). The row count a thread holds sets the kernel's registers (each instantiation is in
-// every launch's budget), so the 16-byte path holds one pack from each half and no more.
+// Whether every pointer, stride and half allow 16-byte packs (the launcher's packs_fit, in Python).
+template <typename T>
+__device__ __forceinline__ bool packs_fit(const T* x, const T* wt, const T* cs, const T* sn, int half, const Rows& w,
+                                          const T* y) {
+    constexpr unsigned V = 16 / sizeof(T);
+    return half % V == 0 && w.sB % V == 0 && w.s1 % V == 0 && w.s2 % V == 0 && aligned16(x) && aligned16(wt) &&
+           aligned16(cs) && aligned16(sn) && aligned16(y);
+}
+
+// Any alignment: 16-byte packs where packs_fit, a row of up to 256 columns at most 32 packs a half, one
+// a thread. Else single elements, up to 4 a half a thread (half <= 128: the ops refuse head_dim past
+// 256). The row count a thread holds sets the kernel's registers (each instantiation is in every
+// launch's budget), so the 16-byte path holds one pack from each half and no more.
 template <typename T, int MODE, bool EVICT = false>
 __device__ __forceinline__ void norm_rotary(const T* x, const T* wt, const T* cs, const T* sn, float eps, int half,
                                             int B, const Rows& w, int cB, int cH, int cS, int R, T* y) {
-    constexpr int V = 16 / sizeof(T);
+    constexpr int V = 16 / sizeof(T), U = FXK_NR_ROWS;
     if (half <= 0 || R <= 0 || half > 128) return;
-    const bool packs = half % V == 0 && w.sB % V == 0 && w.s1 % V == 0 && w.s2 % V == 0;
-    if (packs && aligned16(x) && aligned16(wt) && aligned16(cs) && aligned16(sn) && aligned16(y))
-        norm_rotary_rows<T, MODE, V, 1, EVICT>(x, wt, cs, sn, eps, half, B, w, cB, cH, cS, R, y);
+    if (packs_fit(x, wt, cs, sn, half, w, y))
+        norm_rotary_rows<T, MODE, V, 1, U, false, EVICT>(x, wt, cs, sn, eps, half, B, w, cB, cH, cS, R, y);
     else if (half <= 32)
-        norm_rotary_rows<T, MODE, 1, 1>(x, wt, cs, sn, eps, half, B, w, cB, cH, cS, R, y);
+        norm_rotary_rows<T, MODE, 1, 1, U, false, false>(x, wt, cs, sn, eps, half, B, w, cB, cH, cS, R, y);
     else if (half <= 64)
-        norm_rotary_rows<T, MODE, 1, 2>(x, wt, cs, sn, eps, half, B, w, cB, cH, cS, R, y);
+        norm_rotary_rows<T, MODE, 1, 2, U, false, false>(x, wt, cs, sn, eps, half, B, w, cB, cH, cS, R, y);
     else
-        norm_rotary_rows<T, MODE, 1, 4>(x, wt, cs, sn, eps, half, B, w, cB, cH, cS, R, y);
+        norm_rotary_rows<T, MODE, 1, 4, U, false, false>(x, wt, cs, sn, eps, half, B, w, cB, cH, cS, R, y);
+}
+
+// 16-byte packs only, with a row's cos and sin loaded AHEAD: eager PyTorch's kernel where its launcher
+// found that packs fit. Without the element-wise paths in its budget it takes 56 registers a thread
+// where norm_rotary takes 80 (H200, 2026-11-26, norm_rope_tuning.py in one run, Qwen3 / Gemma 3: q
+// float32 3967 / 3964 GB/s against norm_rotary's 3908 / 3902, bfloat16 3934 / 3894 against 3708 /
+// 3611; the keys repeated 0.6% slower, 3839 / 3828 against 3863 / 3852 float32 / bfloat16).
+// A call packs do not fit (never from the launcher) writes nothing.
+template <typename T, int MODE, bool EVICT>
+__device__ __forceinline__ void norm_rotary_packs(const T* x, const T* wt, const T* cs, const T* sn, float eps,
+                                                  int half, int B, const Rows& w, int cB, int cH, int cS, int R, T* y) {
+    constexpr int V = 16 / sizeof(T);
+    if (half <= 0 || R <= 0 || half > 128 || !packs_fit(x, wt, cs, sn, half, w, y)) return;
+    norm_rotary_rows<T, MODE, V, 1, FXK_NR_PACK_ROWS, true, EVICT>(x, wt, cs, sn, eps, half, B, w, cB, cH, cS, R, y);
 }
 
 // x contiguous (B, S, H, D), the (B, H, S, D) rows walked heads inner: Qwen3's form.
@@ -207,46 +250,59 @@ __global__ void __launch_bounds__(128) gemma_rms_norm_rotary_repeat_kv(const T* 
 }
 
 // What every op runs in eager PyTorch: the (B, H, S, D) view of x read in place from x_span at strides
-// sB, s1, s2 (walked (b, a1, a2), a2 the heads when heads_inner), gemma: Gemma's numbers, else Llama's;
-// for n_rep > 1 (REPEAT), norm_rotary_strided_repeat.
+// sB, s1, s2 (walked (b, a1, a2), a2 the heads when heads_inner), gemma: Gemma's numbers, else Llama's.
+// The launcher picks the kernel: norm_rotary_packs where 16-byte packs fit (norm_rotary_packs_repeat,
+// storing evict-first, for n_rep > 1), else norm_rotary_strided, which takes any alignment.
 namespace fxk {
-template <typename T, bool REPEAT>
+template <typename T, bool PACKS, bool EVICT>
 __device__ __forceinline__ void norm_rotary_strided(const T* x_span, const T* weight, const T* cs, const T* sn,
                                                     float eps, int half, int gemma, int B, int A1, int A2, int sB,
                                                     int s1, int s2, int heads_inner, int n_rep, int cB, int cH, int cS,
                                                     T* y) {
-    constexpr bool EVICT = REPEAT && FXK_NR_EVICT_REPEATS;
     const Rows w = rows_of(A1, A2, sB, s1, s2, heads_inner);
-    if (gemma)
-        norm_rotary<T, RMS_GEMMA, EVICT>(x_span, weight, cs, sn, eps, half, B, w, cB, cH, cS, n_rep, y);
-    else
-        norm_rotary<T, RMS_LLAMA, EVICT>(x_span, weight, cs, sn, eps, half, B, w, cB, cH, cS, n_rep, y);
+    if constexpr (PACKS) {
+        if (gemma)
+            norm_rotary_packs<T, RMS_GEMMA, EVICT>(x_span, weight, cs, sn, eps, half, B, w, cB, cH, cS, n_rep, y);
+        else
+            norm_rotary_packs<T, RMS_LLAMA, EVICT>(x_span, weight, cs, sn, eps, half, B, w, cB, cH, cS, n_rep, y);
+    } else {
+        if (gemma)
+            norm_rotary<T, RMS_GEMMA>(x_span, weight, cs, sn, eps, half, B, w, cB, cH, cS, n_rep, y);
+        else
+            norm_rotary<T, RMS_LLAMA>(x_span, weight, cs, sn, eps, half, B, w, cB, cH, cS, n_rep, y);
+    }
 }
 }  // namespace fxk
 
 template <typename T>
-__global__ void __launch_bounds__(128) norm_rotary_strided(const T* x_span, const T* weight, const T* cs,
-                                                           const T* sn, float eps, int half, int gemma, int B, int A1,
-                                                           int A2, int sB, int s1, int s2, int heads_inner, int n_rep,
-                                                           int cB, int cH, int cS, T* y) {
-    fxk::norm_rotary_strided<T, false>(x_span, weight, cs, sn, eps, half, gemma, B, A1, A2, sB, s1, s2, heads_inner,
-                                       n_rep, cB, cH, cS, y);
+__global__ void __launch_bounds__(128) norm_rotary_strided(
+    const T* x_span, const T* weight, const T* cs, const T* sn, float eps, int half, int gemma, int B,
+    int A1, int A2, int sB, int s1, int s2, int heads_inner, int n_rep, int cB, int cH, int cS, T* y) {
+    fxk::norm_rotary_strided<T, false, false>(x_span, weight, cs, sn, eps, half, gemma, B, A1, A2, sB, s1, s2,
+        heads_inner, n_rep, cB, cH, cS, y);
 }
 
 template <typename T>
-__global__ void __launch_bounds__(128) norm_rotary_strided_repeat(const T* x_span, const T* weight, const T* cs,
-                                                                  const T* sn, float eps, int half, int gemma, int B,
-                                                                  int A1, int A2, int sB, int s1, int s2,
-                                                                  int heads_inner, int n_rep, int cB, int cH, int cS,
-                                                                  T* y) {
-    fxk::norm_rotary_strided<T, true>(x_span, weight, cs, sn, eps, half, gemma, B, A1, A2, sB, s1, s2, heads_inner,
-                                      n_rep, cB, cH, cS, y);
+__global__ void __launch_bounds__(128) norm_rotary_packs(
+    const T* x_span, const T* weight, const T* cs, const T* sn, float eps, int half, int gemma, int B,
+    int A1, int A2, int sB, int s1, int s2, int heads_inner, int n_rep, int cB, int cH, int cS, T* y) {
+    fxk::norm_rotary_strided<T, true, false>(x_span, weight, cs, sn, eps, half, gemma, B, A1, A2, sB, s1, s2,
+        heads_inner, n_rep, cB, cH, cS, y);
+}
+
+template <typename T>
+__global__ void __launch_bounds__(128) norm_rotary_packs_repeat(
+    const T* x_span, const T* weight, const T* cs, const T* sn, float eps, int half, int gemma, int B,
+    int A1, int A2, int sB, int s1, int s2, int heads_inner, int n_rep, int cB, int cH, int cS, T* y) {
+    fxk::norm_rotary_strided<T, true, FXK_NR_EVICT_REPEATS != 0>(x_span, weight, cs, sn, eps, half, gemma, B, A1,
+        A2, sB, s1, s2, heads_inner, n_rep, cB, cH, cS, y);
 }
 """
 
 # Output elements a 128-thread block takes (benchmarks/norm_rope_tuning.py, H100: 16-bit rows ran 3%
-# faster than at 4096, float32 ones level; 2048 and 16384 slower): two steps of a block's thread groups
-# at two rows each in 16-bit types, four in float32.
+# faster than at 4096, float32 ones level; 2048 and 16384 slower; on an H200 too, 2026-11-26): at
+# heads of 128, four steps of a block's thread groups at a row each in 16-bit types, eight in float32
+# (norm_rotary_packs; half as many at two rows in the kernels that take any alignment).
 ELEMENTS_PER_BLOCK = 8192
 
 
@@ -289,8 +345,10 @@ NORM_ROTARY_STRIDED = KernelSpec(
     dtypes=_DTYPES,
 )
 STRIDED = f"{NAMESPACE}::_norm_rotary_strided"
-NORM_ROTARY_STRIDED_REPEAT = dataclasses.replace(NORM_ROTARY_STRIDED, kernel_name="norm_rotary_strided_repeat")
-STRIDED_REPEAT = f"{NAMESPACE}::_norm_rotary_strided_repeat"
+NORM_ROTARY_PACKS = dataclasses.replace(NORM_ROTARY_STRIDED, kernel_name="norm_rotary_packs")
+PACKS = f"{NAMESPACE}::_norm_rotary_packs"
+NORM_ROTARY_PACKS_REPEAT = dataclasses.replace(NORM_ROTARY_STRIDED, kernel_name="norm_rotary_packs_repeat")
+PACKS_REPEAT = f"{NAMESPACE}::_norm_rotary_packs_repeat"
 _STRIDED_SCHEMA = ("(Tensor x_span, Tensor weight, Tensor cos, Tensor sin, float eps, "
                    + ", ".join(f"int {n}" for n in _STRIDED_ARGS) + ") -> Tensor")
 
@@ -383,10 +441,20 @@ class _Form:
         return heads.new_empty(heads.shape)
 
 
-def _eager(form: _Form, strided):
-    """A public op on CUDA: checks the call, narrows broadcast tables, and runs NORM_ROTARY_STRIDED on x
-    where it lies, decided once per signature as rotary's ops do (``strided``: its launcher and
-    NORM_ROTARY_STRIDED_REPEAT's, for n_rep 1 and more)."""
+def packs_fit(x_span, weight, cos, sin, half, sB, s1, s2) -> bool:
+    """Whether the kernel's 16-byte packs fit these operands (its own packs_fit; the output is a fresh
+    allocation): half and the walk's strides whole packs, every pointer 16-byte aligned."""
+    v = 16 // x_span.element_size()
+    return (half % v == 0 and sB % v == 0 and s1 % v == 0 and s2 % v == 0
+            and all(t.data_ptr() % 16 == 0 for t in (x_span, weight, cos, sin)))
+
+
+def _eager(form: _Form, launchers):
+    """A public op on CUDA: checks the call, narrows broadcast tables, and runs a strided kernel on x
+    where it lies, decided once per signature as rotary's ops do. ``launchers``: NORM_ROTARY_STRIDED's
+    (any alignment), NORM_ROTARY_PACKS's and NORM_ROTARY_PACKS_REPEAT's (n_rep > 1), as strided_launchers
+    returns them."""
+    strided, packs, packs_repeat = launchers
     decided = Signatures()
 
     def on_cuda(x, weight, cos, sin, eps, half, *sizes):
@@ -403,9 +471,11 @@ def _eager(form: _Form, strided):
             return x.new_empty(out_shape)
         heads, (b, a1, a2, sb, s1, s2, heads_inner, span) = rotary.walked(form.qualname, form.heads(x), layout)
         cos, sin = rotary._narrow(cos, sin, axes)
-        launch = strided[n_rep > 1]
-        return launch(heads.as_strided((span,), (1,)), weight.contiguous(), cos, sin, eps, half, int(form.gemma),
-                      b, a1, a2, sb, s1, s2, heads_inner, n_rep, *cos.shape[:3])
+        x_span, weight = heads.as_strided((span,), (1,)), weight.contiguous()
+        launch = ((packs_repeat if n_rep > 1 else packs) if packs_fit(x_span, weight, cos, sin, half, sb, s1, s2)
+                  else strided)
+        return launch(x_span, weight, cos, sin, eps, half, int(form.gemma), b, a1, a2, sb, s1, s2, heads_inner, n_rep,
+                      *cos.shape[:3])
 
     on_cuda.__name__ = form.name
     return on_cuda
@@ -449,17 +519,18 @@ def _examples(gemma: bool, repeat: bool):
     return examples
 
 
-def strided_launchers(plain, repeat):
-    """The eager path's two private ops, (qualname, spec) each: NORM_ROTARY_STRIDED and its repeating
-    kernel, or a variant's. Registers them; returns their launchers, for n_rep 1 and n_rep > 1."""
-    return rotary.launchers((plain, repeat), _strided_reference, _strided_output, _STRIDED_SCHEMA)
+def strided_launchers(strided, packs, packs_repeat):
+    """The eager path's three private ops, (qualname, spec) each: NORM_ROTARY_STRIDED, NORM_ROTARY_PACKS
+    and NORM_ROTARY_PACKS_REPEAT, or a variant's. Registers them; returns their launchers in that order."""
+    return rotary.launchers((strided, packs, packs_repeat), _strided_reference, _strided_output, _STRIDED_SCHEMA)
 
 
 def register(rules) -> None:
     # Ahead of the norm and rotary rules, each of which matches inside these (library/__init__.py), and
     # the repeating forms ahead of the plain ones they hold. Not inside inductor, which fuses the norm
     # and the rotation into one reduction kernel itself.
-    strided = strided_launchers((STRIDED, NORM_ROTARY_STRIDED), (STRIDED_REPEAT, NORM_ROTARY_STRIDED_REPEAT))
+    strided = strided_launchers((STRIDED, NORM_ROTARY_STRIDED), (PACKS, NORM_ROTARY_PACKS),
+                                (PACKS_REPEAT, NORM_ROTARY_PACKS_REPEAT))
     for pattern, spec, gemma, repeat in (
             (rms_norm_rotary_embedding_repeat_kv, RMS_NORM_ROTARY_REPEAT_KV, False, True),
             (gemma_rms_norm_rotary_embedding_repeat_kv, GEMMA_RMS_NORM_ROTARY_REPEAT_KV, True, True),
