@@ -79,7 +79,10 @@ FUSED_WRITE = (
     "                    f[j] = exp_shifted<false>(f[j], m) * inv;\n"
     "                }\n"
     "            }\n")
-# Rows staged through shared memory (not yet run on a GPU, 2026-11-26): on the H200, whose copy runs
+# Rows staged through shared memory (2026-11-26, H200: 30-86% of the shipped kernels' speed, 1880-1969
+# GB/s at 512 keys in either dtype against 3275-3938, 1017-2910 at 2048 against 3339-3388; soft-capped
+# 1288-2253 against 2640-3156; the `masked_staged_h200` section of docs/benchmarks.md; not shipped).
+# The idea: on the H200, whose copy runs
 # at 4.2 TB/s to the H100's 3.0 with the same 132 SMs, the shipped kernels reach 77-80% of copy at
 # 16-bit 512 keys and at 2048 where the H100 reaches 93-95%: they are bound by the bytes a thread
 # keeps in flight in registers (above). Here each warp takes a contiguous chunk of rows, one row at

@@ -23,12 +23,35 @@ import torch  # noqa: E402
 
 DTYPES = (torch.float32, torch.bfloat16)
 
+# Measured 2026-11-26 (H200) before the 16-byte kernels had their own (norm_rotary_packs), GB/s of q
+# float32 Qwen3 / Gemma 3, q bfloat16 Qwen3 / Gemma 3, k float32 / bfloat16 (inductor 3982 / 4105,
+# 3408 / 3237, 2782 / 2577), one kernel for every alignment at 80 registers: 3887 / 3884, 3672 / 3593,
+# 3807 / 3796. Its 16-byte path alone (56-64 registers): 3865 / 3866, 3905 / 3856, 3791 / 3775; with
+# the tables loaded with the row (94-95): 3840 / 3830, 3586 / 3483, 3835 / 3787; that at one row a
+# group (56; shipped): 3956 / 3954, 3909 / 3865, 3783 / 3772. Loading the tables with the row in the
+# kernel for every alignment: 3507 / 3488, 3292 / 3208 at two rows (126 registers), 3313 / 3310,
+# 3153 / 3066 at one (72). Launch bounds of 8 blocks an SM (64 registers, float32 spilling): 3870 /
+# 3872, 3907 / 3853, 3799 / 3797.
+_ARGS = "(x, wt, cs, sn, eps, half, B, w, cB, cH, cS, R, y);"
+_PACKS_CALL = "norm_rotary_rows<T, MODE, V, 1, FXK_NR_PACK_ROWS, true, EVICT>" + _ARGS
+# (without its guard, which would let the compiler drop norm_rotary's element-wise paths)
+_PACKS_GUARD = "    if (half <= 0 || R <= 0 || half > 128 || !packs_fit(x, wt, cs, sn, half, w, y)) return;\n    "
+
 # A variant: source edits ((old, new) pairs), macros, and the output elements a 128-thread block takes.
 SHIPPED = {"edits": (), "macros": "", "per_block": 8192}
 VARIANTS: dict[str, dict] = {
-    "shipped (2 rows a thread group, 8192 a block, repeats evict-first)": SHIPPED,
-    "1 row a thread group": {**SHIPPED, "macros": "#define FXK_NR_ROWS 1\n"},
-    "4 rows a thread group": {**SHIPPED, "macros": "#define FXK_NR_ROWS 4\n"},
+    "shipped (16-byte kernels of their own, tables loaded with the row, 1 row a thread group, 8192 a block, "
+    "repeats evict-first)": SHIPPED,
+    "one kernel for every alignment (2 rows a group, tables after the sum of squares; shipped until 2026-11-26)": {
+        **SHIPPED, "edits": ((_PACKS_GUARD + _PACKS_CALL, "    norm_rotary<T, MODE, EVICT>" + _ARGS),)},
+    "2 rows a thread group": {**SHIPPED, "macros": "#define FXK_NR_PACK_ROWS 2\n"},
+    "tables loaded after the sum of squares": {
+        **SHIPPED, "edits": ((_PACKS_CALL, _PACKS_CALL.replace("true, EVICT", "false, EVICT")),)},
+    "tables loaded after the sum of squares, 2 rows a thread group": {
+        **SHIPPED, "edits": ((_PACKS_CALL, _PACKS_CALL.replace("true, EVICT", "false, EVICT")),),
+        "macros": "#define FXK_NR_PACK_ROWS 2\n"},
+    # 2026-11-26, H200: float32 0.9-1.7% faster, bfloat16 queries 2.5-3.5% slower (the grid cannot see
+    # the dtype: a block per 16 KiB would take a pair of ops per dtype size)
     "4096 a block": {**SHIPPED, "per_block": 4096},
     "16384 a block": {**SHIPPED, "per_block": 16384},
     # 2026-11-26, H200: the hint behind a branch on R in the one kernel, q 3673/3665 GB/s against
@@ -36,12 +59,17 @@ VARIANTS: dict[str, dict] = {
     # registers a thread; 80 with launch bounds asking 6 blocks an SM), k 3864 against 3746 and q
     # bfloat16 0.6-1.1% slower. Since, a kernel of its own for repeats.
     "repeated rows stored as any other": {**SHIPPED, "macros": "#define FXK_NR_EVICT_REPEATS 0\n"},
+    # (the output is read by nothing here; attention reads it next in a model, so the hint may cost it there)
+    # (2026-11-26, H200: 0.2-0.4% slower on the queries, the keys level)
+    "rows written once stored evict-first too": {
+        **SHIPPED, "edits": (("fxk::norm_rotary_strided<T, true, false>(", "fxk::norm_rotary_strided<T, true, true>("),)},
 }
 
 
 def variant_op(label: str, v: dict, index: int):
-    """The variant's strided kernels as private ops (norm_rotary.NORM_ROTARY_STRIDED and its repeating
-    kernel, with the variant's macros and grid); ``make(form)`` is a public op's eager path over them."""
+    """The variant's eager kernels as private ops (norm_rotary.NORM_ROTARY_STRIDED, NORM_ROTARY_PACKS and
+    NORM_ROTARY_PACKS_REPEAT, with the variant's macros and grid); ``make(form)`` is a public op's eager
+    path over them."""
     import fxkern
     from fxkern.library import norm_rotary
     from fxkern.symbolic import cdiv
@@ -57,7 +85,8 @@ def variant_op(label: str, v: dict, index: int):
     name = f"fxkern_tune::norm_rope_{index}"
     strided = norm_rotary.strided_launchers(
         *((name + suffix, dataclasses.replace(spec, kernel_source=v["macros"] + source, geometry=fxkern.Custom(geometry)))
-          for suffix, spec in (("", norm_rotary.NORM_ROTARY_STRIDED), ("_repeat", norm_rotary.NORM_ROTARY_STRIDED_REPEAT))))
+          for suffix, spec in (("", norm_rotary.NORM_ROTARY_STRIDED), ("_packs", norm_rotary.NORM_ROTARY_PACKS),
+                               ("_packs_repeat", norm_rotary.NORM_ROTARY_PACKS_REPEAT))))
     return lambda form: norm_rotary._eager(form, strided)
 
 
