@@ -62,6 +62,11 @@ VARIANTS: dict[str, dict] = {
     "rows written once stored evict-first too": {**SHIPPED, "edits": (
         ("    fxk::rotary<T>(x_span, cs, sn, half, pass, B, fxk::rows_of(",
          "    fxk::rotary<T, true>(x_span, cs, sn, half, pass, B, fxk::rows_of("),)},
+    # held to fewer registers, for more blocks an SM (52-60 allow 8 of 128 threads). 2026-11-26, H200,
+    # at 48 registers (float32 and float16 spilling): float32 up to 23% slower; not shipped
+    "launch bounds of 10 blocks an SM": {**SHIPPED, "edits": (
+        ("__launch_bounds__(128) rotary_strided(", "__launch_bounds__(128, 10) rotary_strided("),
+        ("__launch_bounds__(128) rotary_strided_repeat(", "__launch_bounds__(128, 10) rotary_strided_repeat("))},
     "16-byte path only": {**SHIPPED, "edits": (
         ("    else\n        rotary_rows<T, 1>(x, cs, sn, half, pass, B, w, cB, cH, cS, R, y);\n", ""),)},
 }
