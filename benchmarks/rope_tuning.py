@@ -55,10 +55,10 @@ VARIANTS: dict[str, dict] = {
     # the element-wise path in a kernel of its own, as norm_rotary's since 2026-11-26 (its registers
     # no longer set the 16-byte path's occupancy; the benchmark's tensors are all aligned): 52 registers
     # where the shipped kernel takes 52-60, and no faster on an H200 (2026-11-26: contiguous float32
-    # 3933 GB/s against 4111, every other case within 1%); not shipped
+    # 3933 GB/s against 4111, every other case within 1.2%); not shipped
     # rows written once stored evict-first as well (the output is read by nothing here; attention reads
-    # it next in a model, so the hint would cost it there). 2026-11-26, H200: 0-1.3% slower, the demo's
-    # 8x32x512x64 bfloat16 queries 26%; not shipped
+    # it next in a model, so the hint would cost it there). 2026-11-26, H200: up to 1.1% slower at
+    # 16x32x2048x128, the demo's 8x32x512x64 bfloat16 queries 26%; not shipped
     "rows written once stored evict-first too": {**SHIPPED, "edits": (
         ("    fxk::rotary<T>(x_span, cs, sn, half, pass, B, fxk::rows_of(",
          "    fxk::rotary<T, true>(x_span, cs, sn, half, pass, B, fxk::rows_of("),)},
