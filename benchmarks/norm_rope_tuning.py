@@ -46,8 +46,10 @@ def _bounds(blocks: int) -> tuple:
 # A variant: source edits ((old, new) pairs), macros, and the output elements a 128-thread block takes.
 SHIPPED = {"edits": (), "macros": "", "per_block": 8192}
 VARIANTS: dict[str, dict] = {
-    "shipped (16-byte kernels of their own, tables loaded with the row, 1 row a thread group, 8192 a block, "
-    "repeats evict-first)": SHIPPED,
+    "shipped (eager's layout out, 16-byte kernels of their own, tables loaded with the row, 1 row a thread group, "
+    "8192 a block, repeats evict-first)": SHIPPED,
+    # the queries' result contiguous (B, H, S, D), rows written 32 heads apart (before 2026-11-26 10:30 UTC)
+    "contiguous results (shipped until 2026-11-26)": {**SHIPPED, "contiguous": True},
     "one kernel for every alignment (2 rows a group, tables after the sum of squares; shipped until 2026-11-26)": {
         **SHIPPED, "edits": ((_PACKS_GUARD + _PACKS_CALL, "    norm_rotary<T, MODE, EVICT>" + _ARGS),)},
     "2 rows a thread group": {**SHIPPED, "macros": "#define FXK_NR_PACK_ROWS 2\n"},
@@ -79,7 +81,7 @@ VARIANTS: dict[str, dict] = {
 def variant_op(label: str, v: dict, index: int):
     """The variant's eager kernels as private ops (norm_rotary.NORM_ROTARY_STRIDED, NORM_ROTARY_PACKS and
     NORM_ROTARY_PACKS_REPEAT, with the variant's macros and grid); ``make(form)`` is a public op's eager
-    path over them."""
+    path over them (with ``contiguous``, its meta_fn giving a contiguous output, which the kernel writes)."""
     import fxkern
     from fxkern.library import norm_rotary
     from fxkern.symbolic import cdiv
@@ -97,6 +99,12 @@ def variant_op(label: str, v: dict, index: int):
         *((name + suffix, dataclasses.replace(spec, kernel_source=v["macros"] + source, geometry=fxkern.Custom(geometry)))
           for suffix, spec in (("", norm_rotary.NORM_ROTARY_STRIDED), ("_packs", norm_rotary.NORM_ROTARY_PACKS),
                                ("_packs_repeat", norm_rotary.NORM_ROTARY_PACKS_REPEAT))))
+    if v.get("contiguous"):
+        class Contiguous(norm_rotary._Form):
+            def output(self, *args):
+                return super().output(*args).contiguous()
+
+        return lambda form: norm_rotary._eager(Contiguous(form.name, form.gemma, form.repeat), strided)
     return lambda form: norm_rotary._eager(form, strided)
 
 

@@ -39,7 +39,10 @@ DTYPES = (torch.float32, torch.bfloat16)
 # A variant: source edits ((old, new) pairs), macros, and the elements a 128-thread block takes.
 SHIPPED = {"edits": (), "macros": "", "per_block": 4096}
 VARIANTS: dict[str, dict] = {
-    "shipped (x read in place, 4096 a block, 16-bit pairs, 4 pass packs a thread in rows written once, repeats evict-first)": SHIPPED,
+    "shipped (x read in place, eager's layout out, 4096 a block, 16-bit pairs, 4 pass packs a thread in rows "
+    "written once, repeats evict-first)": SHIPPED,
+    # every result contiguous (B, H, S, D), the projection's rows written 32 heads apart (before 2026-11-26 10:30 UTC)
+    "contiguous results (shipped until 2026-11-26)": {**SHIPPED, "contiguous": True},
     # on an H200 1.4-5% slower than 4096 at 16x32x2048x128 (2026-11-26, three runs); 1-2% faster on an H100
     "2048 a block (shipped 2026-11-25 20:30 UTC to 2026-11-26)": {**SHIPPED, "per_block": 2048},
     "16-bit on the float path": {**SHIPPED, "macros": "#define FXK_ROPE_PAIRS 0\n"},
@@ -74,7 +77,8 @@ VARIANTS: dict[str, dict] = {
 
 def variant_op(label: str, v: dict, index: int):
     """The variant as ``make(check, rotated)``: a public op's eager path (checks, tables narrowed, x
-    read in place; rotary._eager) over the variant's kernels (for n_rep 1 and n_rep > 1)."""
+    read in place; rotary._eager) over the variant's kernels (for n_rep 1 and n_rep > 1). With
+    ``contiguous``, the op's meta_fn ``check`` gives a contiguous output, which the kernel then writes."""
     import fxkern
     from fxkern.library import rotary
     from fxkern.symbolic import cdiv
@@ -92,6 +96,8 @@ def variant_op(label: str, v: dict, index: int):
     strided = rotary.strided_launchers(
         *((name + suffix, dataclasses.replace(spec, kernel_source=v["macros"] + source, geometry=fxkern.Custom(geometry)))
           for suffix, spec in (("", rotary.ROTARY_STRIDED), ("_repeat", rotary.ROTARY_STRIDED_REPEAT))))
+    if v.get("contiguous"):
+        return lambda check, rotated: rotary._eager(name, strided, lambda *a: check(*a).contiguous(), rotated)
     return lambda check, rotated: rotary._eager(name, strided, check, rotated)
 
 

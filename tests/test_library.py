@@ -955,9 +955,12 @@ def test_norm_rotary_ops_on_cpu_are_their_patterns_and_check_their_inputs():
     sizes = (2, 4, 3, 8, 16, 12)
     for name, xs in (("rms_norm_rotary_embedding", x), ("gemma_rms_norm_rotary_embedding", x.transpose(1, 2))):
         op, pattern = lib.op(name), getattr(norm_rotary, name)
-        got = op(xs, w, cos, sin, 1e-6, 8)
-        assert got.shape == (2, 4, 8, 16) and got.is_contiguous()
-        torch.testing.assert_close(got, pattern(xs, w, cos, sin, 1e-6, 8), rtol=0, atol=0)
+        got, want = op(xs, w, cos, sin, 1e-6, 8), pattern(xs, w, cos, sin, 1e-6, 8)
+        # laid out as eager lays it out: the (B, H, S, D) view of (B, S, H, D) memory, the projection's
+        assert got.shape == (2, 4, 8, 16) and got.stride() == want.stride() == (512, 16, 64, 1)
+        assert op(xs.contiguous(), w, cos, sin, 1e-6, 8).stride() == pattern(xs.contiguous(), w, cos, sin, 1e-6,
+                                                                              8).stride()
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
         torch.library.opcheck(op, (xs, w, cos, sin, 1e-6, 8))
         repeat = lib.op(f"{name}_repeat_kv")
         torch.testing.assert_close(repeat(xs, w, cos, sin, 1e-6, 8, *sizes),
@@ -999,15 +1002,25 @@ def test_rotary_near_misses_are_left_alone():
     assert not fxkern.explain(ep, lib.rules())["rotary_embedding"].matches
 
 
-def test_rotary_op_checks_its_inputs_and_returns_a_contiguous_result():
+def test_rotary_op_checks_its_inputs_and_lays_out_its_result_as_eager_does():
     from fxkern.library import rotary
 
     op = lib.op("rotary_embedding")
     x, (cos, sin) = torch.randn(2, 8, 4, 16).transpose(1, 2), rope_tables(2, 8, 16)
     cos, sin = cos[:, None], sin[:, None]
-    y = op(x, cos, sin, 8)
-    assert y.is_contiguous() and y.shape == x.shape
-    torch.testing.assert_close(y, x * cos + rotate_half(x) * sin, rtol=0, atol=0)
+    y, want = op(x, cos, sin, 8), x * cos + rotate_half(x) * sin
+    # the projection's view keeps its (B, S, H, D) memory, a contiguous x a contiguous result; the
+    # fake impl (export's) says the same
+    assert y.shape == x.shape and y.stride() == want.stride() == (512, 16, 64, 1)
+    assert op(x.contiguous(), cos, sin, 8).is_contiguous()
+    with torch._subclasses.fake_tensor.FakeTensorMode() as mode:
+        assert op(mode.from_tensor(x), mode.from_tensor(cos), mode.from_tensor(sin), 8).stride() == want.stride()
+    torch.testing.assert_close(y, want, rtol=0, atol=0)
+    torch.library.opcheck(op, (x, cos, sin, 8))
+    # the partial forms end in a cat, contiguous in eager, and so here
+    partial = lib.op("partial_rotary_embedding")
+    assert partial(x, cos[..., :8], sin[..., :8], 4, 8).stride() == rotary.partial_rotary_embedding(
+        x, cos[..., :8], sin[..., :8], 4, 8).stride() == (512, 128, 16, 1)
     with pytest.raises(fxkern.KernelInputError, match=r"x \(4, 8, 16\) must be 4-d"):
         op(x[0], cos[0], sin[0], 8)
     with pytest.raises(fxkern.KernelInputError, match=r"must be 4-d like x.*cos.unsqueeze\(1\)"):

@@ -5,8 +5,17 @@
 # REPEAT=1: rope_tuning's repeat_kv variants (repeats stored as any other, two packs a thread when
 # repeating), the rotary GPU tests and the library's repeat_kv rows. REPEAT=2: every
 # norm_rope_tuning variant (rows a thread group and elements a block were chosen on an H100) and
-# the norm+rotary GPU tests. Results under $OUT (or ./gpu-out).
+# the norm+rotary GPU tests. LAYOUT=1: the results in eager's layout against contiguous ones
+# (rope_tuning and norm_rope_tuning), the rotary and norm+rotary GPU tests, and the library's RoPE
+# rows. Results under $OUT (or ./gpu-out).
 source "$(dirname "$0")/device_env.sh"
+if [[ ${LAYOUT:-0} == 1 ]]; then
+  python3 -m pytest -q -p no:cacheprovider tests/test_library_gpu.py -k "rotary or repeat_kv" 2>&1 | tail -4
+  python3 benchmarks/rope_tuning.py --rounds 3 --only 'contiguous results' --section-out "$OUT/rope_layout.md" 2>&1 | tail -8
+  python3 benchmarks/norm_rope_tuning.py --rounds 3 --only 'contiguous results' --section-out "$OUT/norm_rope_layout.md" 2>&1 | tail -8
+  python3 benchmarks/library.py --rounds 3 --only RoPE --section-out "$OUT/library_rope.md" 2>&1 | grep -v "^|" | tail -16
+  exit
+fi
 if [[ ${REPEAT:-0} == 2 ]]; then
   python3 -m pytest -q -p no:cacheprovider tests/test_library_gpu.py -k "norm_rotary" 2>&1 | tail -2
   python3 benchmarks/norm_rope_tuning.py --rounds 3 --section-out "$OUT/norm_rope_tuning.md" 2>&1 | tail -10

@@ -15,7 +15,8 @@ replace the norm, the transpose and the rotation (and for grouped-query keys, ``
 them) with one op, whose kernel reads a head's row once, normalises and rotates it in registers and
 writes it where attention reads it: two passes over the queries where there were four.
 
-Ops (``x`` is what the norm reads; the result is ``(B, H, S, D)``, contiguous):
+Ops (``x`` is what the norm reads; the result is ``(B, H, S, D)``, laid out as eager's: the
+projection's ``(B, S, H, D)`` memory, or contiguous where x is, and for the repeats):
 
 * ``rms_norm_rotary_embedding(x, weight, cos, sin, eps, half)``: Qwen3's form, ``x`` ``(B, S, H, D)``;
 * ``gemma_rms_norm_rotary_embedding(x, weight, cos, sin, eps, half)``: Gemma 3's, ``x`` ``(B, H, S, D)``;
@@ -77,7 +78,8 @@ namespace fxk {
 #endif
 
 // Rows of D = 2 * half columns, walked as w says: each normalised (MODE: Llama's or Gemma's numbers)
-// and rotated, then written R times into y (B, H * R, S, D), contiguous. G threads take a row (a power
+// and rotated, then written R times into y (B, H * R, S, D), contiguous, or once in the walk's order
+// (w.in_order: eager's layout, rotary's Rows). G threads take a row (a power
 // of two up to 32: the sum of squares is a sub-warp shuffle), each holding NP packs of V columns from
 // each half with their pairs (column c with c + half, as the rotation pairs them); a group holds U rows
 // at once. With AHEAD a row's cos and sin are loaded with the row, so their trip to L2 overlaps the
@@ -137,7 +139,7 @@ __device__ __forceinline__ void norm_rotary_rows(const T* __restrict__ x, const 
             if (first + u * groups + g >= hi) continue;
             const float rn = rsqrtf(sq[u] * inv_d + eps);
             const size_t co = (size_t)(b[u] * sb + h[u] * sh + s[u] * ss) * D;
-            const size_t out = (size_t)(b[u] * w.H + h[u]) * R * head + (size_t)s[u] * D;
+            const size_t out = w.out(first + u * groups + g, b[u], h[u], s[u], R, D, head);
 #pragma unroll
             for (int k = 0; k < NP; ++k) {
                 const unsigned col = (k * G + t) * V;
@@ -257,9 +259,9 @@ namespace fxk {
 template <typename T, bool PACKS, bool EVICT>
 __device__ __forceinline__ void norm_rotary_strided(const T* x_span, const T* weight, const T* cs, const T* sn,
                                                     float eps, int half, int gemma, int B, int A1, int A2, int sB,
-                                                    int s1, int s2, int heads_inner, int n_rep, int cB, int cH, int cS,
-                                                    T* y) {
-    const Rows w = rows_of(A1, A2, sB, s1, s2, heads_inner);
+                                                    int s1, int s2, int heads_inner, int n_rep, int in_order, int cB,
+                                                    int cH, int cS, T* y) {
+    const Rows w = rows_of(A1, A2, sB, s1, s2, heads_inner, in_order);
     if constexpr (PACKS) {
         if (gemma)
             norm_rotary_packs<T, RMS_GEMMA, EVICT>(x_span, weight, cs, sn, eps, half, B, w, cB, cH, cS, n_rep, y);
@@ -277,25 +279,25 @@ __device__ __forceinline__ void norm_rotary_strided(const T* x_span, const T* we
 template <typename T>
 __global__ void __launch_bounds__(128) norm_rotary_strided(
     const T* x_span, const T* weight, const T* cs, const T* sn, float eps, int half, int gemma, int B,
-    int A1, int A2, int sB, int s1, int s2, int heads_inner, int n_rep, int cB, int cH, int cS, T* y) {
+    int A1, int A2, int sB, int s1, int s2, int heads_inner, int n_rep, int in_order, int cB, int cH, int cS, T* y) {
     fxk::norm_rotary_strided<T, false, false>(x_span, weight, cs, sn, eps, half, gemma, B, A1, A2, sB, s1, s2,
-        heads_inner, n_rep, cB, cH, cS, y);
+        heads_inner, n_rep, in_order, cB, cH, cS, y);
 }
 
 template <typename T>
 __global__ void __launch_bounds__(128) norm_rotary_packs(
     const T* x_span, const T* weight, const T* cs, const T* sn, float eps, int half, int gemma, int B,
-    int A1, int A2, int sB, int s1, int s2, int heads_inner, int n_rep, int cB, int cH, int cS, T* y) {
+    int A1, int A2, int sB, int s1, int s2, int heads_inner, int n_rep, int in_order, int cB, int cH, int cS, T* y) {
     fxk::norm_rotary_strided<T, true, false>(x_span, weight, cs, sn, eps, half, gemma, B, A1, A2, sB, s1, s2,
-        heads_inner, n_rep, cB, cH, cS, y);
+        heads_inner, n_rep, in_order, cB, cH, cS, y);
 }
 
 template <typename T>
 __global__ void __launch_bounds__(128) norm_rotary_packs_repeat(
     const T* x_span, const T* weight, const T* cs, const T* sn, float eps, int half, int gemma, int B,
-    int A1, int A2, int sB, int s1, int s2, int heads_inner, int n_rep, int cB, int cH, int cS, T* y) {
+    int A1, int A2, int sB, int s1, int s2, int heads_inner, int n_rep, int in_order, int cB, int cH, int cS, T* y) {
     fxk::norm_rotary_strided<T, true, FXK_NR_EVICT_REPEATS != 0>(x_span, weight, cs, sn, eps, half, gemma, B, A1,
-        A2, sB, s1, s2, heads_inner, n_rep, cB, cH, cS, y);
+        A2, sB, s1, s2, heads_inner, n_rep, in_order, cB, cH, cS, y);
 }
 """
 
@@ -336,7 +338,8 @@ _SCHEMA = "(Tensor x, Tensor weight, Tensor cos, Tensor sin, float eps, int half
 _REPEAT_SCHEMA = ("(Tensor x, Tensor weight, Tensor cos, Tensor sin, float eps, int half, "
                   + ", ".join(f"int {n}" for n in SIZES) + ") -> Tensor")
 
-_STRIDED_ARGS = ("half", "gemma", "B", "A1", "A2", "sB", "s1", "s2", "heads_inner", "n_rep", "cB", "cH", "cS")
+_STRIDED_ARGS = ("half", "gemma", "B", "A1", "A2", "sB", "s1", "s2", "heads_inner", "n_rep", "in_order", "cB", "cH",
+                 "cS")
 NORM_ROTARY_STRIDED = KernelSpec(
     SOURCE, "norm_rotary_strided",
     inputs=[InputDecl("x_span"), InputDecl("weight"), InputDecl("cos"), InputDecl("sin"), ScalarInput("eps", float),
@@ -382,21 +385,22 @@ def gemma_rms_norm_rotary_embedding_repeat_kv(x, weight, cos, sin, eps: float, h
                      head_dim, heads)
 
 
-def _strided_reference(x_span, weight, cos, sin, eps, half, gemma, B, A1, A2, sB, s1, s2, heads_inner, n_rep, cB, cH,
-                       cS):
-    """NORM_ROTARY_STRIDED in PyTorch (its CPU impl): x rebuilt from the span, normalised, rotated, repeated."""
+def _strided_reference(x_span, weight, cos, sin, eps, half, gemma, B, A1, A2, sB, s1, s2, heads_inner, n_rep, in_order,
+                       cB, cH, cS):
+    """NORM_ROTARY_STRIDED in PyTorch (its CPU impl): x rebuilt from the span, normalised, rotated, repeated,
+    laid out as the kernel writes it."""
     x = x_span.as_strided((B, A1, A2, 2 * half), (sB, s1, s2, 1))
     x = x.transpose(1, 2) if heads_inner else x
     y = rotary_embedding((gemma_rmsnorm if gemma else llama_rmsnorm)(x, weight, eps), cos, sin, half)
-    return y.repeat_interleave(n_rep, dim=1)
+    out = rotary.strided_output(x_span, 2 * half, B, A1, A2, heads_inner, n_rep, in_order)
+    return out.copy_(y.repeat_interleave(n_rep, dim=1))
 
 
-def _strided_output(x_span, weight, cos, sin, eps, half, gemma, B, A1, A2, sB, s1, s2, heads_inner, n_rep, cB, cH,
-                    cS):
-    """NORM_ROTARY_STRIDED's output: (B, H * n_rep, S, 2 * half). A private op: the public ops check their
-    calls before they run it."""
-    h, s = (A2, A1) if heads_inner else (A1, A2)
-    return x_span.new_empty((B, h * n_rep, s, 2 * half))
+def _strided_output(x_span, weight, cos, sin, eps, half, gemma, B, A1, A2, sB, s1, s2, heads_inner, n_rep, in_order,
+                    cB, cH, cS):
+    """NORM_ROTARY_STRIDED's output: (B, H * n_rep, S, 2 * half), contiguous or in the walk's order
+    (rotary.strided_output). A private op: the public ops check their calls before they run it."""
+    return rotary.strided_output(x_span, 2 * half, B, A1, A2, heads_inner, n_rep, in_order)
 
 
 # ---- checks and outputs ---------------------------------------------------------------------------
@@ -415,7 +419,8 @@ class _Form:
         return x if self.gemma else x.transpose(1, 2)
 
     def output(self, x, weight, cos, sin, eps, half, *sizes):
-        """The op's meta_fn: checks the call, returns one contiguous (B, H[ * n_rep], S, D) tensor."""
+        """The op's meta_fn: checks the call, returns one (B, H[ * n_rep], S, D) tensor laid out as eager
+        lays it out: repeated rows contiguous, the others as rotary's (rotary.like_eager)."""
         op = self.qualname
         if x.dim() != 4:
             layout = "(batch, heads, positions, head_dim)" if self.gemma else "(batch, positions, heads, head_dim)"
@@ -438,7 +443,7 @@ class _Form:
             rotary._check_sizes(op, heads, *sizes)
             batch, _, _, seq, head_dim, n_heads = sizes
             return x.new_empty((batch, n_heads, seq, head_dim))
-        return heads.new_empty(heads.shape)
+        return rotary.like_eager(heads)
 
 
 def packs_fit(x_span, weight, cos, sin, half, sB, s1, s2) -> bool:
@@ -465,17 +470,17 @@ def _eager(form: _Form, launchers):
             heads = form.heads(x)
             n_rep = out.shape[1] // heads.shape[1] if heads.shape[1] else 1
             how = decided.remember(key, (rotary._broadcast_axes(cos, sin), rotary.walk(heads) if x.numel() else None,
-                                         n_rep, tuple(out.shape)))
-        axes, layout, n_rep, out_shape = how
+                                         n_rep, tuple(out.shape), rotary.in_walk_order(out)))
+        axes, layout, n_rep, out_shape, in_order = how
         if not x.numel():
-            return x.new_empty(out_shape)
+            return rotary.like_eager(form.heads(x)) if in_order else x.new_empty(out_shape)
         heads, (b, a1, a2, sb, s1, s2, heads_inner, span) = rotary.walked(form.qualname, form.heads(x), layout)
         cos, sin = rotary._narrow(cos, sin, axes)
         x_span, weight = heads.as_strided((span,), (1,)), weight.contiguous()
         launch = ((packs_repeat if n_rep > 1 else packs) if packs_fit(x_span, weight, cos, sin, half, sb, s1, s2)
                   else strided)
         return launch(x_span, weight, cos, sin, eps, half, int(form.gemma), b, a1, a2, sb, s1, s2, heads_inner, n_rep,
-                      *cos.shape[:3])
+                      in_order, *cos.shape[:3])
 
     on_cuda.__name__ = form.name
     return on_cuda

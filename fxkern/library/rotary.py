@@ -27,8 +27,10 @@ view of a ``(B, S, H, D)`` tensor; from a fused QKV projection (GPT-NeoX, Phi-3)
 each row as well. In eager PyTorch every op here runs one kernel, ``rotary_strided`` (or, for rows
 written more than once, ``rotary_strided_repeat``, which stores them evict-first), that reads x
 where it lies, at any non-negative strides with a contiguous last axis (within int32; other layouts
-are made contiguous first), and writes a contiguous ``(B, H, S, D)`` result, which attention would
-otherwise copy out itself.
+are made contiguous first). Its result is laid out as eager PyTorch's: ``rotary_embedding`` of the
+projection's view keeps x's order of heads and positions (``(B, S, H, D)`` memory, so the kernel
+writes along memory as it reads, and attention gets the strides it got before); a ``cat`` (the
+partial forms) and the repeats give contiguous ``(B, H, S, D)`` tensors, in eager and here.
 
 Grouped-query attention (Llama 3, Mistral, Qwen, Gemma: fewer key/value heads than query heads)
 then copies each key and value head once per query head of its group, transformers' ``repeat_kv``
@@ -136,11 +138,19 @@ __device__ __forceinline__ void rope_packs(const Pack<T, V>& a, const Pack<T, V>
 // along memory, and with heads inner the rows of one position follow each other and read one cos and
 // sin row, from L1. y is (B, H * R, S, D) contiguous: each head's rows written R times over (R = 1:
 // plain RoPE; R > 1: grouped-query attention's keys or values, copied for each query head of their
-// group, as transformers' repeat_kv copies them). Strides are in elements.
+// group, as transformers' repeat_kv copies them). Strides are in elements. With in_order (R = 1), y's
+// rows follow x's walk instead, (b, a1, a2): eager PyTorch's layout for a rotation, which keeps its
+// input's order of heads and positions (a (B, H, S, D) view of a (B, S, H, D) tensor when the heads
+// are inner), and its writes one stream beside the reads.
 struct Rows {
     unsigned A1, A2, s1, s2, H, S;
     unsigned long long sB;
-    bool heads_inner;
+    bool heads_inner, in_order;
+    // where x's row r, (b, h, s), starts in y; head: S * D, a head's rows in y
+    __device__ __forceinline__ size_t out(unsigned r, unsigned b, unsigned h, unsigned s, unsigned R, unsigned D,
+                                          size_t head) const {
+        return in_order ? (size_t)r * D : (size_t)(b * H + h) * R * head + (size_t)s * D;
+    }
     // x's row r, and the row's (b, h, s)
     __device__ __forceinline__ size_t locate(unsigned r, unsigned& b, unsigned& h, unsigned& s) const {
         const unsigned outer = r / A2, a2 = r - outer * A2;
@@ -152,9 +162,10 @@ struct Rows {
     }
 };
 
-__device__ __forceinline__ Rows rows_of(int A1, int A2, int sB, int s1, int s2, int heads_inner) {
+__device__ __forceinline__ Rows rows_of(int A1, int A2, int sB, int s1, int s2, int heads_inner, int in_order = 0) {
     Rows w;
     w.A1 = A1; w.A2 = A2; w.s1 = s1; w.s2 = s2; w.sB = (unsigned)sB; w.heads_inner = heads_inner != 0;
+    w.in_order = in_order != 0;
     w.H = heads_inner ? A2 : A1;
     w.S = heads_inner ? A1 : A2;
     return w;
@@ -211,7 +222,7 @@ __device__ __forceinline__ void rotary_rows(const T* __restrict__ x, const T* __
         const unsigned r = i / P, j = i - r * P;
         unsigned b, h, s;
         const size_t xo = w.locate(r, b, h, s);
-        const size_t out = (size_t)(b * w.H + h) * R * head + (size_t)s * D;
+        const size_t out = w.out(r, b, h, s, R, D, head);
         if (j < Prot) {
             const unsigned col = j * V;
             const size_t co = (size_t)(b * sB + h * sH + s * sS) * rot + col;
@@ -317,22 +328,25 @@ __global__ void __launch_bounds__(128) repeat_kv(const T* x, int batch, int kv_h
 
 // What every op runs in eager PyTorch: x read where it lies (x_span: the storage x's elements span,
 // from its first; strides sB, s1, s2 for the walk's axes), no copy made first. Rotates the first
-// 2 * half columns of each row (none: repeat_kv), copies the pass columns, writes it all n_rep times.
+// 2 * half columns of each row (none: repeat_kv), copies the pass columns, writes it all n_rep times,
+// in the walk's order where in_order (Rows).
 template <typename T>
 __global__ void __launch_bounds__(128) rotary_strided(const T* x_span, const T* cs, const T* sn, int half, int pass,
                                                       int B, int A1, int A2, int sB, int s1, int s2, int heads_inner,
-                                                      int n_rep, int cB, int cH, int cS, T* y) {
-    fxk::rotary<T>(x_span, cs, sn, half, pass, B, fxk::rows_of(A1, A2, sB, s1, s2, heads_inner), cB, cH, cS,
-                   n_rep, y);
+                                                      int n_rep, int in_order, int cB, int cH, int cS, T* y) {
+    fxk::rotary<T>(x_span, cs, sn, half, pass, B, fxk::rows_of(A1, A2, sB, s1, s2, heads_inner, in_order), cB, cH,
+                   cS, n_rep, y);
 }
 
 // The same for n_rep > 1 (the eager path launches it only then): repeated rows stored evict-first.
 template <typename T>
 __global__ void __launch_bounds__(128) rotary_strided_repeat(const T* x_span, const T* cs, const T* sn, int half,
                                                              int pass, int B, int A1, int A2, int sB, int s1, int s2,
-                                                             int heads_inner, int n_rep, int cB, int cH, int cS, T* y) {
+                                                             int heads_inner, int n_rep, int in_order, int cB, int cH,
+                                                             int cS, T* y) {
     fxk::rotary<T, FXK_ROPE_EVICT_REPEATS != 0>(x_span, cs, sn, half, pass, B,
-                                                fxk::rows_of(A1, A2, sB, s1, s2, heads_inner), cB, cH, cS, n_rep, y);
+                                                fxk::rows_of(A1, A2, sB, s1, s2, heads_inner, in_order), cB, cH, cS,
+                                                n_rep, y);
 }
 """
 
@@ -411,8 +425,10 @@ REPEAT_KV_SCHEMA = f"(Tensor x, {_SIZE_SCHEMA}) -> Tensor"
 # Every op in eager PyTorch: x read in place from x_span (the storage its elements span) at strides sB,
 # s1, s2, walked (b, a1, a2) with a2 the heads when heads_inner, else the positions; the first 2 * half
 # columns of each row rotated, the pass columns after them copied, the rows written n_rep times into
-# a contiguous (B, H * n_rep, S, 2 * half + pass).
-_STRIDED_ARGS = ("half", "pass_cols", "B", "A1", "A2", "sB", "s1", "s2", "heads_inner", "n_rep", "cB", "cH", "cS")
+# a contiguous (B, H * n_rep, S, 2 * half + pass), or with in_order (n_rep 1) once, in the walk's
+# order: (B, S, H, D) memory where the heads are inner (_strided_output).
+_STRIDED_ARGS = ("half", "pass_cols", "B", "A1", "A2", "sB", "s1", "s2", "heads_inner", "n_rep", "in_order", "cB", "cH",
+                 "cS")
 ROTARY_STRIDED = KernelSpec(
     SOURCE, "rotary_strided",
     inputs=[InputDecl("x_span"), InputDecl("cos"), InputDecl("sin"), *[ScalarInput(n, int) for n in _STRIDED_ARGS]],
@@ -478,13 +494,17 @@ def whole_rotary_embedding_repeat_kv(x, cos, sin, half: int, batch: int, kv_head
     return repeat_kv(whole_rotary_embedding(x, cos, sin, half, head_dim), batch, kv_heads, n_rep, seq, head_dim, heads)
 
 
-def _strided_reference(x_span, cos, sin, half, pass_cols, B, A1, A2, sB, s1, s2, heads_inner, n_rep, cB, cH, cS):
-    """ROTARY_STRIDED in PyTorch (its CPU impl): x rebuilt from the span, rotated, repeated."""
+def _strided_reference(x_span, cos, sin, half, pass_cols, B, A1, A2, sB, s1, s2, heads_inner, n_rep, in_order, cB,
+                       cH, cS):
+    """ROTARY_STRIDED in PyTorch (its CPU impl): x rebuilt from the span, rotated, repeated, laid out as
+    the kernel writes it."""
     x = x_span.as_strided((B, A1, A2, 2 * half + pass_cols), (sB, s1, s2, 1))
     x = x.transpose(1, 2) if heads_inner else x
     cos, sin = cos[..., :2 * half], sin[..., :2 * half]
     y = torch.cat([rotary_embedding(x[..., :2 * half], cos, sin, half), x[..., 2 * half:]], dim=-1) if half else x
-    return y.repeat_interleave(n_rep, dim=1)
+    out = _strided_output(x_span, cos, sin, half, pass_cols, B, A1, A2, sB, s1, s2, heads_inner, n_rep, in_order, cB,
+                          cH, cS)
+    return out.copy_(y.repeat_interleave(n_rep, dim=1))
 
 
 # ---- checks, outputs, layout ----------------------------------------------------------------------
@@ -548,10 +568,32 @@ def _concrete(*tensors: torch.Tensor) -> bool:
     return all(isinstance(d, int) for t in tensors for d in t.shape)
 
 
+def keeps_layout(x: torch.Tensor) -> bool:
+    """Whether a rotation of x (B, H, S, D) comes out in x's order of heads and positions, as eager
+    PyTorch's does: where the kernel reads x in place with its heads inner (attention's projection
+    (B, S, H, D) viewed (B, H, S, D)), and both axes have more than one element. Then its writes are
+    one stream beside its reads (a contiguous result, its rows written 32 heads apart, was 0.6-1.5%
+    slower on an H200: docs/benchmarks.md, "rope_layout_h200"), and attention gets the strides it got
+    before."""
+    layout = walk(x)
+    h, s = x.shape[1], x.shape[2]
+    return layout is not None and bool(layout[6]) and statically_known_true(h > 1) and statically_known_true(s > 1)
+
+
+def like_eager(x: torch.Tensor, shape=None) -> torch.Tensor:
+    """A new (B, H, S, D) tensor (of ``shape``, default x's) laid out as eager PyTorch lays out a
+    rotation of x: in x's order of heads and positions where :func:`keeps_layout`, else contiguous."""
+    b, h, s, d = x.shape if shape is None else shape
+    if keeps_layout(x):
+        return x.new_empty((b, s, h, d)).transpose(1, 2)
+    return x.new_empty((b, h, s, d))
+
+
 def _output(x, cos, sin, half):
-    """rotary_embedding's output (and its fake impl): checks the call, one contiguous tensor of x's shape."""
+    """rotary_embedding's output (and its fake impl): checks the call, a tensor of x's shape laid out
+    as eager's (:func:`like_eager`)."""
     _check(x, cos, sin, half)
-    return x.new_empty(x.shape)
+    return like_eager(x)
 
 
 def _partial_output(x, cos, sin, half, rotary_dim):
@@ -587,11 +629,25 @@ def _partial_repeat_output(x, cos, sin, half: int, rotary_dim: int, batch: int, 
     return x.new_empty((batch, heads, seq, head_dim))
 
 
-def _strided_output(x_span, cos, sin, half, pass_cols, B, A1, A2, sB, s1, s2, heads_inner, n_rep, cB, cH, cS):
-    """ROTARY_STRIDED's output: (B, H * n_rep, S, 2 * half + pass_cols). A private op: the public ops
-    check their calls before they run it."""
+def _strided_output(x_span, cos, sin, half, pass_cols, B, A1, A2, sB, s1, s2, heads_inner, n_rep, in_order, cB, cH,
+                    cS):
+    """ROTARY_STRIDED's output: (B, H * n_rep, S, 2 * half + pass_cols), contiguous, or with in_order
+    (n_rep 1) a view of (B, A1, A2, D) in the walk's order. A private op: the public ops check their
+    calls before they run it."""
+    return strided_output(x_span, 2 * half + pass_cols, B, A1, A2, heads_inner, n_rep, in_order)
+
+
+def strided_output(x_span: torch.Tensor, d: int, B: int, A1: int, A2: int, heads_inner: int, n_rep: int,
+                   in_order: int) -> torch.Tensor:
+    """The (B, H * n_rep, S, d) output of a kernel walking (B, A1, A2) rows: contiguous, or with
+    in_order in the walk's order (Rows::out)."""
+    if in_order:
+        if n_rep != 1:
+            raise KernelInputError(f"in_order writes each row once; n_rep is {n_rep}")
+        y = x_span.new_empty((B, A1, A2, d))
+        return y.transpose(1, 2) if heads_inner else y
     h, s = (A2, A1) if heads_inner else (A1, A2)
-    return x_span.new_empty((B, h * n_rep, s, 2 * half + pass_cols))
+    return x_span.new_empty((B, h * n_rep, s, d))
 
 
 def _compact(cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -616,13 +672,16 @@ def walk(x: torch.Tensor) -> tuple[int, int, int, int, int, int, int, int] | Non
     walk's inner axis the one of the smaller stride; None where it cannot (the last axis not
     contiguous, a negative stride, a stride, span or element count past int32: x is then made
     contiguous first, and refused if that is still too large)."""
+    known = statically_known_true  # on a fake x of symbolic sizes (a meta_fn's), what holds for every size
     b, h, s, d = x.shape
     # an axis of one element has no stride that matters (0 keeps the kernel's 16-byte packs)
-    sb, sh, ss, sd = (0 if n == 1 else st for n, st in zip(x.shape, x.stride()))
-    heads_inner = s == 1 or (h > 1 and sh < ss)
+    sb, sh, ss, sd = (0 if known(n == 1) else st for n, st in zip(x.shape, x.stride()))
+    heads_inner = known(s == 1) or (known(h > 1) and known(sh < ss))
     a1, a2, s1, s2 = (s, h, ss, sh) if heads_inner else (h, s, sh, ss)
     span = 1 + (b - 1) * sb + (a1 - 1) * s1 + (a2 - 1) * s2 + (d - 1) * sd
-    if (d > 1 and sd != 1) or min(sb, s1, s2) < 0 or max(sb, s1, s2, span, x.numel()) > INT32_MAX:
+    if not (known(d == 1) or known(sd == 1)) or not all(known(v >= 0) for v in (sb, s1, s2)):
+        return None
+    if not all(known(v <= INT32_MAX) for v in (sb, s1, s2, span, x.numel())):
         return None
     return b, a1, a2, sb, s1, s2, int(heads_inner), span
 
@@ -638,6 +697,12 @@ def walked(op: str, x: torch.Tensor, layout):
         raise KernelInputError(f"{op}: x {tuple(x.shape)} has more than 2**31 - 1 elements, more than the "
                                f"kernel indexes; split the batch")
     return x, layout
+
+
+def in_walk_order(out: torch.Tensor) -> int:
+    """1 where a public op's meta_fn laid its output out in x's order (:func:`like_eager`: then x's walk
+    has its heads inner), 0 where contiguous: the kernel's in_order."""
+    return int(not out.is_contiguous())
 
 
 def _eager(op: str, strided, check, rotated: bool):
@@ -658,10 +723,10 @@ def _eager(op: str, strided, check, rotated: bool):
             half = scalars[0] if rotated else 0
             how = decided.remember(key, (_broadcast_axes(*tables) if rotated else (), walk(x) if x.numel() else None,
                                          half, x.shape[-1] - 2 * half, out.shape[1] // x.shape[1] if x.shape[1] else 1,
-                                         tuple(out.shape)))
-        axes, layout, half, pass_cols, n_rep, out_shape = how
+                                         tuple(out.shape), in_walk_order(out)))
+        axes, layout, half, pass_cols, n_rep, out_shape, in_order = how
         if not x.numel():
-            return x.new_empty(out_shape)
+            return like_eager(x) if in_order else x.new_empty(out_shape)
         x, (b, a1, a2, sb, s1, s2, heads_inner, span) = walked(op, x, layout)
         x_span = x.as_strided((span,), (1,))
         if rotated:
@@ -670,7 +735,8 @@ def _eager(op: str, strided, check, rotated: bool):
         else:
             cos = sin = x_span
             dims = (1, 1, 1)
-        return strided[n_rep > 1](x_span, cos, sin, half, pass_cols, b, a1, a2, sb, s1, s2, heads_inner, n_rep, *dims)
+        return strided[n_rep > 1](x_span, cos, sin, half, pass_cols, b, a1, a2, sb, s1, s2, heads_inner, n_rep,
+                                  in_order, *dims)
 
     on_cuda.__name__ = op.split("::")[1]
     return on_cuda
