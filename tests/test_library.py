@@ -981,6 +981,30 @@ def test_norm_rotary_ops_on_cpu_are_their_patterns_and_check_their_inputs():
         lib.op("rms_norm_rotary_embedding_repeat_kv")(x, w, cos, sin, 1e-6, 8, 2, 4, 3, 8, 16, 10)
 
 
+def test_rotary_op_keeps_eagers_layout_under_dynamic_shapes():
+    """Exported with a dynamic batch and sequence, the replaced node's fake value has the strides of the
+    pattern's output (the projection's (B, S, H, D) memory, in symbols), and the program runs other sizes."""
+
+    def rope(h, cos, sin):
+        b, s, _ = h.shape
+        q = h.view(b, s, 4, 16).transpose(1, 2)
+        return q * cos + rotate_half(q) * sin
+
+    (cos, sin), h = rope_tables(2, 8, 16), torch.randn(2, 8, 64)
+    cos, sin = cos[:, None], sin[:, None]
+    batch, seq = torch.export.Dim("batch", min=1, max=64), torch.export.Dim("seq", min=2, max=4096)
+    ep = torch.export.export(Fn(rope), (h, cos, sin),
+                             dynamic_shapes={"args": ({0: batch, 1: seq}, {0: batch, 2: seq}, {0: batch, 2: seq})})
+    new = fxkern.apply(ep, lib.rules(), verify=True)
+    (node,) = [n for n in new.graph.nodes if n.target is lib.op("rotary_embedding").default]
+    want = ep.graph.output_node().args[0][0].meta["val"]
+    assert node.meta["val"].stride() == want.stride()  # (64 * seq, 16, 64, 1)
+    (cos, sin), h = rope_tables(3, 5, 16), torch.randn(3, 5, 64)
+    got, want = new.module()(h, cos[:, None], sin[:, None]), rope(h, cos[:, None], sin[:, None])
+    assert got.stride() == want.stride() == (320, 16, 64, 1)
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
 def test_rotary_near_misses_are_left_alone():
     x, (cos, sin) = torch.randn(2, 4, 8, 16), rope_tables(1, 8, 16)
     cos, sin = cos[:, None], sin[:, None]
