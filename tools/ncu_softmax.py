@@ -6,6 +6,7 @@ by inductor, for Nsight Compute to compare (the masked kernel's tuning, docs/lib
         python tools/ncu_softmax.py [--dtype bfloat16] [--shape 8x32x512]
 
 --shape is batch x heads x sequence: scores (b, h, s, s) and transformers' (b, 1, s, s) causal mask.
+--softcap adds fxkern's soft-capped masked softmax (Gemma 2's, cap 50) on the same scores, after the others.
 """
 
 import argparse
@@ -18,6 +19,7 @@ from fxkern.library import softmax
 parser = argparse.ArgumentParser()
 parser.add_argument("--dtype", default="bfloat16")
 parser.add_argument("--shape", default="8x32x512")
+parser.add_argument("--softcap", action="store_true")
 args = parser.parse_args()
 b, h, s = (int(v) for v in args.shape.split("x"))
 dtype = getattr(torch, args.dtype)
@@ -26,15 +28,19 @@ mask = torch.full((s, s), torch.finfo(dtype).min, device="cuda", dtype=dtype).tr
 pattern = softmax.scaled_masked_softmax_float32
 compiled = torch.compile(pattern, dynamic=False)
 lib.rules()  # registers every library op, private ones included
-masked, plain = lib.op("scaled_masked_softmax"), lib.op("softmax")
+masked, plain, capped = lib.op("scaled_masked_softmax"), lib.op("softmax"), lib.op("softcapped_masked_softmax")
 for _ in range(3):  # compiled, autotuned and warm before the profiled calls
     masked(x, mask, 0.125)
     plain(x)
     compiled(x, mask, 0.125)
+    if args.softcap:
+        capped(x, mask, 0.125, 50.0)
 torch.cuda.synchronize()
 torch.cuda.profiler.start()
 masked(x, mask, 0.125)
 plain(x)
 compiled(x, mask, 0.125)
+if args.softcap:
+    capped(x, mask, 0.125, 50.0)
 torch.cuda.synchronize()
 torch.cuda.profiler.stop()
