@@ -40,7 +40,7 @@ DTYPES = (torch.float32, torch.bfloat16)
 SHIPPED = {"edits": (), "macros": "", "per_block": 4096}
 VARIANTS: dict[str, dict] = {
     "shipped (x read in place, eager's layout out, 4096 a block, 16-bit pairs, 4 pass packs a thread in rows "
-    "written once, repeats evict-first)": SHIPPED,
+    "written once, six loads an item in flight together, repeats evict-first)": SHIPPED,
     # every result contiguous (B, H, S, D), the projection's rows written 32 heads apart (before 2026-11-26 10:30 UTC)
     "contiguous results (shipped until 2026-11-26)": {**SHIPPED, "contiguous": True},
     # on an H200 1.4-5% slower than 4096 at 16x32x2048x128 (2026-11-26, three runs); 1-2% faster on an H100
@@ -53,8 +53,15 @@ VARIANTS: dict[str, dict] = {
     # 2026-11-26 (H200: contiguous float32 rows written once 2.6-6% slower for it), since in an
     # instantiation of their own
     "repeated rows stored as any other": {**SHIPPED, "macros": "#define FXK_ROPE_EVICT_REPEATS 0\n"},
+    # (2026-11-26, H200: values bfloat16 1.6% slower, float32 0.4% faster; 4 packs: values 2-3% slower)
     "2 pass packs a thread when repeating": {**SHIPPED, "edits": (
-        ("const unsigned pp = R > 1 ? 1u : PP;", "const unsigned pp = R > 1 ? 2u : PP;"),)},
+        ("const unsigned pp = R > 1 ? PP_REPEAT : PP;", "const unsigned pp = R > 1 ? 2u : PP;"),)},
+    "4 pass packs a thread when repeating": {**SHIPPED, "edits": (
+        ("const unsigned pp = R > 1 ? PP_REPEAT : PP;", "const unsigned pp = PP;"),)},
+    # rotary_strided's (unlaunched) repeating path at 1 pass pack, as the repeating kernel's: 50 registers in
+    # bfloat16, where ptxas splits a rotated item's six loads in two trips (shipped until 2026-11-26 11:10 UTC)
+    "rows written once at 50 registers in bfloat16 (1 pass pack in their kernel's repeating path)": {
+        **SHIPPED, "edits": (("fxk::rotary<T, false, 2>(x_span", "fxk::rotary<T, false, 1>(x_span"),)},
     # the element-wise path in a kernel of its own, as norm_rotary's since 2026-11-26 (its registers
     # no longer set the 16-byte path's occupancy; the benchmark's tensors are all aligned): 52 registers
     # where the shipped kernel takes 52-60, and no faster on an H200 (2026-11-26: contiguous float32
@@ -70,6 +77,19 @@ VARIANTS: dict[str, dict] = {
     "launch bounds of 10 blocks an SM": {**SHIPPED, "edits": (
         ("__launch_bounds__(128) rotary_strided(", "__launch_bounds__(128, 10) rotary_strided("),
         ("__launch_bounds__(128) rotary_strided_repeat(", "__launch_bounds__(128, 10) rotary_strided_repeat("))},
+    # the rotated item's six 16-byte loads in flight together: whether ptxas issues them before any is
+    # used depends on the kernel's register budget (tools/rope_loads.py reads it from the SASS). 2026-11-26,
+    # H200: R a constant 1 in rotary_strided made float32 64 registers with 3 early uses (contiguous 5%
+    # slower, partial bfloat16 40%); 8 blocks an SM (64 registers, no early use) level but bfloat16
+    # contiguous +3%; both not shipped
+    "rotary_strided for n_rep 1 only (R a constant)": {**SHIPPED, "edits": (
+        ("""    fxk::rotary<T, false, 2>(x_span, cs, sn, half, pass, B, fxk::rows_of(A1, A2, sB, s1, s2, heads_inner, in_order),
+                             cB, cH, cS, n_rep, y);""", """    if (n_rep != 1) return;
+    fxk::rotary<T>(x_span, cs, sn, half, pass, B, fxk::rows_of(A1, A2, sB, s1, s2, heads_inner, in_order), cB, cH,
+                   cS, 1, y);"""),)},
+    "launch bounds of 8 blocks an SM": {**SHIPPED, "edits": (
+        ("__launch_bounds__(128) rotary_strided(", "__launch_bounds__(128, 8) rotary_strided("),
+        ("__launch_bounds__(128) rotary_strided_repeat(", "__launch_bounds__(128, 8) rotary_strided_repeat("))},
     "16-byte path only": {**SHIPPED, "edits": (
         ("    else\n        rotary_rows<T, 1>(x, cs, sn, half, pass, B, w, cB, cH, cS, R, y);\n", ""),)},
 }

@@ -136,3 +136,35 @@ __global__ void twice(const T* x, int n, T* y) {
     report = kernel_resources.usage(fxkern.kernel_op("fxkern_test_tools::twice"))
     assert sorted(same_sass.kernel_name(u.kernel) for u in report) == ["twice<__half>", "twice<float>"]
     assert all(u.registers > 0 and not u.spills for u in report)
+
+
+def test_early_uses_counts_instructions_reading_a_load_before_the_last_is_issued():
+    import rope_loads
+
+    grouped = ["LDG.E.128 R4, desc[UR4][R2.64] ;", "LDG.E.128 R8, desc[UR4][R2.64+0x80] ;"] + [
+        f"LDG.E.128 R{12 + 4 * k}, desc[UR4][R20.64+0x{k}0] ;" for k in range(4)] + ["HMUL2.BF16_V2 R4, R4, R12 ;"]
+    assert rope_loads.early_uses(grouped) == (5, 0)
+    split = grouped[:4] + ["HMUL2.BF16_V2 R5, R5, R13 ;", "HADD2.BF16_V2 R30, R9, R14 ;"] + grouped[4:6]
+    assert rope_loads.early_uses(split) == (7, 2)
+
+
+def test_rows_written_once_issue_a_rotated_items_six_loads_before_using_any(nvdisasm):
+    """The eager path's rotary kernel for rows written once keeps a rotated item's six 16-byte loads (x's two
+    halves, cos's, sin's) in flight together in every dtype: one trip to memory an item. At 50 registers
+    ptxas used the bfloat16 kernel's first four before issuing the last two, 2.5-6% slower on an H200
+    (rotary.py, rotary_rows). A failure after an NVRTC or source change means: re-measure
+    (benchmarks/rope_tuning.py), not that results are wrong."""
+    import rope_loads
+
+    import fxkern
+    import fxkern.library
+    from fxkern import ops
+    from fxkern.library import rotary
+
+    fxkern.library.rules()
+    entry = fxkern.kernel_op(rotary.STRIDED)
+    cubin = ops.compile_plan(entry.plan, entry.source, "sm_90").cubin
+    kernels = same_sass.functions(cubin, nvdisasm)
+    assert len(kernels) == 3
+    for name, code in kernels.items():
+        assert rope_loads.early_uses(code)[1] == 0, (same_sass.kernel_name(name), rope_loads.early_uses(code))

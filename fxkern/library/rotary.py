@@ -203,14 +203,20 @@ __device__ __forceinline__ void store_out(T* p, const Pack<T, V>& v) {
         store<T, V>(p, v);
 }
 
-template <typename T, int V, bool EVICT = false>
+template <typename T, int V, bool EVICT = false, unsigned PP_REPEAT = 1>
 __device__ __forceinline__ void rotary_rows(const T* __restrict__ x, const T* __restrict__ cs, const T* __restrict__ sn,
                                             unsigned half, unsigned pass, unsigned B, const Rows& w,
                                             unsigned cB, unsigned cH, unsigned cS, unsigned R, T* __restrict__ y) {
     // a row written once: FXK_PASS_PACKS pass packs a thread, an item as large as a rotated one; written
-    // R > 1 times, one (its R stores are work enough, and the grid gives a block R times fewer items)
+    // R > 1 times, PP_REPEAT (one: its R stores are work enough, and the grid gives a block R times fewer
+    // items). The kernel's registers are those of its largest path, and rotary_strided, which the eager
+    // path launches only for R = 1, takes PP_REPEAT = 2 for it: at 56 registers a thread in every dtype
+    // ptxas issues a rotated item's six loads before it uses any, where at one pack the bfloat16 kernel
+    // took 50 and used the first four before issuing the last two, two trips to memory an item (H200,
+    // 2026-11-26: bfloat16 queries 2.5% slower projected, 6% contiguous; tools/rope_loads.py reads it
+    // from the SASS, and tests/test_library.py checks it)
     constexpr unsigned PP = FXK_PASS_PACKS;
-    const unsigned pp = R > 1 ? 1u : PP;
+    const unsigned pp = R > 1 ? PP_REPEAT : PP;
     const unsigned rot = 2 * half, D = rot + pass, Prot = half / V, Ppass = pass / V, Q = (Ppass + pp - 1) / pp;
     const unsigned P = Prot + Q;
     const unsigned items = B * w.A1 * w.A2 * P;
@@ -251,14 +257,14 @@ __device__ __forceinline__ void rotary_rows(const T* __restrict__ x, const T* __
     }
 }
 
-template <typename T, bool EVICT = false>
+template <typename T, bool EVICT = false, unsigned PP_REPEAT = 1>
 __device__ __forceinline__ void rotary(const T* x, const T* cs, const T* sn, int half, int pass, int B, const Rows& w,
                                        int cB, int cH, int cS, int R, T* y) {
     constexpr int V = 16 / sizeof(T);
     if (half < 0 || pass < 0 || R <= 0 || half + pass == 0) return;
     const bool packs = half % V == 0 && pass % V == 0 && w.sB % V == 0 && w.s1 % V == 0 && w.s2 % V == 0;
     if (packs && aligned16(x) && aligned16(cs) && aligned16(sn) && aligned16(y))
-        rotary_rows<T, V, EVICT>(x, cs, sn, half, pass, B, w, cB, cH, cS, R, y);
+        rotary_rows<T, V, EVICT, PP_REPEAT>(x, cs, sn, half, pass, B, w, cB, cH, cS, R, y);
     else
         rotary_rows<T, 1>(x, cs, sn, half, pass, B, w, cB, cH, cS, R, y);
 }
@@ -334,8 +340,8 @@ template <typename T>
 __global__ void __launch_bounds__(128) rotary_strided(const T* x_span, const T* cs, const T* sn, int half, int pass,
                                                       int B, int A1, int A2, int sB, int s1, int s2, int heads_inner,
                                                       int n_rep, int in_order, int cB, int cH, int cS, T* y) {
-    fxk::rotary<T>(x_span, cs, sn, half, pass, B, fxk::rows_of(A1, A2, sB, s1, s2, heads_inner, in_order), cB, cH,
-                   cS, n_rep, y);
+    fxk::rotary<T, false, 2>(x_span, cs, sn, half, pass, B, fxk::rows_of(A1, A2, sB, s1, s2, heads_inner, in_order),
+                             cB, cH, cS, n_rep, y);
 }
 
 // The same for n_rep > 1 (the eager path launches it only then): repeated rows stored evict-first.
