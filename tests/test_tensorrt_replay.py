@@ -89,11 +89,20 @@ def test_replay_example(example_ops, case, dtype):
 def spec_launch(entry):
     """fxkern's eager launch of the op's own spec, the kernel the plugin carries: the op itself, unless
     its eager_fn may pick another kernel for some calls (the library's plain RMSNorms take a two-read
-    kernel for long rows, rmsnorm.two_read_tuning)."""
+    kernel for long rows, rmsnorm.two_read_tuning). Its outputs are contiguous, as a plugin's are
+    (TensorRT's tensors have no strides): the public op's meta_fn may lay them out as eager does
+    (rotary.like_eager), which its eager kernels write and the spec's kernel does not."""
     if entry.eager_fn is None:
         return entry.op
+
+    def contiguous_outputs(*args):
+        outs = entry.meta_fn(*args)
+        if isinstance(outs, tuple):
+            return tuple(torch.empty_like(o, memory_format=torch.contiguous_format) for o in outs)
+        return torch.empty_like(outs, memory_format=torch.contiguous_format)
+
     return fxkern.cuda_kernel_op("fxkern_replay::" + entry.qualname.replace("::", "__"), entry.spec,
-                                 meta_fn=entry.meta_fn, reference=entry.reference, schema=entry.schema)
+                                 meta_fn=contiguous_outputs, reference=entry.reference, schema=entry.schema)
 
 
 LIBRARY = library_ops()
