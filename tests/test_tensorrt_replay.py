@@ -102,7 +102,8 @@ def spec_launch(entry):
         return torch.empty_like(outs, memory_format=torch.contiguous_format)
 
     return fxkern.cuda_kernel_op("fxkern_replay::" + entry.qualname.replace("::", "__"), entry.spec,
-                                 meta_fn=contiguous_outputs, reference=entry.reference, schema=entry.schema)
+                                 meta_fn=contiguous_outputs if entry.meta_fn else None,  # else the spec's: contiguous
+                                 reference=entry.reference, schema=entry.schema)
 
 
 LIBRARY = library_ops()
