@@ -1143,7 +1143,12 @@ def test_norm_rotary_runs_its_16_byte_kernel_where_packs_fit():
     from fxkern.library import norm_rotary
 
     launched = []
-    launchers = tuple((lambda kind: lambda *a: launched.append(kind))(k) for k in ("any", "packs", "packs_repeat"))
+
+    def launcher(kind):
+        return lambda *a: launched.append(kind)
+
+    launchers = (launcher("any"), {4: launcher("packs 32-bit"), 2: launcher("packs")},
+                 {4: launcher("packs_repeat 32-bit"), 2: launcher("packs_repeat")})
     qwen = norm_rotary._eager(norm_rotary._Form("rms_norm_rotary_embedding", False, False), launchers)
     keys = norm_rotary._eager(norm_rotary._Form("rms_norm_rotary_embedding_repeat_kv", False, True), launchers)
     b, s, h, d = 2, 8, 4, 16
@@ -1157,7 +1162,13 @@ def test_norm_rotary_runs_its_16_byte_kernel_where_packs_fit():
     qwen(x, torch.randn(d + 1)[1:], cos, sin, 1e-6, d // 2)  # the weight past alignment
     wide = torch.randn(b, s, h, d + 2)[..., :d]  # rows d + 2 apart: strides not whole packs
     qwen(wide, w, cos, sin, 1e-6, d // 2)
-    assert launched == ["packs", "packs_repeat", "packs", "any", "any", "any"]
+    assert launched == ["packs 32-bit", "packs_repeat 32-bit", "packs 32-bit", "any", "any", "any"]
+    # 16-bit types take the packs kernels' own grid, float32 their twins' (4096 elements a block)
+    launched.clear()
+    half, bf = (x.to(torch.bfloat16), w.to(torch.bfloat16)), (cos.to(torch.bfloat16), sin.to(torch.bfloat16))
+    qwen(*half, *bf, 1e-6, d // 2)
+    keys(*half, *bf, 1e-6, d // 2, b, h, 2, s, d, 2 * h)
+    assert launched == ["packs", "packs_repeat"]
 
 
 def test_only_the_repeating_kernels_store_evict_first():
@@ -1167,7 +1178,8 @@ def test_only_the_repeating_kernels_store_evict_first():
 
     lib.rules()
     assert "st.global.cs" not in fxkern.kernel_op(norm_rotary.STRIDED).compiled.ptx
-    for plain, repeat in ((rotary.STRIDED, rotary.STRIDED_REPEAT), (norm_rotary.PACKS, norm_rotary.PACKS_REPEAT)):
+    for plain, repeat in ((rotary.STRIDED, rotary.STRIDED_REPEAT), (norm_rotary.PACKS, norm_rotary.PACKS_REPEAT),
+                          (norm_rotary.PACKS + "_32bit", norm_rotary.PACKS_REPEAT + "_32bit")):
         assert "st.global.cs" not in fxkern.kernel_op(plain).compiled.ptx, plain
         ptx = fxkern.kernel_op(repeat).compiled.ptx
         entries = ptx.split(".entry ")[1:]

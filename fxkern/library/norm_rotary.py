@@ -306,11 +306,20 @@ __global__ void __launch_bounds__(128) norm_rotary_packs_repeat(
 # heads of 128, four steps of a block's thread groups at a row each in 16-bit types, eight in float32
 # (norm_rotary_packs; half as many at two rows in the kernels that take any alignment).
 ELEMENTS_PER_BLOCK = 8192
+# The 16-byte kernels in float32 take half that, the same bytes a block as in 16-bit types (H200,
+# 2026-11-26, benchmarks/norm_rope_tuning.py "4096 a block": float32 queries 1.4-1.5% faster, keys
+# 1.8%; bfloat16 queries 2.3-3.3% slower, hence a twin of each op for 32-bit types, as softmax's grids).
+ELEMENTS_PER_BLOCK_32BIT = 4096
 
 
 def norm_rotary_geometry(inputs, outputs):
     """128 threads a block, a block per ELEMENTS_PER_BLOCK elements of the output."""
     return (cdiv(outputs[0].numel(), ELEMENTS_PER_BLOCK),), (128,)
+
+
+def norm_rotary_geometry_32bit(inputs, outputs):
+    """128 threads a block, a block per ELEMENTS_PER_BLOCK_32BIT elements of the output (float32)."""
+    return (cdiv(outputs[0].numel(), ELEMENTS_PER_BLOCK_32BIT),), (128,)
 
 
 _TENSORS = [InputDecl("x"), InputDecl("weight"), InputDecl("cos"), InputDecl("sin")]
@@ -457,8 +466,8 @@ def packs_fit(x_span, weight, cos, sin, half, sB, s1, s2) -> bool:
 def _eager(form: _Form, launchers):
     """A public op on CUDA: checks the call, narrows broadcast tables, and runs a strided kernel on x
     where it lies, decided once per signature as rotary's ops do. ``launchers``: NORM_ROTARY_STRIDED's
-    (any alignment), NORM_ROTARY_PACKS's and NORM_ROTARY_PACKS_REPEAT's (n_rep > 1), as strided_launchers
-    returns them."""
+    (any alignment), then NORM_ROTARY_PACKS's and NORM_ROTARY_PACKS_REPEAT's (n_rep > 1) by element
+    size (their grid for 32-bit types and for 16-bit ones), as strided_launchers returns them."""
     strided, packs, packs_repeat = launchers
     decided = Signatures()
 
@@ -477,8 +486,10 @@ def _eager(form: _Form, launchers):
         heads, (b, a1, a2, sb, s1, s2, heads_inner, span) = rotary.walked(form.qualname, form.heads(x), layout)
         cos, sin = rotary._narrow(cos, sin, axes)
         x_span, weight = heads.as_strided((span,), (1,)), weight.contiguous()
-        launch = ((packs_repeat if n_rep > 1 else packs) if packs_fit(x_span, weight, cos, sin, half, sb, s1, s2)
-                  else strided)
+        if packs_fit(x_span, weight, cos, sin, half, sb, s1, s2):
+            launch = (packs_repeat if n_rep > 1 else packs)[x_span.element_size()]
+        else:
+            launch = strided
         return launch(x_span, weight, cos, sin, eps, half, int(form.gemma), b, a1, a2, sb, s1, s2, heads_inner, n_rep,
                       in_order, *cos.shape[:3])
 
@@ -524,10 +535,16 @@ def _examples(gemma: bool, repeat: bool):
     return examples
 
 
-def strided_launchers(strided, packs, packs_repeat):
-    """The eager path's three private ops, (qualname, spec) each: NORM_ROTARY_STRIDED, NORM_ROTARY_PACKS
-    and NORM_ROTARY_PACKS_REPEAT, or a variant's. Registers them; returns their launchers in that order."""
-    return rotary.launchers((strided, packs, packs_repeat), _strided_reference, _strided_output, _STRIDED_SCHEMA)
+def strided_launchers(strided, packs, packs_repeat, geometry_32bit=norm_rotary_geometry_32bit):
+    """The eager path's private ops, (qualname, spec) each: NORM_ROTARY_STRIDED, NORM_ROTARY_PACKS and
+    NORM_ROTARY_PACKS_REPEAT, or a variant's, and a twin of each packs op for 32-bit types
+    (``<qualname>_32bit``, in ``geometry_32bit``). Registers them; returns the strided launcher, then the
+    packs and repeating packs launchers by element size ({4: twin, 2: op})."""
+    twins = [(name + "_32bit", dataclasses.replace(spec, geometry=Custom(geometry_32bit))) for name, spec in
+             (packs, packs_repeat)]
+    any_alignment, packs16, repeat16, packs32, repeat32 = rotary.launchers(
+        (strided, packs, packs_repeat, *twins), _strided_reference, _strided_output, _STRIDED_SCHEMA)
+    return any_alignment, {4: packs32, 2: packs16}, {4: repeat32, 2: repeat16}
 
 
 def register(rules) -> None:
