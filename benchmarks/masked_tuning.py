@@ -183,6 +183,12 @@ def staged(stages: int = 3, threads: int = 128) -> dict:
     return {"staged": {"stages": stages, "threads": threads}, "edits": ()}
 
 
+def small_packs(packs: int, blocks: int, fetch_first: bool = True) -> dict:
+    """16-bit rows of up to 32 * packs * 8 elements in one-warp blocks of ``packs`` packs a thread (the
+    shipped small blocks hold 8), ``blocks`` an SM; other calls run the library's grids."""
+    return {"small_packs": {"packs": packs, "blocks": blocks, "fetch_first": fetch_first}, "edits": ()}
+
+
 VARIANTS: dict[str, dict] = {
     "shipped": _variant(),
     "the softmax's grids, values made as loads arrive (shipped before 2026-11-25)": _variant(
@@ -196,6 +202,9 @@ VARIANTS: dict[str, dict] = {
     "rows in memory order (b, h, q), as before 2026-11-24 21:00 UTC": _variant(edits=(
         ("if (sH == 0) {  // the same for every thread: no divergence", "if (false) {"),)),
     "hints (scores evict first, mask evict last)": _variant(edits=_HINTS),
+    "16-bit rows of up to 1024 in 4 packs a thread, 32 blocks an SM": small_packs(4, 32),
+    "16-bit rows of up to 1024 in 4 packs a thread, 24 blocks an SM": small_packs(4, 24),
+    "16-bit rows of up to 1024 in 4 packs a thread, 28 blocks an SM": small_packs(4, 28),
     "staged through shared memory, 3 stages, 4 warps a block": staged(),
     "staged through shared memory, 4 stages, 2 warps a block": staged(stages=4, threads=64),
     "staged through shared memory, 2 stages, 2 warps a block": staged(stages=2, threads=64),
@@ -258,6 +267,33 @@ def staged_op(label: str, v: dict, index: int, base, prefix: str):
     return lambda x, mask, *scalars: ops["_32bit" if x.dtype == torch.float32 else ""](x, mask, *scalars), names
 
 
+def small_packs_op(label: str, v: dict, index: int, base, prefix: str):
+    """The variant of ``small_packs`` as a callable ``(x, mask, *scalars)``, and its ops' names."""
+    import fxkern
+    from fxkern.library import softmax
+    from fxkern.symbolic import cdiv
+
+    packs, blocks, fetch = (v["small_packs"][k] for k in ("packs", "blocks", "fetch_first"))
+    elements = 32 * packs * 8
+    macros = (f"#define ROW_THREADS 32\n#define FXK_ROW_PACKS_HALF {packs}\n#define FXK_ROW_BLOCKS_HALF {blocks}\n"
+              + ("#define FXK_MASK_FETCH_FIRST 1\n" if fetch else ""))
+
+    def geometry(inputs, outputs):
+        return (cdiv(inputs[0].numel(), elements),), (32,)
+
+    spec = dataclasses.replace(base, kernel_source=macros + base.kernel_source, geometry=fxkern.Custom(geometry))
+    name = f"fxkern_tune::{prefix}_{index}_small"
+    small = fxkern.cuda_kernel_op(name, spec)
+    shipped, ship_names = variant_op("shipped", _variant(), 900 + index, base=base, prefix=prefix)
+
+    def run(x, mask, *scalars):
+        if x.element_size() == 2 and x.shape[-1] <= elements and softmax._grid(x, mask) == "_short":
+            return small(x, mask, *scalars)
+        return shipped(x, mask, *scalars)
+
+    return run, {"_short": name}
+
+
 def registers(names) -> str:
     """Registers a thread (and spill bytes) of each grid's kernels, as row_tuning reports them."""
     from row_tuning import registers as of
@@ -289,6 +325,7 @@ def compare_variants(variants: dict, base, pattern, scalars: tuple, x_scale: flo
     fxkern.library.rules()
     torch.manual_seed(0)
     fns = {label: (staged_op(label, v, i, base, prefix) if "staged" in v
+                   else small_packs_op(label, v, i, base, prefix) if "small_packs" in v
                    else variant_op(label, v, i, base=base, prefix=prefix)) for i, label, v in common.pick(variants, args)}
     compiled = common.inductor(pattern)
     cases = []
