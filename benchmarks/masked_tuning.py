@@ -284,7 +284,8 @@ def small_packs_op(label: str, v: dict, index: int, base, prefix: str):
     spec = dataclasses.replace(base, kernel_source=macros + base.kernel_source, geometry=fxkern.Custom(geometry))
     name = f"fxkern_tune::{prefix}_{index}_small"
     small = fxkern.cuda_kernel_op(name, spec)
-    shipped, ship_names = variant_op("shipped", _variant(), 900 + index, base=base, prefix=prefix)
+    shipped, _ = variant_op("shipped", {"tuning": v.get("tuning") or _variant()["tuning"], "edits": ()}, 900 + index,
+                            base=base, prefix=prefix)
 
     def run(x, mask, *scalars):
         if x.element_size() == 2 and x.shape[-1] <= elements and softmax._grid(x, mask) == "_short":

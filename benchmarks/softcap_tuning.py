@@ -18,7 +18,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import common  # noqa: E402
-from masked_tuning import FUSED_WRITE, compare_variants, staged  # noqa: E402
+from masked_tuning import FUSED_WRITE, compare_variants, small_packs, staged  # noqa: E402
 
 SCALE, CAP = 0.0625, 50.0
 
@@ -70,6 +70,9 @@ VARIANTS: dict[str, dict] = {
     "float32 small blocks at 8 an SM, fetched first": _variant(blocks_short_32bit=8),
     # masked_tuning.STAGED: rows staged through shared memory by cp.async (2026-11-26, H200: 1288-2253
     # GB/s against the shipped 2640-3156; not shipped)
+    # masked_tuning.small_packs: 16-bit rows of up to 1024 in 4 packs a thread (the shipped small blocks hold 8)
+    "16-bit rows of up to 1024 in 4 packs a thread, 24 blocks an SM": {**_variant(), **small_packs(4, 24)},
+    "16-bit rows of up to 1024 in 4 packs a thread, 28 blocks an SM": {**_variant(), **small_packs(4, 28)},
     "staged through shared memory, 3 stages, 4 warps a block": staged(),
     "staged through shared memory, 2 stages, 2 warps a block": staged(stages=2, threads=64),
     # diagnostics: what tanhf would cost bfloat16, and what rounding each step to bfloat16, as eager does, costs
