@@ -681,6 +681,15 @@ def test_masked_softmax_op_checks_its_shapes_and_reads_expanded_masks_in_place()
     assert sm._grid(x, torch.zeros(1, 1, 16, 32)) == "_short_32bit"
     assert sm._grid(x, torch.zeros(1, 1, 16, 33)[..., 1:]) == "_short_32bit"  # copied to an aligned buffer
     assert sm._grid(x, torch.zeros(16 * 32 + 1)[1:].view(1, 1, 16, 32)) == "_32bit"
+    # 16-bit rows of up to 1024 elements: the masked ops' 4-pack small blocks; longer ones, and the plain
+    # softmax, the 8-pack ones
+    half = torch.zeros(2, 4, 16, 1024, dtype=torch.bfloat16)
+    assert sm._grid(half, half[:1, :1], narrow=True) == "_short_4packs"
+    assert sm._grid(torch.zeros(1, 1, 2, 2048, dtype=torch.float16), narrow=True) == "_short"
+    assert sm._grid(half) == "_short" and sm.grid_for(half) == sm.ROWS + "_short"
+    assert set(sm.SCALED_MASKED_GRIDS) == set(sm.SOFTCAPPED_MASKED_GRIDS) == {"", "_32bit", "_short_32bit", "_short",
+                                                                            "_short_4packs"}
+    assert "_short_4packs" not in sm.SOFTMAX_GRIDS
 
 
 # ---- the ops' own references ------------------------------------------------------------------------

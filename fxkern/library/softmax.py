@@ -476,13 +476,21 @@ SOFTCAPPED_MASKED_SOFTMAX = dataclasses.replace(
 # _grid sends it.
 SHORT_BLOCKS = {4: (64, 4), 2: (32, 8)}
 SHORT_ROWS = {size: threads * packs * 16 // size for size, (threads, packs) in SHORT_BLOCKS.items()}
+# The masked kernels' 16-bit rows of up to 1024 elements (attention at 512 or 1024 keys) in one-warp
+# blocks of 4 packs a thread ("_short_4packs"): a thread fetches 8 packs of scores and mask instead of
+# 16, so it takes 72 registers, 28 blocks an SM, where 8 packs took 128 at 16 (H200, 2026-11-26,
+# benchmarks/masked_tuning.py: bfloat16 at 512 keys 3473 GB/s against 3272, the soft-capped kernel
+# 2870 against 2715; 24 blocks level, 32 spill and lose 15%).
+NARROW_PACKS = 4
+NARROW_ROWS = SHORT_BLOCKS[2][0] * NARROW_PACKS * 8
 
 
-def _small_blocks(spec: KernelSpec, element_size: int, blocks: int) -> KernelSpec:
-    """``spec`` for one element size in the small blocks (``SHORT_BLOCKS``), ``blocks`` resident an
-    SM (its launch bounds), a block per register-full of elements."""
-    threads, packs = SHORT_BLOCKS[element_size]
-    elements = SHORT_ROWS[element_size]
+def _small_blocks(spec: KernelSpec, element_size: int, blocks: int, packs: int | None = None) -> KernelSpec:
+    """``spec`` for one element size in the small blocks (``SHORT_BLOCKS``; ``packs`` a thread if
+    given), ``blocks`` resident an SM (its launch bounds), a block per register-full of elements."""
+    threads, shipped_packs = SHORT_BLOCKS[element_size]
+    packs = packs or shipped_packs
+    elements = threads * packs * 16 // element_size
     size = "F32" if element_size == 4 else "HALF"
     macros = "".join(f"#define {k} {v}\n" for k, v in
                      (("ROW_THREADS", threads), (f"FXK_ROW_PACKS_{size}", packs), (f"FXK_ROW_BLOCKS_{size}", blocks)))
@@ -494,7 +502,7 @@ def _small_blocks(spec: KernelSpec, element_size: int, blocks: int) -> KernelSpe
 
 
 def _grids(spec: KernelSpec, blocks_short_32bit: int = 16, blocks_short: int = 32, blocks_f32: int | None = None,
-           fetch_first: tuple[str, ...] = ()) -> dict[str, KernelSpec]:
+           fetch_first: tuple[str, ...] = (), blocks_narrow: int | None = None) -> dict[str, KernelSpec]:
     """The grids a softmax kernel runs in, by the suffix of their private ops' names.
 
     ``""``: ``spec``'s own, a 256-thread block per 16384 elements (TensorRT plugins carry it; a
@@ -505,12 +513,15 @@ def _grids(spec: KernelSpec, blocks_short_32bit: int = 16, blocks_short: int = 3
     rows, ``blocks_short_32bit`` and ``blocks_short`` of them an SM; measured faster there than the
     256-thread blocks (benchmarks/row_tuning.py --softmax; docs/library.md, "Rows").
     ``fetch_first``: the grids whose masked kernels fetch a row's packs before they make their
-    values (``FXK_MASK_FETCH_FIRST``), by suffix."""
+    values (``FXK_MASK_FETCH_FIRST``), by suffix. ``blocks_narrow``: adds ``"_short_4packs"``, 16-bit
+    rows of up to ``NARROW_ROWS`` in small blocks of ``NARROW_PACKS`` packs a thread, that many an SM."""
     blocks = f"#define FXK_ROW_BLOCKS_F32 {blocks_f32}\n" if blocks_f32 else ""
     grids = {"": spec, "_32bit": dataclasses.replace(spec, geometry=Custom(row_geometry_8k),
                                                      kernel_source=blocks + spec.kernel_source),
              "_short_32bit": _small_blocks(spec, 4, blocks_short_32bit),
              "_short": _small_blocks(spec, 2, blocks_short)}
+    if blocks_narrow:
+        grids["_short_4packs"] = _small_blocks(spec, 2, blocks_narrow, packs=NARROW_PACKS)
     return {suffix: dataclasses.replace(g, kernel_source="#define FXK_MASK_FETCH_FIRST 1\n" + g.kernel_source)
             if suffix in fetch_first else g for suffix, g in grids.items()}
 
@@ -519,7 +530,8 @@ def _grids(spec: KernelSpec, blocks_short_32bit: int = 16, blocks_short: int = 3
 # twice the registers, and in the 16-bit small blocks fetches a row's scores and mask before it
 # makes their values (benchmarks/masked_tuning.py: 5-19% more bandwidth at 512 and 2048 keys than
 # the softmax's grids).
-MASKED_TUNING = {"blocks_short_32bit": 8, "blocks_short": 16, "blocks_f32": 2, "fetch_first": ("_short",)}
+MASKED_TUNING = {"blocks_short_32bit": 8, "blocks_short": 16, "blocks_f32": 2, "fetch_first": ("_short", "_short_4packs"),
+                 "blocks_narrow": 28}
 
 
 SOFTMAX_GRIDS, SCALED_MASKED_GRIDS = _grids(SOFTMAX), _grids(SCALED_MASKED_SOFTMAX, **MASKED_TUNING)
@@ -527,7 +539,8 @@ SOFTMAX_GRIDS, SCALED_MASKED_GRIDS = _grids(SOFTMAX), _grids(SCALED_MASKED_SOFTM
 # tanhf's branches otherwise kept a thread's loads apart, and float32 small blocks 16 an SM, where
 # they keep 32 bytes in local memory and are still the fastest (benchmarks/softcap_tuning.py: float32
 # +17% at 512 keys, +14% at 2048, against the masked softmax's tuning; bfloat16 level).
-SOFTCAP_TUNING = {**MASKED_TUNING, "blocks_short_32bit": 16, "fetch_first": ("_short", "_32bit", "_short_32bit")}
+SOFTCAP_TUNING = {**MASKED_TUNING, "blocks_short_32bit": 16,
+                  "fetch_first": ("_short", "_short_4packs", "_32bit", "_short_32bit")}
 SOFTCAPPED_MASKED_GRIDS = _grids(SOFTCAPPED_MASKED_SOFTMAX, **SOFTCAP_TUNING)
 SOFTMAX_32BIT, SOFTMAX_SHORT_32BIT, SOFTMAX_SHORT = (SOFTMAX_GRIDS[k] for k in ("_32bit", "_short_32bit", "_short"))
 ROWS, ROWS_32BIT = f"{NAMESPACE}::_softmax_rows", f"{NAMESPACE}::_softmax_rows_32bit"
@@ -536,16 +549,19 @@ MASKED_ROWS = f"{NAMESPACE}::_scaled_masked_softmax_rows"
 SOFTCAPPED_ROWS = f"{NAMESPACE}::_softcapped_masked_softmax_rows"
 
 
-def _grid(x: torch.Tensor, *others: torch.Tensor) -> str:
+def _grid(x: torch.Tensor, *others: torch.Tensor, narrow: bool = False) -> str:
     """The suffix of the grid a call on ``x`` runs in (``_grids``): small blocks for rows of up to
     ``SHORT_ROWS`` elements in whole, aligned 16-byte packs (``others``, read alongside ``x``, aligned
-    too); the 8192-element grid for other float32 rows of up to 8192 elements; else 16384."""
+    too), with ``narrow`` (grids that have them) the 4-pack ones for 16-bit rows of up to
+    ``NARROW_ROWS``; the 8192-element grid for other float32 rows of up to 8192 elements; else 16384."""
     if x.dim() == 0 or not x.dtype.is_floating_point:
         return ""  # the op's own checks refuse these
     d, size = x.shape[-1], x.element_size()
     if (d <= SHORT_ROWS.get(size, 0) and d % (16 // size) == 0 and aligned_at_launch(x)
             and all(aligned_at_launch(t) for t in others)):
-        return "_short_32bit" if size == 4 else "_short"
+        if size == 4:
+            return "_short_32bit"
+        return "_short_4packs" if narrow and d <= NARROW_ROWS else "_short"
     return "_32bit" if size == 4 and d <= 8192 else ""
 
 
@@ -593,9 +609,11 @@ def _compact(mask: torch.Tensor) -> torch.Tensor:
 def _masked_on_cuda(impls):
     """A masked op's CUDA implementation: the mask compacted, the grid picked per call (``_grid``)."""
 
+    narrow = "_short_4packs" in impls
+
     def on_cuda(x, mask, *scalars):
         mask = _compact(mask)
-        return impls[_grid(x, mask)](x, mask, *scalars)
+        return impls[_grid(x, mask, narrow=narrow)](x, mask, *scalars)
 
     return on_cuda
 
