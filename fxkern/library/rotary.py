@@ -214,7 +214,7 @@ __device__ __forceinline__ void rotary_rows(const T* __restrict__ x, const T* __
     // ptxas issues a rotated item's six loads before it uses any, where at one pack the bfloat16 kernel
     // took 50 and used the first four before issuing the last two, two trips to memory an item (H200,
     // 2026-11-26: bfloat16 queries 2.5% slower projected, 6% contiguous; tools/rope_loads.py reads it
-    // from the SASS, and tests/test_library.py checks it)
+    // from the SASS, and tests/test_tools.py checks it)
     constexpr unsigned PP = FXK_PASS_PACKS;
     const unsigned pp = R > 1 ? PP_REPEAT : PP;
     const unsigned rot = 2 * half, D = rot + pass, Prot = half / V, Ppass = pass / V, Q = (Ppass + pp - 1) / pp;
