@@ -37,10 +37,27 @@ _PACKS_CALL = "norm_rotary_rows<T, MODE, V, 1, FXK_NR_PACK_ROWS, true, EVICT>" +
 # (without its guard, which would let the compiler drop norm_rotary's element-wise paths)
 _PACKS_GUARD = "    if (half <= 0 || R <= 0 || half > 128 || !packs_fit(x, wt, cs, sn, half, w, y)) return;\n    "
 
+# The eager path's 16-byte entry points as norm_rotary.SOURCE declares them (FXK_NR_STRIDED_KERNEL).
+_PACKS_KERNELS = {"norm_rotary_packs": "FXK_NR_STRIDED_KERNEL(norm_rotary_packs, true, false)",
+                  "norm_rotary_packs_repeat": "FXK_NR_STRIDED_KERNEL(norm_rotary_packs_repeat, true, FXK_NR_EVICT_REPEATS != 0)"}
+
+
+def _kernel(name: str, evict: str, bounds: str = "128", in_order: str = "in_order") -> tuple[str, str]:
+    """An edit writing 16-byte entry point ``name`` out in full, with its launch bounds, EVICT and the
+    in_order it passes changed as given."""
+    return (_PACKS_KERNELS[name], f"""template <typename T>
+__global__ void __launch_bounds__({bounds}) {name}(
+    const T* x_span, const T* weight, const T* cs, const T* sn, float eps, int half, int gemma, int B,
+    int A1, int A2, int sB, int s1, int s2, int heads_inner, int n_rep, int in_order, int cB, int cH, int cS, T* y) {{
+    fxk::norm_rotary_strided<T, true, {evict}>(x_span, weight, cs, sn, eps, half, gemma, B, A1, A2, sB, s1, s2,
+        heads_inner, n_rep, {in_order}, cB, cH, cS, y);
+}}""")
+
+
 def _bounds(blocks: int) -> tuple:
     """Edits asking the 16-byte kernels for ``blocks`` blocks of 128 threads an SM."""
-    return tuple((f"__launch_bounds__(128) {k}(", f"__launch_bounds__(128, {blocks}) {k}(")
-                 for k in ("norm_rotary_packs", "norm_rotary_packs_repeat"))
+    return (_kernel("norm_rotary_packs", "false", f"128, {blocks}"),
+            _kernel("norm_rotary_packs_repeat", "FXK_NR_EVICT_REPEATS != 0", f"128, {blocks}"))
 
 
 # A variant: source edits ((old, new) pairs), macros, and the output elements a 128-thread block takes
@@ -84,12 +101,11 @@ VARIANTS: dict[str, dict] = {
     # the repeating kernel built without in_order (eager launches it only for n_rep > 1, always contiguous)
     # (2026-11-26 10:25 UTC, H200: level with the shipped kernel in every repeated case, within 0.5%; not shipped)
     "repeating kernel without in_order": {**SHIPPED, "edits": (
-        ("""        A2, sB, s1, s2, heads_inner, n_rep, in_order, cB, cH, cS, y);""",
-         """        A2, sB, s1, s2, heads_inner, n_rep, 0, cB, cH, cS, y);"""),)},
+        _kernel("norm_rotary_packs_repeat", "FXK_NR_EVICT_REPEATS != 0", in_order="0"),)},
     "launch bounds of 10 blocks an SM": {**SHIPPED, "edits": _bounds(10)},
     # (2026-11-26, H200: 0.2-0.4% slower on the queries, the keys level)
     "rows written once stored evict-first too": {
-        **SHIPPED, "edits": (("fxk::norm_rotary_strided<T, true, false>(", "fxk::norm_rotary_strided<T, true, true>("),)},
+        **SHIPPED, "edits": (_kernel("norm_rotary_packs", "true"),)},
 }
 
 

@@ -70,8 +70,7 @@ VARIANTS: dict[str, dict] = {
     # it next in a model, so the hint would cost it there). 2026-11-26, H200: up to 1.1% slower at
     # 16x32x2048x128, the demo's 8x32x512x64 bfloat16 queries 26%; not shipped
     "rows written once stored evict-first too": {**SHIPPED, "edits": (
-        ("    fxk::rotary<T>(x_span, cs, sn, half, pass, B, fxk::rows_of(",
-         "    fxk::rotary<T, true>(x_span, cs, sn, half, pass, B, fxk::rows_of("),)},
+        ("fxk::rotary<T, false, 2>(x_span", "fxk::rotary<T, true, 2>(x_span"),)},
     # held to fewer registers, for more blocks an SM (52-60 allow 8 of 128 threads). 2026-11-26, H200,
     # at 48 registers (float32 and float16 spilling): float32 up to 23% slower; not shipped
     "launch bounds of 10 blocks an SM": {**SHIPPED, "edits": (

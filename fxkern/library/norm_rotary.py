@@ -276,29 +276,20 @@ __device__ __forceinline__ void norm_rotary_strided(const T* x_span, const T* we
 }
 }  // namespace fxk
 
-template <typename T>
-__global__ void __launch_bounds__(128) norm_rotary_strided(
-    const T* x_span, const T* weight, const T* cs, const T* sn, float eps, int half, int gemma, int B,
-    int A1, int A2, int sB, int s1, int s2, int heads_inner, int n_rep, int in_order, int cB, int cH, int cS, T* y) {
-    fxk::norm_rotary_strided<T, false, false>(x_span, weight, cs, sn, eps, half, gemma, B, A1, A2, sB, s1, s2,
-        heads_inner, n_rep, in_order, cB, cH, cS, y);
-}
-
-template <typename T>
-__global__ void __launch_bounds__(128) norm_rotary_packs(
-    const T* x_span, const T* weight, const T* cs, const T* sn, float eps, int half, int gemma, int B,
-    int A1, int A2, int sB, int s1, int s2, int heads_inner, int n_rep, int in_order, int cB, int cH, int cS, T* y) {
-    fxk::norm_rotary_strided<T, true, false>(x_span, weight, cs, sn, eps, half, gemma, B, A1, A2, sB, s1, s2,
-        heads_inner, n_rep, in_order, cB, cH, cS, y);
-}
-
-template <typename T>
-__global__ void __launch_bounds__(128) norm_rotary_packs_repeat(
-    const T* x_span, const T* weight, const T* cs, const T* sn, float eps, int half, int gemma, int B,
-    int A1, int A2, int sB, int s1, int s2, int heads_inner, int n_rep, int in_order, int cB, int cH, int cS, T* y) {
-    fxk::norm_rotary_strided<T, true, FXK_NR_EVICT_REPEATS != 0>(x_span, weight, cs, sn, eps, half, gemma, B, A1,
-        A2, sB, s1, s2, heads_inner, n_rep, in_order, cB, cH, cS, y);
-}
+// The three entry points share NORM_ROTARY_STRIDED's parameters (one schema); each is fxk::norm_rotary_strided
+// with its PACKS and EVICT.
+#define FXK_NR_STRIDED_KERNEL(name, PACKS, EVICT)                                                              \
+    template <typename T>                                                                                     \
+    __global__ void __launch_bounds__(128) name(                                                              \
+        const T* x_span, const T* weight, const T* cs, const T* sn, float eps, int half, int gemma, int B,    \
+        int A1, int A2, int sB, int s1, int s2, int heads_inner, int n_rep, int in_order, int cB, int cH,     \
+        int cS, T* y) {                                                                                       \
+        fxk::norm_rotary_strided<T, PACKS, EVICT>(x_span, weight, cs, sn, eps, half, gemma, B, A1, A2, sB,   \
+                                                  s1, s2, heads_inner, n_rep, in_order, cB, cH, cS, y);       \
+    }
+FXK_NR_STRIDED_KERNEL(norm_rotary_strided, false, false)
+FXK_NR_STRIDED_KERNEL(norm_rotary_packs, true, false)
+FXK_NR_STRIDED_KERNEL(norm_rotary_packs_repeat, true, FXK_NR_EVICT_REPEATS != 0)
 """
 
 # Output elements a 128-thread block takes (benchmarks/norm_rope_tuning.py, H100: 16-bit rows ran 3%

@@ -586,10 +586,10 @@ def keeps_layout(x: torch.Tensor) -> bool:
     return layout is not None and bool(layout[6]) and statically_known_true(h > 1) and statically_known_true(s > 1)
 
 
-def like_eager(x: torch.Tensor, shape=None) -> torch.Tensor:
-    """A new (B, H, S, D) tensor (of ``shape``, default x's) laid out as eager PyTorch lays out a
-    rotation of x: in x's order of heads and positions where :func:`keeps_layout`, else contiguous."""
-    b, h, s, d = x.shape if shape is None else shape
+def like_eager(x: torch.Tensor) -> torch.Tensor:
+    """A new tensor of x's (B, H, S, D) shape laid out as eager PyTorch lays out a rotation of x: in
+    x's order of heads and positions where :func:`keeps_layout`, else contiguous."""
+    b, h, s, d = x.shape
     if keeps_layout(x):
         return x.new_empty((b, s, h, d)).transpose(1, 2)
     return x.new_empty((b, h, s, d))
