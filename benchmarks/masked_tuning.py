@@ -207,9 +207,9 @@ VARIANTS: dict[str, dict] = {
     "hints (scores evict first, mask evict last)": _variant(edits=_HINTS),
     # 2026-11-26 10:45 UTC, H200 (bfloat16 at 512 keys, the only case they run): 4 packs at 28 blocks 3473
     # GB/s against the 8 packs' 3272, at 24 level (3284), at 32 (spilling 48 bytes) 2792; shipped at 28 since
-    "16-bit rows of up to 1024 in 8 packs a thread (shipped until 2026-11-26 11:00 UTC)": _variant(blocks_narrow=None),
+    "16-bit rows of up to 1024 in 8 packs a thread (shipped until 2026-11-26 10:49 UTC)": _variant(blocks_narrow=None),
     "16-bit rows of up to 1024 in 4 packs a thread, 32 blocks an SM": small_packs(4, 32),
-    # 2026-11-26 11:05 UTC, on an H100 (an H200 was asked for; the shipped kernel 2845 / 2791 GB/s at 2048 keys
+    # 2026-11-26 10:51 UTC, on an H100 (an H200 was asked for; the shipped kernel 2845 / 2791 GB/s at 2048 keys
     # float32 / bfloat16 there): 16-bit 64-thread blocks 2815 (+0.9%), float32 256-thread 2723, 128-thread
     # 2834; not run on an H200, where the gap is; not shipped
     "16-bit rows of 2048 in 64-thread blocks of 4 packs a thread, 14 an SM": small_packs(4, 14, threads=64,

@@ -66,7 +66,7 @@ SHIPPED = {"edits": (), "macros": "", "per_block": 8192, "per_block_32bit": 4096
 VARIANTS: dict[str, dict] = {
     "shipped (eager's layout out, 16-byte kernels of their own, tables loaded with the row, 1 row a thread group, "
     "8192 a block, 4096 in float32, repeats evict-first)": SHIPPED,
-    "8192 a block in float32 too (shipped until 2026-11-26 10:50 UTC)": {**SHIPPED, "per_block_32bit": 8192},
+    "8192 a block in float32 too (shipped until 2026-11-26 10:28 UTC)": {**SHIPPED, "per_block_32bit": 8192},
     # the queries' result contiguous (B, H, S, D), rows written 32 heads apart (before 2026-11-26 10:30 UTC)
     "contiguous results (shipped until 2026-11-26)": {**SHIPPED, "contiguous": True},
     "one kernel for every alignment (2 rows a group, tables after the sum of squares; shipped until 2026-11-26)": {
@@ -78,14 +78,14 @@ VARIANTS: dict[str, dict] = {
         **SHIPPED, "edits": ((_PACKS_CALL, _PACKS_CALL.replace("true, EVICT", "false, EVICT")),),
         "macros": "#define FXK_NR_PACK_ROWS 2\n"},
     # (a row's sum of squares in another order: within rounding of the shipped kernel's, not equal to the
-    # bit). 2026-11-26 10:45 UTC, H200: float32 3% slower, bfloat16 queries 0.8-1.5% faster; with the
+    # bit). 2026-11-26 10:27 UTC, H200: float32 3% slower, bfloat16 queries 0.8-1.5% faster; with the
     # tables after the sum of squares 4-7% slower; not shipped
     "2 packs a half a thread (8 threads a float32 row of 128)": {
         **SHIPPED, "exact": False, "edits": ((_PACKS_CALL, _PACKS_CALL.replace("V, 1, FXK_NR_PACK_ROWS", "V, 2, FXK_NR_PACK_ROWS")),)},
     "2 packs a half a thread, tables loaded after the sum of squares": {
         **SHIPPED, "exact": False, "edits": ((_PACKS_CALL, _PACKS_CALL.replace("V, 1, FXK_NR_PACK_ROWS, true",
                                                                "V, 2, FXK_NR_PACK_ROWS, false")),)},
-    # 2026-11-26, H200: float32 0.9-1.8% faster, bfloat16 queries 2.3-3.5% slower; since 10:50 UTC the
+    # 2026-11-26, H200: float32 0.9-1.8% faster, bfloat16 queries 2.3-3.5% slower; since 10:28 UTC the
     # float32 kernels take 4096 (twin ops for 32-bit types), so this variant is the 16-bit grid's
     "4096 a block": {**SHIPPED, "per_block": 4096},
     "16384 a block": {**SHIPPED, "per_block": 16384},
@@ -99,7 +99,7 @@ VARIANTS: dict[str, dict] = {
     # 2026-11-26, H200, at 48 registers: bfloat16 queries 0.9-1.7% faster, the rest 0.3-0.5% slower;
     # at 12 blocks (40 registers) they spill. Not shipped
     # the repeating kernel built without in_order (eager launches it only for n_rep > 1, always contiguous)
-    # (2026-11-26 10:25 UTC, H200: level with the shipped kernel in every repeated case, within 0.5%; not shipped)
+    # (2026-11-26 10:23 UTC, H200: level with the shipped kernel in every repeated case, within 0.5%; not shipped)
     "repeating kernel without in_order": {**SHIPPED, "edits": (
         _kernel("norm_rotary_packs_repeat", "FXK_NR_EVICT_REPEATS != 0", in_order="0"),)},
     "launch bounds of 10 blocks an SM": {**SHIPPED, "edits": _bounds(10)},

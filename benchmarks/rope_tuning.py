@@ -59,7 +59,7 @@ VARIANTS: dict[str, dict] = {
     "4 pass packs a thread when repeating": {**SHIPPED, "edits": (
         ("const unsigned pp = R > 1 ? PP_REPEAT : PP;", "const unsigned pp = PP;"),)},
     # rotary_strided's (unlaunched) repeating path at 1 pass pack, as the repeating kernel's: 50 registers in
-    # bfloat16, where ptxas splits a rotated item's six loads in two trips (shipped until 2026-11-26 11:10 UTC)
+    # bfloat16, where ptxas splits a rotated item's six loads in two trips (shipped until 2026-11-26 10:12 UTC)
     "rows written once at 50 registers in bfloat16 (1 pass pack in their kernel's repeating path)": {
         **SHIPPED, "edits": (("fxk::rotary<T, false, 2>(x_span", "fxk::rotary<T, false, 1>(x_span"),)},
     # the element-wise path in a kernel of its own, as norm_rotary's since 2026-11-26 (its registers
@@ -90,7 +90,7 @@ VARIANTS: dict[str, dict] = {
         ("__launch_bounds__(128) rotary_strided(", "__launch_bounds__(128, 8) rotary_strided("),
         ("__launch_bounds__(128) rotary_strided_repeat(", "__launch_bounds__(128, 8) rotary_strided_repeat("))},
     # the repeating kernel built without in_order (eager launches it only for n_rep > 1, always contiguous)
-    # (2026-11-26 10:25 UTC, H200: level with the shipped kernel in every repeated case, within 0.5%; not shipped)
+    # (2026-11-26 10:23 UTC, H200: level with the shipped kernel in every repeated case, within 0.5%; not shipped)
     "repeating kernel without in_order": {**SHIPPED, "edits": (
         ("""                                                fxk::rows_of(A1, A2, sB, s1, s2, heads_inner, in_order), cB, cH, cS,
                                                 n_rep, y);""", """                                                fxk::rows_of(A1, A2, sB, s1, s2, heads_inner), cB, cH, cS,

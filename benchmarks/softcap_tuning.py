@@ -72,7 +72,7 @@ VARIANTS: dict[str, dict] = {
     # GB/s against the shipped 2640-3156; not shipped)
     # masked_tuning.small_packs: 16-bit rows of up to 1024 in 4 packs a thread (the small blocks held 8 until
     # 2026-11-26; H200, bfloat16 at 512 keys: 2870 GB/s at 28 blocks against 2715, 2784 at 24; shipped at 28)
-    "16-bit rows of up to 1024 in 8 packs a thread (shipped until 2026-11-26 11:00 UTC)": _variant(blocks_narrow=None),
+    "16-bit rows of up to 1024 in 8 packs a thread (shipped until 2026-11-26 10:49 UTC)": _variant(blocks_narrow=None),
     "16-bit rows of up to 1024 in 4 packs a thread, 24 blocks an SM": {**_variant(), **small_packs(4, 24)},
     "16-bit rows of up to 1024 in 4 packs a thread, 28 blocks an SM": {**_variant(), **small_packs(4, 28)},
     "staged through shared memory, 3 stages, 4 warps a block": staged(),
