@@ -95,6 +95,16 @@ VARIANTS: dict[str, dict] = {
         ("""                                                fxk::rows_of(A1, A2, sB, s1, s2, heads_inner, in_order), cB, cH, cS,
                                                 n_rep, y);""", """                                                fxk::rows_of(A1, A2, sB, s1, s2, heads_inner), cB, cH, cS,
                                                 n_rep, y);"""),)},
+    # a block's chunk of items rounded up to a whole number a thread: GPT-NeoX's partial rows are 5 items
+    # in bfloat16 (2 rotated, 3 of pass packs), 10 in float32, so a 4096-element block held 160 / 320
+    # items, and its second (third) step ran one warp of four; plain rows' blocks already hold a
+    # multiple of 128 and keep their chunks. The grid's last blocks take none.
+    "whole items a thread (a block's chunk a multiple of its threads)": {**SHIPPED, "edits": (
+        ("const unsigned chunk = (items + gridDim.x - 1) / gridDim.x;",
+         "const unsigned chunk = ((items + gridDim.x - 1) / gridDim.x + blockDim.x - 1) / blockDim.x * blockDim.x;"),)},
+    "whole items a thread, 2 pass packs a thread": {**SHIPPED, "macros": "#define FXK_PASS_PACKS 2\n", "edits": (
+        ("const unsigned chunk = (items + gridDim.x - 1) / gridDim.x;",
+         "const unsigned chunk = ((items + gridDim.x - 1) / gridDim.x + blockDim.x - 1) / blockDim.x * blockDim.x;"),)},
     "16-byte path only": {**SHIPPED, "edits": (
         ("    else\n        rotary_rows<T, 1>(x, cs, sn, half, pass, B, w, cB, cH, cS, R, y);\n", ""),)},
 }
