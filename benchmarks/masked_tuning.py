@@ -64,6 +64,32 @@ _HINTS = (
 # row that may be dead merged with the previous row's pack element by element until the dead rows
 # loaded from the tensor's start instead: at first 1819). The last two are commit 4ccc0ce (its variants
 # run there), reverted after it.
+# 16-bit rows of up to 32 elements a thread (the 4-pack blocks) keep each exp(x - m_thread) of the sum
+# pass in registers, and the write takes it times exp(m_thread - max) / sum: one MUFU.EX2 an element
+# instead of two (the soft-capped kernel's XU pipe, tanh and two exp2 an element, ran 57% busy). A
+# thread whose elements are all -inf writes 0 * (1 / sum): 0, or NaN for a row of -inf, as eager.
+EXP_ONCE = (
+    "    const float sh = m == neg_inf() ? 0.0f : m;\n    float s = 0.0f;\n",
+    "    const float sh = m == neg_inf() ? 0.0f : m, own = m;\n    float s = 0.0f;\n"
+    "    constexpr bool KEEP = sizeof(T) == 2 && NV * V <= 32;\n"
+    "    float e[KEEP ? NV : 1][KEEP ? V : 1];\n"), (
+    "            for (int j = 0; j < V; ++j) s += exp_shifted<sizeof(T) == 2>(f[j], sh);\n",
+    "            for (int j = 0; j < V; ++j) {\n"
+    "                const float v = exp_shifted<sizeof(T) == 2>(f[j], sh);\n"
+    "                if constexpr (KEEP) e[KEEP ? k : 0][KEEP ? j : 0] = v;\n"
+    "                s += v;\n"
+    "            }\n"), (
+    "    const float inv = __frcp_rn(s);  // 1.0f / s, without the division's slow path\n",
+    "    const float inv = __frcp_rn(s);  // 1.0f / s, without the division's slow path\n"
+    "    const float kept = own == neg_inf() ? 0.0f * inv : exp_shifted<true>(sh, m) * inv;\n"), (
+    "            opaque(c[k]);\n            to_floats(c[k], f);\n#pragma unroll\n"
+    "            for (int j = 0; j < V; ++j) f[j] = exp_shifted<sizeof(T) == 2>(f[j], m) * inv;\n",
+    "            if constexpr (KEEP) {\n#pragma unroll\n"
+    "                for (int j = 0; j < V; ++j) f[j] = e[KEEP ? k : 0][KEEP ? j : 0] * kept;\n"
+    "            } else {\n"
+    "                opaque(c[k]);\n                to_floats(c[k], f);\n#pragma unroll\n"
+    "                for (int j = 0; j < V; ++j) f[j] = exp_shifted<sizeof(T) == 2>(f[j], m) * inv;\n"
+    "            }\n")
 # The 16-bit write pass's exp(x - max) / sum as one exp2 (an fma, no multiplication by 1 / sum).
 FUSED_WRITE = (
     "    const float inv = __frcp_rn(s);  // 1.0f / s, without the division's slow path\n",
@@ -218,6 +244,10 @@ VARIANTS: dict[str, dict] = {
                                                                                            longer_than=1024),
     "float32 rows of 2048 in 128-thread blocks of 4 packs a thread, 7 an SM": small_packs(4, 7, threads=128, size=4,
                                                                                            longer_than=1024),
+    "16-bit exp once an element in the 4-pack blocks, 28 an SM": _variant(edits=EXP_ONCE),
+    "16-bit exp once an element in the 4-pack blocks, 24 an SM": _variant(edits=EXP_ONCE, blocks_narrow=24),
+    "16-bit exp once an element in the 4-pack blocks, 20 an SM": _variant(edits=EXP_ONCE, blocks_narrow=20),
+    "16-bit exp once an element in the 4-pack blocks, 16 an SM": _variant(edits=EXP_ONCE, blocks_narrow=16),
     "16-bit rows of up to 1024 in 4 packs a thread, 24 blocks an SM": small_packs(4, 24),
     "16-bit rows of up to 1024 in 4 packs a thread, 28 blocks an SM": small_packs(4, 28),
     "staged through shared memory, 3 stages, 4 warps a block": staged(),

@@ -18,7 +18,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import common  # noqa: E402
-from masked_tuning import FUSED_WRITE, compare_variants, small_packs, staged  # noqa: E402
+from masked_tuning import EXP_ONCE, FUSED_WRITE, compare_variants, small_packs, staged  # noqa: E402
 
 SCALE, CAP = 0.0625, 50.0
 
@@ -73,6 +73,10 @@ VARIANTS: dict[str, dict] = {
     # masked_tuning.small_packs: 16-bit rows of up to 1024 in 4 packs a thread (the small blocks held 8 until
     # 2026-11-26; H200, bfloat16 at 512 keys: 2870 GB/s at 28 blocks against 2715, 2784 at 24; shipped at 28)
     "16-bit rows of up to 1024 in 8 packs a thread (shipped until 2026-11-26 10:49 UTC)": _variant(blocks_narrow=None),
+    "16-bit exp once an element in the 4-pack blocks, 28 an SM": _variant(edits=EXP_ONCE),
+    "16-bit exp once an element in the 4-pack blocks, 24 an SM": _variant(edits=EXP_ONCE, blocks_narrow=24),
+    "16-bit exp once an element in the 4-pack blocks, 20 an SM": _variant(edits=EXP_ONCE, blocks_narrow=20),
+    "16-bit exp once an element in the 4-pack blocks, 16 an SM": _variant(edits=EXP_ONCE, blocks_narrow=16),
     "16-bit rows of up to 1024 in 4 packs a thread, 24 blocks an SM": {**_variant(), **small_packs(4, 24)},
     "16-bit rows of up to 1024 in 4 packs a thread, 28 blocks an SM": {**_variant(), **small_packs(4, 28)},
     "staged through shared memory, 3 stages, 4 warps a block": staged(),
