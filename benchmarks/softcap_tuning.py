@@ -77,6 +77,14 @@ VARIANTS: dict[str, dict] = {
     "16-bit exp once an element in the 4-pack blocks, 24 an SM": _variant(edits=EXP_ONCE, blocks_narrow=24),
     "16-bit exp once an element in the 4-pack blocks, 20 an SM": _variant(edits=EXP_ONCE, blocks_narrow=20),
     "16-bit exp once an element in the 4-pack blocks, 16 an SM": _variant(edits=EXP_ONCE, blocks_narrow=16),
+    "16-bit rows of 2048 in 64-thread blocks of 4 packs a thread, 14 an SM": {
+        **_variant(), **small_packs(4, 14, threads=64, longer_than=1024)},
+    "float32 rows of 2048 in 128-thread blocks of 4 packs a thread, 7 an SM": {
+        **_variant(), **small_packs(4, 7, threads=128, size=4, longer_than=1024)},
+    "float32 rows of 2048 in 128-thread blocks of 4 packs a thread, 6 an SM": {
+        **_variant(), **small_packs(4, 6, threads=128, size=4, longer_than=1024)},
+    "float32 rows of 2048 in 256-thread blocks of 4 packs a thread, 3 an SM": {
+        **_variant(), **small_packs(4, 3, threads=256, size=4, longer_than=1024)},
     "16-bit rows of up to 1024 in 4 packs a thread, 24 blocks an SM": {**_variant(), **small_packs(4, 24)},
     "16-bit rows of up to 1024 in 4 packs a thread, 28 blocks an SM": {**_variant(), **small_packs(4, 28)},
     "staged through shared memory, 3 stages, 4 warps a block": staged(),
