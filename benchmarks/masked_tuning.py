@@ -235,15 +235,22 @@ VARIANTS: dict[str, dict] = {
     # GB/s against the 8 packs' 3272, at 24 level (3284), at 32 (spilling 48 bytes) 2792; shipped at 28 since
     "16-bit rows of up to 1024 in 8 packs a thread (shipped until 2026-11-26 10:49 UTC)": _variant(blocks_narrow=None),
     "16-bit rows of up to 1024 in 4 packs a thread, 32 blocks an SM": small_packs(4, 32),
-    # 2026-11-26 10:51 UTC, on an H100 (an H200 was asked for; the shipped kernel 2845 / 2791 GB/s at 2048 keys
-    # float32 / bfloat16 there): 16-bit 64-thread blocks 2815 (+0.9%), float32 256-thread 2723, 128-thread
-    # 2834; not run on an H200, where the gap is; not shipped
+    # 2026-11-26 10:51 UTC, on an H100 (the shipped kernel 2845 / 2791 GB/s at 2048 keys float32 / bfloat16
+    # there): 16-bit 64-thread blocks 2815 (+0.9%), float32 256-thread 2723, 128-thread 2834. On an H200 at
+    # 11:55 and 12:01 UTC: 16-bit 64-thread 3439 / 3438 against 3397 / 3396, float32 128-thread 3418 / 3419
+    # against 3298 / 3305, 256-thread 3145 / 3144; the 64- and 128-thread ones shipped at 12:30 UTC
+    # (softmax.NARROW_GRIDS), so since then these run what "shipped" runs
+    "rows of 2048 in the 8-pack one-warp and 256-thread blocks (shipped until 2026-11-26 12:30 UTC)": {
+        **_variant(), "without": ("_4packs_2048", "_4packs_2048_32bit")},
     "16-bit rows of 2048 in 64-thread blocks of 4 packs a thread, 14 an SM": small_packs(4, 14, threads=64,
                                                                                           longer_than=1024),
     "float32 rows of 2048 in 256-thread blocks of 4 packs a thread, 3 an SM": small_packs(4, 3, threads=256, size=4,
                                                                                            longer_than=1024),
     "float32 rows of 2048 in 128-thread blocks of 4 packs a thread, 7 an SM": small_packs(4, 7, threads=128, size=4,
                                                                                            longer_than=1024),
+    # 2026-11-26 11:58 UTC, H200, bfloat16 at 512 keys: 2285 / 2584 / 3153 / 2971 GB/s at 28 / 24 / 20 / 16
+    # blocks an SM (136 / 104 / 32 bytes spilled, then 120 registers) against the shipped 3472: the
+    # registers cost more than the second exp2; not shipped (softcap_tuning.py: the same)
     "16-bit exp once an element in the 4-pack blocks, 28 an SM": _variant(edits=EXP_ONCE),
     "16-bit exp once an element in the 4-pack blocks, 24 an SM": _variant(edits=EXP_ONCE, blocks_narrow=24),
     "16-bit exp once an element in the 4-pack blocks, 20 an SM": _variant(edits=EXP_ONCE, blocks_narrow=20),
@@ -282,10 +289,10 @@ def variant_op(label: str, v: dict, index: int, base=None, prefix: str = "masked
             raise SystemExit(f"variant {label!r}: {old!r} is not in softmax.SOURCE any more; update the variant")
         source = source.replace(old, new.replace("{load_evict}", _load_evict_source()).replace("{{", "{"))
     base = dataclasses.replace(base or softmax.SCALED_MASKED_SOFTMAX, kernel_source=source)
-    grids = softmax._grids(base, **v["tuning"])
+    grids = {suffix: g for suffix, g in softmax._grids(base, **v["tuning"]).items() if suffix not in v.get("without", ())}
     names = {suffix: f"fxkern_tune::{prefix}_{index}{suffix}" for suffix in grids}
     ops = {suffix: fxkern.cuda_kernel_op(names[suffix], spec) for suffix, spec in grids.items()}
-    narrow = "_short_4packs" in ops
+    narrow = tuple(suffix for suffix in ops if suffix in softmax.NARROW_GRIDS)
     return lambda x, mask, *scalars: ops[softmax._grid(x, mask, narrow=narrow)](x, mask, *scalars), names
 
 

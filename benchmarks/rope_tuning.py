@@ -98,7 +98,10 @@ VARIANTS: dict[str, dict] = {
     # a block's chunk of items rounded up to a whole number a thread: GPT-NeoX's partial rows are 5 items
     # in bfloat16 (2 rotated, 3 of pass packs), 10 in float32, so a 4096-element block held 160 / 320
     # items, and its second (third) step ran one warp of four; plain rows' blocks already hold a
-    # multiple of 128 and keep their chunks. The grid's last blocks take none.
+    # multiple of 128 and keep their chunks. The grid's last blocks take none. 2026-11-26 11:55 UTC, H200:
+    # slower, not shipped: partial float32 / bfloat16 3674 / 3361 GB/s against 3728 / 3449 (2 pass packs:
+    # 3427 / 3227), the repeated bfloat16 keys (64 items a block, rounded to 128) 3542 against 3845, and
+    # bfloat16 queries 2-5% (ptxas schedules the edited kernel's loads differently)
     "whole items a thread (a block's chunk a multiple of its threads)": {**SHIPPED, "edits": (
         ("const unsigned chunk = (items + gridDim.x - 1) / gridDim.x;",
          "const unsigned chunk = ((items + gridDim.x - 1) / gridDim.x + blockDim.x - 1) / blockDim.x * blockDim.x;"),)},

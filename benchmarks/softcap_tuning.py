@@ -73,10 +73,18 @@ VARIANTS: dict[str, dict] = {
     # masked_tuning.small_packs: 16-bit rows of up to 1024 in 4 packs a thread (the small blocks held 8 until
     # 2026-11-26; H200, bfloat16 at 512 keys: 2870 GB/s at 28 blocks against 2715, 2784 at 24; shipped at 28)
     "16-bit rows of up to 1024 in 8 packs a thread (shipped until 2026-11-26 10:49 UTC)": _variant(blocks_narrow=None),
+    # masked_tuning.EXP_ONCE (2026-11-26 11:59 UTC, H200, bfloat16 at 512 keys): 2306 / 2583 / 2714 / 2549
+    # GB/s at 28 / 24 / 20 / 16 blocks an SM (136 / 104 / 40 bytes spilled, then 123 registers) against
+    # the shipped 2874; not shipped
     "16-bit exp once an element in the 4-pack blocks, 28 an SM": _variant(edits=EXP_ONCE),
     "16-bit exp once an element in the 4-pack blocks, 24 an SM": _variant(edits=EXP_ONCE, blocks_narrow=24),
     "16-bit exp once an element in the 4-pack blocks, 20 an SM": _variant(edits=EXP_ONCE, blocks_narrow=20),
     "16-bit exp once an element in the 4-pack blocks, 16 an SM": _variant(edits=EXP_ONCE, blocks_narrow=16),
+    # 2026-11-26 12:01 UTC, H200, at 2048 keys: 16-bit 64-thread blocks 2942 GB/s against 2828, float32
+    # 128-thread ones 2809 at 7 an SM (16 bytes spilled), 2682 at 6, against 2621; 256-thread 2591.
+    # Shipped at 12:30 UTC (softmax.NARROW_GRIDS): since then "shipped" runs the first two
+    "rows of 2048 in the 8-pack one-warp and 256-thread blocks (shipped until 2026-11-26 12:30 UTC)": {
+        **_variant(), "without": ("_4packs_2048", "_4packs_2048_32bit")},
     "16-bit rows of 2048 in 64-thread blocks of 4 packs a thread, 14 an SM": {
         **_variant(), **small_packs(4, 14, threads=64, longer_than=1024)},
     "float32 rows of 2048 in 128-thread blocks of 4 packs a thread, 7 an SM": {

@@ -280,7 +280,7 @@ def test_long_rows_take_the_two_read_kernel():
     assert tuning(torch.tensor(1.0), torch.randn(1)) is None
 
 
-def test_softmax_picks_its_grid_by_row_length_dtype_and_alignment():
+def test_softmax_picks_its_grid_by_row_length_dtype_and_alignment(rules):
     sm = lib.softmax
     grid_for, fine, coarse = sm.grid_for, sm.ROWS_32BIT, sm.ROWS
     # Short rows in whole 16-byte packs: small blocks, a register-full a block by element size.
@@ -681,14 +681,36 @@ def test_masked_softmax_op_checks_its_shapes_and_reads_expanded_masks_in_place()
     assert sm._grid(x, torch.zeros(1, 1, 16, 32)) == "_short_32bit"
     assert sm._grid(x, torch.zeros(1, 1, 16, 33)[..., 1:]) == "_short_32bit"  # copied to an aligned buffer
     assert sm._grid(x, torch.zeros(16 * 32 + 1)[1:].view(1, 1, 16, 32)) == "_32bit"
-    # 16-bit rows of up to 1024 elements: the masked ops' 4-pack small blocks; longer ones, and the plain
-    # softmax, the 8-pack ones
+    # rows of up to 2048 elements: the masked ops' 4-pack small blocks (16-bit one-warp ones up to 1024,
+    # two-warp ones up to 2048, float32 four-warp ones past 1024); the plain softmax keeps the 8-pack ones
+    every = tuple(sm.NARROW_GRIDS)
     half = torch.zeros(2, 4, 16, 1024, dtype=torch.bfloat16)
-    assert sm._grid(half, half[:1, :1], narrow=True) == "_short_4packs"
-    assert sm._grid(torch.zeros(1, 1, 2, 2048, dtype=torch.float16), narrow=True) == "_short"
+    assert sm._grid(half, half[:1, :1], narrow=every) == "_short_4packs"
+    assert sm._grid(torch.zeros(1, 1, 2, 1032, dtype=torch.float16), narrow=every) == "_4packs_2048"
+    assert sm._grid(torch.zeros(1, 1, 2, 2048, dtype=torch.bfloat16), narrow=every) == "_4packs_2048"
+    assert sm._grid(torch.zeros(1, 1, 2, 2048, dtype=torch.float16)) == "_short"
+    assert sm._grid(torch.zeros(1, 1, 2, 2048, dtype=torch.float16), narrow=("_short_4packs",)) == "_short"
+    assert sm._grid(torch.zeros(1, 1, 2, 2048, dtype=torch.float16), narrow=every) == "_4packs_2048"
+    assert sm._grid(torch.zeros(1, 1, 2, 2056, dtype=torch.bfloat16), narrow=every) == ""
+    assert sm._grid(torch.zeros(1, 1, 2, 1024), narrow=every) == "_short_32bit"
+    assert sm._grid(torch.zeros(1, 1, 2, 1028), narrow=every) == "_4packs_2048_32bit"
+    assert sm._grid(torch.zeros(1, 1, 2, 2048), torch.zeros(1, 1, 2, 2048), narrow=every) == "_4packs_2048_32bit"
+    assert sm._grid(torch.zeros(1, 1, 2, 2048)) == "_32bit"
+    assert sm._grid(torch.zeros(1, 1, 2, 2052), narrow=every) == "_32bit"
+    assert sm._grid(torch.zeros(1, 1, 2, 2046), narrow=every) == "_32bit"  # not whole packs
+    assert sm._grid(torch.zeros(2 * 2048 + 1)[1:].view(1, 1, 2, 2048), narrow=every) == "_32bit"  # misaligned
     assert sm._grid(half) == "_short" and sm.grid_for(half) == sm.ROWS + "_short"
     assert set(sm.SCALED_MASKED_GRIDS) == set(sm.SOFTCAPPED_MASKED_GRIDS) == {"", "_32bit", "_short_32bit", "_short",
-                                                                            "_short_4packs"}
+                                                                            *every}
+    # each holds a row of its longest length a block, 896 threads an SM, and fetches a row before its values
+    for suffix, (threads, blocks) in {"_short_4packs": (32, 28), "_4packs_2048": (64, 14),
+                                      "_4packs_2048_32bit": (128, 7)}.items():
+        for grids in (sm.SCALED_MASKED_GRIDS, sm.SOFTCAPPED_MASKED_GRIDS):
+            source = grids[suffix].kernel_source
+            size = "F32" if suffix.endswith("_32bit") else "HALF"
+            assert (f"#define ROW_THREADS {threads}\n" in source and f"#define FXK_ROW_PACKS_{size} 4\n" in source
+                    and f"#define FXK_ROW_BLOCKS_{size} {blocks}\n" in source
+                    and "#define FXK_MASK_FETCH_FIRST 1\n" in source), suffix
     assert "_short_4packs" not in sm.SOFTMAX_GRIDS
 
 

@@ -372,7 +372,7 @@ def test_softmax_of_causally_masked_scores(dtype, keys):
 
 # Attention's scores (batch 2, heads 3, q queries, d keys): short rows for each small-block grid, odd
 # ones for the scalar path, and rows long enough for the second read.
-MASKED_SIZES = ((5, 1), (5, 7), (4, 32), (3, 100), (64, 64), (6, 1023), (4, 1024), (3, 2048), (2, 4097), (2, 8200),
+MASKED_SIZES = ((5, 1), (5, 7), (4, 32), (3, 100), (64, 64), (6, 1023), (4, 1024), (2, 1536), (3, 2048), (2, 4097), (2, 8200),
                 (1, 20011))
 
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import struct
+from collections.abc import Collection
 
 import torch
 import torch.nn.functional as F
@@ -476,20 +477,30 @@ SOFTCAPPED_MASKED_SOFTMAX = dataclasses.replace(
 # _grid sends it.
 SHORT_BLOCKS = {4: (64, 4), 2: (32, 8)}
 SHORT_ROWS = {size: threads * packs * 16 // size for size, (threads, packs) in SHORT_BLOCKS.items()}
-# The masked kernels' 16-bit rows of up to 1024 elements (attention at 512 or 1024 keys) in one-warp
-# blocks of 4 packs a thread ("_short_4packs"): a thread fetches 8 packs of scores and mask instead of
-# 16, so it takes 72 registers, 28 blocks an SM, where 8 packs took 128 at 16 (H200, 2026-11-26,
-# benchmarks/masked_tuning.py: bfloat16 at 512 keys 3473 GB/s against 3272, the soft-capped kernel
-# 2870 against 2715; 24 blocks level, 32 spill and lose 15%).
+# The masked kernels' rows of up to 2048 elements in small blocks of 4 packs a thread: suffix ->
+# (element size, longest row, threads a block), each at 896 threads an SM (MASKED_TUNING's
+# blocks_narrow one-warp blocks) and 72 registers. A thread fetches 8 packs of scores and mask instead
+# of 16: 16-bit rows of up to 2048 had one-warp blocks of 8 packs at 128 registers, 16 an SM, and
+# float32 rows past 1024 the 256-thread blocks, 2 an SM (whose soft-capped kernel spills 336 bytes).
+# H200, 2026-11-26, benchmarks/masked_tuning.py and softcap_tuning.py, GB/s against the grids before:
+# - "_short_4packs": bfloat16 at 512 keys, masked 3473 against 3272, soft-capped 2870 against 2715; 24
+#   blocks an SM level, 32 (48 bytes spilled) 15% slower.
+# - "_4packs_2048": bfloat16 at 2048 keys, masked 3438 against 3396 (two runs, +1.2% each; +0.9% on an
+#   H100), soft-capped 2942 against 2828.
+# - "_4packs_2048_32bit": float32 at 2048 keys, masked 3419 against 3305 (+3.4%, +3.6% in a first run;
+#   on an H100 0.4% slower), soft-capped 2809 against 2621 (8-16 bytes spilled; 6 an SM, no spill, 2682).
 NARROW_PACKS = 4
-NARROW_ROWS = SHORT_BLOCKS[2][0] * NARROW_PACKS * 8
+NARROW_GRIDS = {"_short_4packs": (2, 1024, 32), "_4packs_2048": (2, 2048, 64), "_4packs_2048_32bit": (4, 2048, 128)}
+_SMALL_ROWS = max(*SHORT_ROWS.values(), *(longest for _, longest, _ in NARROW_GRIDS.values()))
 
 
-def _small_blocks(spec: KernelSpec, element_size: int, blocks: int, packs: int | None = None) -> KernelSpec:
-    """``spec`` for one element size in the small blocks (``SHORT_BLOCKS``; ``packs`` a thread if
-    given), ``blocks`` resident an SM (its launch bounds), a block per register-full of elements."""
-    threads, shipped_packs = SHORT_BLOCKS[element_size]
-    packs = packs or shipped_packs
+def _small_blocks(spec: KernelSpec, element_size: int, blocks: int, packs: int | None = None,
+                  threads: int | None = None) -> KernelSpec:
+    """``spec`` for one element size in the small blocks (``SHORT_BLOCKS``; ``packs`` a thread and
+    ``threads`` a block if given), ``blocks`` resident an SM (its launch bounds), a block per
+    register-full of elements."""
+    shipped_threads, shipped_packs = SHORT_BLOCKS[element_size]
+    threads, packs = threads or shipped_threads, packs or shipped_packs
     elements = threads * packs * 16 // element_size
     size = "F32" if element_size == 4 else "HALF"
     macros = "".join(f"#define {k} {v}\n" for k, v in
@@ -513,15 +524,16 @@ def _grids(spec: KernelSpec, blocks_short_32bit: int = 16, blocks_short: int = 3
     rows, ``blocks_short_32bit`` and ``blocks_short`` of them an SM; measured faster there than the
     256-thread blocks (benchmarks/row_tuning.py --softmax; docs/library.md, "Rows").
     ``fetch_first``: the grids whose masked kernels fetch a row's packs before they make their
-    values (``FXK_MASK_FETCH_FIRST``), by suffix. ``blocks_narrow``: adds ``"_short_4packs"``, 16-bit
-    rows of up to ``NARROW_ROWS`` in small blocks of ``NARROW_PACKS`` packs a thread, that many an SM."""
+    values (``FXK_MASK_FETCH_FIRST``), by suffix. ``blocks_narrow``: adds the ``NARROW_GRIDS``, small
+    blocks of ``NARROW_PACKS`` packs a thread, as many threads an SM as that many one-warp blocks."""
     blocks = f"#define FXK_ROW_BLOCKS_F32 {blocks_f32}\n" if blocks_f32 else ""
     grids = {"": spec, "_32bit": dataclasses.replace(spec, geometry=Custom(row_geometry_8k),
                                                      kernel_source=blocks + spec.kernel_source),
              "_short_32bit": _small_blocks(spec, 4, blocks_short_32bit),
              "_short": _small_blocks(spec, 2, blocks_short)}
     if blocks_narrow:
-        grids["_short_4packs"] = _small_blocks(spec, 2, blocks_narrow, packs=NARROW_PACKS)
+        for suffix, (size, _, threads) in NARROW_GRIDS.items():
+            grids[suffix] = _small_blocks(spec, size, blocks_narrow * 32 // threads, NARROW_PACKS, threads)
     return {suffix: dataclasses.replace(g, kernel_source="#define FXK_MASK_FETCH_FIRST 1\n" + g.kernel_source)
             if suffix in fetch_first else g for suffix, g in grids.items()}
 
@@ -530,7 +542,7 @@ def _grids(spec: KernelSpec, blocks_short_32bit: int = 16, blocks_short: int = 3
 # twice the registers, and in the 16-bit small blocks fetches a row's scores and mask before it
 # makes their values (benchmarks/masked_tuning.py: 5-19% more bandwidth at 512 and 2048 keys than
 # the softmax's grids).
-MASKED_TUNING = {"blocks_short_32bit": 8, "blocks_short": 16, "blocks_f32": 2, "fetch_first": ("_short", "_short_4packs"),
+MASKED_TUNING = {"blocks_short_32bit": 8, "blocks_short": 16, "blocks_f32": 2, "fetch_first": ("_short", *NARROW_GRIDS),
                  "blocks_narrow": 28}
 
 
@@ -540,7 +552,7 @@ SOFTMAX_GRIDS, SCALED_MASKED_GRIDS = _grids(SOFTMAX), _grids(SCALED_MASKED_SOFTM
 # they keep 32 bytes in local memory and are still the fastest (benchmarks/softcap_tuning.py: float32
 # +17% at 512 keys, +14% at 2048, against the masked softmax's tuning; bfloat16 level).
 SOFTCAP_TUNING = {**MASKED_TUNING, "blocks_short_32bit": 16,
-                  "fetch_first": ("_short", "_short_4packs", "_32bit", "_short_32bit")}
+                  "fetch_first": ("_short", *NARROW_GRIDS, "_32bit", "_short_32bit")}
 SOFTCAPPED_MASKED_GRIDS = _grids(SOFTCAPPED_MASKED_SOFTMAX, **SOFTCAP_TUNING)
 SOFTMAX_32BIT, SOFTMAX_SHORT_32BIT, SOFTMAX_SHORT = (SOFTMAX_GRIDS[k] for k in ("_32bit", "_short_32bit", "_short"))
 ROWS, ROWS_32BIT = f"{NAMESPACE}::_softmax_rows", f"{NAMESPACE}::_softmax_rows_32bit"
@@ -549,19 +561,24 @@ MASKED_ROWS = f"{NAMESPACE}::_scaled_masked_softmax_rows"
 SOFTCAPPED_ROWS = f"{NAMESPACE}::_softcapped_masked_softmax_rows"
 
 
-def _grid(x: torch.Tensor, *others: torch.Tensor, narrow: bool = False) -> str:
-    """The suffix of the grid a call on ``x`` runs in (``_grids``): small blocks for rows of up to
-    ``SHORT_ROWS`` elements in whole, aligned 16-byte packs (``others``, read alongside ``x``, aligned
-    too), with ``narrow`` (grids that have them) the 4-pack ones for 16-bit rows of up to
-    ``NARROW_ROWS``; the 8192-element grid for other float32 rows of up to 8192 elements; else 16384."""
+def _grid(x: torch.Tensor, *others: torch.Tensor, narrow: Collection[str] = ()) -> str:
+    """The suffix of the grid a call on ``x`` runs in (``_grids``), for rows in whole, aligned 16-byte
+    packs (``others``, read alongside ``x``, aligned too): float32 rows of up to 1024 elements, the
+    small blocks; then the first of ``NARROW_GRIDS`` in ``narrow`` (the ones the op has) that holds
+    the row; 16-bit rows of up to 2048, the small blocks. Else the 8192-element grid for float32 rows
+    of up to 8192 elements, and 16384 for the rest."""
     if x.dim() == 0 or not x.dtype.is_floating_point:
         return ""  # the op's own checks refuse these
     d, size = x.shape[-1], x.element_size()
-    if (d <= SHORT_ROWS.get(size, 0) and d % (16 // size) == 0 and aligned_at_launch(x)
-            and all(aligned_at_launch(t) for t in others)):
-        if size == 4:
-            return "_short_32bit"
-        return "_short_4packs" if narrow and d <= NARROW_ROWS else "_short"
+    whole = (d <= _SMALL_ROWS and d % (16 // size) == 0 and aligned_at_launch(x)
+             and all(aligned_at_launch(t) for t in others))
+    if whole and size == 4 and d <= SHORT_ROWS[4]:
+        return "_short_32bit"
+    for suffix, (element_size, longest, _) in NARROW_GRIDS.items() if whole else ():
+        if suffix in narrow and element_size == size and d <= longest:
+            return suffix
+    if whole and d <= SHORT_ROWS.get(size, 0):
+        return "_short"
     return "_32bit" if size == 4 and d <= 8192 else ""
 
 
@@ -609,7 +626,7 @@ def _compact(mask: torch.Tensor) -> torch.Tensor:
 def _masked_on_cuda(impls):
     """A masked op's CUDA implementation: the mask compacted, the grid picked per call (``_grid``)."""
 
-    narrow = "_short_4packs" in impls
+    narrow = tuple(suffix for suffix in impls if suffix in NARROW_GRIDS)
 
     def on_cuda(x, mask, *scalars):
         mask = _compact(mask)
