@@ -238,9 +238,9 @@ VARIANTS: dict[str, dict] = {
     # 2026-11-26 10:51 UTC, on an H100 (the shipped kernel 2845 / 2791 GB/s at 2048 keys float32 / bfloat16
     # there): 16-bit 64-thread blocks 2815 (+0.9%), float32 256-thread 2723, 128-thread 2834. On an H200 at
     # 11:55 and 12:01 UTC: 16-bit 64-thread 3439 / 3438 against 3397 / 3396, float32 128-thread 3418 / 3419
-    # against 3298 / 3305, 256-thread 3145 / 3144; the 64- and 128-thread ones shipped at 12:30 UTC
+    # against 3298 / 3305, 256-thread 3145 / 3144; the 64- and 128-thread ones shipped at 12:05 UTC
     # (softmax.NARROW_GRIDS), so since then these run what "shipped" runs
-    "rows of 2048 in the 8-pack one-warp and 256-thread blocks (shipped until 2026-11-26 12:30 UTC)": {
+    "rows of 2048 in the 8-pack one-warp and 256-thread blocks (shipped until 2026-11-26 12:05 UTC)": {
         **_variant(), "without": ("_4packs_2048", "_4packs_2048_32bit")},
     "16-bit rows of 2048 in 64-thread blocks of 4 packs a thread, 14 an SM": small_packs(4, 14, threads=64,
                                                                                           longer_than=1024),

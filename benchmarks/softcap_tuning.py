@@ -82,8 +82,8 @@ VARIANTS: dict[str, dict] = {
     "16-bit exp once an element in the 4-pack blocks, 16 an SM": _variant(edits=EXP_ONCE, blocks_narrow=16),
     # 2026-11-26 12:01 UTC, H200, at 2048 keys: 16-bit 64-thread blocks 2942 GB/s against 2828, float32
     # 128-thread ones 2809 at 7 an SM (16 bytes spilled), 2682 at 6, against 2621; 256-thread 2591.
-    # Shipped at 12:30 UTC (softmax.NARROW_GRIDS): since then "shipped" runs the first two
-    "rows of 2048 in the 8-pack one-warp and 256-thread blocks (shipped until 2026-11-26 12:30 UTC)": {
+    # Shipped at 12:05 UTC (softmax.NARROW_GRIDS): since then "shipped" runs the first two
+    "rows of 2048 in the 8-pack one-warp and 256-thread blocks (shipped until 2026-11-26 12:05 UTC)": {
         **_variant(), "without": ("_4packs_2048", "_4packs_2048_32bit")},
     "16-bit rows of 2048 in 64-thread blocks of 4 packs a thread, 14 an SM": {
         **_variant(), **small_packs(4, 14, threads=64, longer_than=1024)},
