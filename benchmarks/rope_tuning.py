@@ -108,6 +108,22 @@ VARIANTS: dict[str, dict] = {
     "whole items a thread, 2 pass packs a thread": {**SHIPPED, "macros": "#define FXK_PASS_PACKS 2\n", "edits": (
         ("const unsigned chunk = (items + gridDim.x - 1) / gridDim.x;",
          "const unsigned chunk = ((items + gridDim.x - 1) / gridDim.x + blockDim.x - 1) / blockDim.x * blockDim.x;"),)},
+    # rows in groups of 32, a group's rotated items before its pass items, so a warp's threads take items
+    # of one kind (GPT-NeoX's partial rows mixed 2 rotated and 3 pass items in every 5 threads, and a
+    # warp ran both branches one after the other: two trips to memory an iteration). Rows with one kind
+    # of item (plain RoPE, the repeats) keep their order.
+    "a warp's items of one kind (rows in groups of 32, rotated items first)": {**SHIPPED, "edits": (
+        ("        const unsigned r = i / P, j = i - r * P;\n",
+         "        const unsigned g = i / (32u * P), u = i - g * 32u * P, rows_g = min(32u, B * w.A1 * w.A2 - g * 32u);\n"
+         "        unsigned r, j;\n"
+         "        if (u < rows_g * Prot) {\n"
+         "            r = g * 32u + u / Prot;\n"
+         "            j = u - (r - g * 32u) * Prot;\n"
+         "        } else {\n"
+         "            const unsigned w2 = u - rows_g * Prot, k = w2 / Q;\n"
+         "            r = g * 32u + k;\n"
+         "            j = Prot + (w2 - k * Q);\n"
+         "        }\n"),)},
     "16-byte path only": {**SHIPPED, "edits": (
         ("    else\n        rotary_rows<T, 1>(x, cs, sn, half, pass, B, w, cB, cH, cS, R, y);\n", ""),)},
 }
