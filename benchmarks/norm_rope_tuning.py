@@ -37,6 +37,12 @@ _PACKS_CALL = "norm_rotary_rows<T, MODE, V, 1, FXK_NR_PACK_ROWS, true, EVICT>" +
 # (without its guard, which would let the compiler drop norm_rotary's element-wise paths)
 _PACKS_GUARD = "    if (half <= 0 || R <= 0 || half > 128 || !packs_fit(x, wt, cs, sn, half, w, y)) return;\n    "
 
+# norm_rotary's 16-byte path as the 16-byte kernels take it: the tables loaded with the row, a row a group.
+_AHEAD_ANY = ("        norm_rotary_rows<T, MODE, V, 1, U, false, EVICT>(x, wt, cs, sn, eps, half, B, w, cB, cH, cS, R, y);\n"
+              "    else if (half <= 32)",
+              "        norm_rotary_rows<T, MODE, V, 1, FXK_NR_PACK_ROWS, true, EVICT>(x, wt, cs, sn, eps, half, B, w, cB, "
+              "cH, cS, R, y);\n    else if (half <= 32)")
+
 # The eager path's 16-byte entry points as norm_rotary.SOURCE declares them (FXK_NR_STRIDED_KERNEL).
 _PACKS_KERNELS = {"norm_rotary_packs": "FXK_NR_STRIDED_KERNEL(norm_rotary_packs, true, false)",
                   "norm_rotary_packs_repeat": "FXK_NR_STRIDED_KERNEL(norm_rotary_packs_repeat, true, FXK_NR_EVICT_REPEATS != 0)"}
@@ -71,6 +77,18 @@ VARIANTS: dict[str, dict] = {
     "contiguous results (shipped until 2026-11-26)": {**SHIPPED, "contiguous": True},
     "one kernel for every alignment (2 rows a group, tables after the sum of squares; shipped until 2026-11-26)": {
         **SHIPPED, "edits": ((_PACKS_GUARD + _PACKS_CALL, "    norm_rotary<T, MODE, EVICT>" + _ARGS),)},
+    # norm_rotary (the kernel for every alignment: the TensorRT plugins', and eager's where 16-byte packs do not
+    # fit) with the 16-byte kernels' path (tables loaded with the row, a row a group; 55-64 registers where it
+    # takes 62-80), its element-wise paths at 1 or 2 rows a group. 2026-11-26 12:15 UTC, H200, on the 16-byte
+    # rows: q float32 3320 / 3295 GB/s (Qwen3 / Gemma 3), bfloat16 3199 / 3109, against norm_rotary's 3866 /
+    # 3862 and 3696 / 3613 in the same run; one element off alignment (its element-wise path) 1971 / 1003 at
+    # 1 row and 2237 / 1106 at 2 (float32 / bfloat16) against 2490 / 1204. Not shipped: the TensorRT
+    # plugins keep norm_rotary as it is
+    "one kernel for every alignment with the 16-byte kernels' path, 1 row a group in the element-wise paths": {
+        **SHIPPED, "macros": "#define FXK_NR_ROWS 1\n",
+        "edits": ((_PACKS_GUARD + _PACKS_CALL, "    norm_rotary<T, MODE, EVICT>" + _ARGS), _AHEAD_ANY)},
+    "one kernel for every alignment with the 16-byte kernels' path, 2 rows a group in the element-wise paths": {
+        **SHIPPED, "edits": ((_PACKS_GUARD + _PACKS_CALL, "    norm_rotary<T, MODE, EVICT>" + _ARGS), _AHEAD_ANY)},
     "2 rows a thread group": {**SHIPPED, "macros": "#define FXK_NR_PACK_ROWS 2\n"},
     "tables loaded after the sum of squares": {
         **SHIPPED, "edits": ((_PACKS_CALL, _PACKS_CALL.replace("true, EVICT", "false, EVICT")),)},
@@ -162,6 +180,10 @@ def cases():
                     heads(16, 2048, 32, 128, dt, True)))
         out.append((f"Qwen3 k 16x2048x8x128 to 32 heads {name}", "rms_norm_rotary_embedding_repeat_kv",
                     (*heads(16, 2048, 8, 128, dt, False), 16, 8, 4, 2048, 128, 32)))
+        x, *rest = heads(16, 2048, 32, 128, dt, False)
+        shifted = torch.empty(x.numel() + 1, device="cuda", dtype=dt)[1:].view(x.shape).copy_(x)
+        out.append((f"Qwen3 q 16x2048x32x128 {name}, one element off 16-byte alignment", "rms_norm_rotary_embedding",
+                    (shifted, *rest)))
     return out
 
 
