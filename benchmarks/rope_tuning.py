@@ -160,7 +160,10 @@ VARIANTS: dict[str, dict] = {
     # inductor's kernel does: an item is a pack of one output row, loaded from x's row for that head
     # (from L2 for all but the first of a group's heads) and stored once, so a warp's stores are one stream
     # where a thread stored its pack n_rep times, 32 heads' rows apart (float32 values 0.974x of
-    # inductor's speed at 92% of copy, 2026-11-26 12:18 UTC)
+    # inductor's speed at 92% of copy, 2026-11-26 12:18 UTC). 12:27 UTC, H200: values float32 / bfloat16 2634 /
+    # 2525 GB/s against 3958 / 4013, keys 3253 / 3073 against 3900 / 3843 (2048 a block: the same or
+    # slower); rows written once level. Not shipped. (A first try with `--only "output's order"` failed in
+    # inductor's generated module, "unterminated string literal"; `--only "in the output"` ran.)
     "repeats in the output's order": {**SHIPPED, "edits": _OUTPUT_ORDER},
     "repeats in the output's order, 2048 a block": {**SHIPPED, "edits": _OUTPUT_ORDER, "per_block": 2048},
     "16-byte path only": {**SHIPPED, "edits": (
