@@ -241,7 +241,7 @@ VARIANTS: dict[str, dict] = {
     # against 3298 / 3305, 256-thread 3145 / 3144; the 64- and 128-thread ones shipped at 12:05 UTC
     # (softmax.NARROW_GRIDS), so since then these run what "shipped" runs
     "rows of 2048 in the 8-pack one-warp and 256-thread blocks (shipped until 2026-11-26 12:05 UTC)": {
-        **_variant(), "without": ("_4packs_2048", "_4packs_2048_32bit")},
+        **_variant(narrow=("_short_4packs",))},
     "16-bit rows of 2048 in 64-thread blocks of 4 packs a thread, 14 an SM": small_packs(4, 14, threads=64,
                                                                                           longer_than=1024),
     "float32 rows of 2048 in 256-thread blocks of 4 packs a thread, 3 an SM": small_packs(4, 3, threads=256, size=4,
@@ -251,6 +251,7 @@ VARIANTS: dict[str, dict] = {
     # 2026-11-26 11:58 UTC, H200, bfloat16 at 512 keys: 2285 / 2584 / 3153 / 2971 GB/s at 28 / 24 / 20 / 16
     # blocks an SM (136 / 104 / 32 bytes spilled, then 120 registers) against the shipped 3472: the
     # registers cost more than the second exp2; not shipped (softcap_tuning.py: the same)
+    # (since 2026-11-26 12:05 UTC blocks_narrow also sets the 2048-row 4-pack grids' blocks: 24 gives 12 and 6 an SM)
     "16-bit exp once an element in the 4-pack blocks, 28 an SM": _variant(edits=EXP_ONCE),
     "16-bit exp once an element in the 4-pack blocks, 24 an SM": _variant(edits=EXP_ONCE, blocks_narrow=24),
     "16-bit exp once an element in the 4-pack blocks, 20 an SM": _variant(edits=EXP_ONCE, blocks_narrow=20),
@@ -289,7 +290,7 @@ def variant_op(label: str, v: dict, index: int, base=None, prefix: str = "masked
             raise SystemExit(f"variant {label!r}: {old!r} is not in softmax.SOURCE any more; update the variant")
         source = source.replace(old, new.replace("{load_evict}", _load_evict_source()).replace("{{", "{"))
     base = dataclasses.replace(base or softmax.SCALED_MASKED_SOFTMAX, kernel_source=source)
-    grids = {suffix: g for suffix, g in softmax._grids(base, **v["tuning"]).items() if suffix not in v.get("without", ())}
+    grids = softmax._grids(base, **v["tuning"])
     names = {suffix: f"fxkern_tune::{prefix}_{index}{suffix}" for suffix in grids}
     ops = {suffix: fxkern.cuda_kernel_op(names[suffix], spec) for suffix, spec in grids.items()}
     narrow = tuple(suffix for suffix in ops if suffix in softmax.NARROW_GRIDS)

@@ -658,7 +658,7 @@ def test_masked_softmax_near_misses_take_the_plain_softmax():
     assert not report["scaled_masked_softmax_float32"].matches
 
 
-def test_masked_softmax_op_checks_its_shapes_and_reads_expanded_masks_in_place():
+def test_masked_softmax_op_checks_its_shapes_and_reads_expanded_masks_in_place(rules):
     from fxkern.library import softmax as sm
 
     x = torch.randn(2, 4, 16, 32)
@@ -700,17 +700,36 @@ def test_masked_softmax_op_checks_its_shapes_and_reads_expanded_masks_in_place()
     assert sm._grid(torch.zeros(1, 1, 2, 2046), narrow=every) == "_32bit"  # not whole packs
     assert sm._grid(torch.zeros(2 * 2048 + 1)[1:].view(1, 1, 2, 2048), narrow=every) == "_32bit"  # misaligned
     assert sm._grid(half) == "_short" and sm.grid_for(half) == sm.ROWS + "_short"
-    assert set(sm.SCALED_MASKED_GRIDS) == set(sm.SOFTCAPPED_MASKED_GRIDS) == {"", "_32bit", "_short_32bit", "_short",
-                                                                            *every}
-    # each holds a row of its longest length a block, 896 threads an SM, and fetches a row before its values
+    # the 4-pack grids hold every 16-bit row the one-warp 8-pack blocks took, so the masked ops leave those out
+    assert set(sm.SCALED_MASKED_GRIDS) == set(sm.SOFTCAPPED_MASKED_GRIDS) == {"", "_32bit", "_short_32bit", *every}
+    assert "_short" in sm._grids(sm.SCALED_MASKED_SOFTMAX, blocks_narrow=28, narrow=("_short_4packs",))
+    assert "_short" in sm._grids(sm.SCALED_MASKED_SOFTMAX) and "_short_4packs" not in sm._grids(sm.SCALED_MASKED_SOFTMAX)
+    with pytest.raises(ValueError, match="multiple of 4"):
+        sm._grids(sm.SCALED_MASKED_SOFTMAX, blocks_narrow=30)
+    # each holds a row of its longest length a block, 896 threads an SM, and fetches a row before its values;
+    # the macros come before the source's own defaults (#ifndef), so they are the ones compiled
     for suffix, (threads, blocks) in {"_short_4packs": (32, 28), "_4packs_2048": (64, 14),
                                       "_4packs_2048_32bit": (128, 7)}.items():
-        for grids in (sm.SCALED_MASKED_GRIDS, sm.SOFTCAPPED_MASKED_GRIDS):
-            source = grids[suffix].kernel_source
-            size = "F32" if suffix.endswith("_32bit") else "HALF"
-            assert (f"#define ROW_THREADS {threads}\n" in source and f"#define FXK_ROW_PACKS_{size} 4\n" in source
-                    and f"#define FXK_ROW_BLOCKS_{size} {blocks}\n" in source
-                    and "#define FXK_MASK_FETCH_FIRST 1\n" in source), suffix
+        for grids, spec in ((sm.SCALED_MASKED_GRIDS, sm.SCALED_MASKED_SOFTMAX),
+                            (sm.SOFTCAPPED_MASKED_GRIDS, sm.SOFTCAPPED_MASKED_SOFTMAX)):
+            source, size = grids[suffix].kernel_source, "F32" if suffix.endswith("_32bit") else "HALF"
+            assert source.endswith(spec.kernel_source), suffix
+            prefix = source[:len(source) - len(spec.kernel_source)]
+            assert set(prefix.splitlines()) == {f"#define ROW_THREADS {threads}", f"#define FXK_ROW_PACKS_{size} 4",
+                                                f"#define FXK_ROW_BLOCKS_{size} {blocks}",
+                                                "#define FXK_MASK_FETCH_FIRST 1"}, suffix
+            op = fxkern.kernel_op((sm.MASKED_ROWS if grids is sm.SCALED_MASKED_GRIDS else sm.SOFTCAPPED_ROWS) + suffix)
+            (grid_x, *_) = [symbolic.compile_expr(g) for g in op.plan.grid]
+            scores = (2, 16, 2048, 2048)
+            assert op.plan.block[0] == threads, suffix
+            assert grid_x(([scores, (2, 1, 2048, 2048)], [scores])) == 2 * 16 * 2048 * 2048 // sm.NARROW_GRIDS[suffix][1]
+    # the op's CUDA path picks among the grids it has: the 4-pack ones by their suffixes, the rest by _grid
+    picked = []
+    on_cuda = sm._masked_on_cuda({s: (lambda s: lambda *a: picked.append(s))(s)
+                                  for s in ("", "_32bit", "_short_32bit", "_short_4packs", "_4packs_2048")})
+    for d, dtype in ((512, torch.bfloat16), (2048, torch.bfloat16), (2048, torch.float32), (512, torch.float32)):
+        on_cuda(torch.zeros(1, 2, 3, d, dtype=dtype), torch.zeros(1, 1, 3, d, dtype=dtype), 0.5)
+    assert picked == ["_short_4packs", "_4packs_2048", "_32bit", "_short_32bit"]
     assert "_short_4packs" not in sm.SOFTMAX_GRIDS
 
 

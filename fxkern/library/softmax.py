@@ -11,7 +11,7 @@ cap of the scores (``cap * tanh(scores * scaling / cap) + mask``).
 
 Kernel: the row layout of :mod:`fxkern.library.rmsnorm` (a 256-thread block per register-full of
 elements, 8192 in float32 and 16384 in 16-bit, 1 to 256 threads a row, the row in registers; short
-rows in blocks of one or two warps); one reduction of (max, sum of ``exp(x - max)``) pairs, then
+rows in small blocks of one to four warps); one reduction of (max, sum of ``exp(x - max)``) pairs, then
 the write. Rows too long for registers take an online max/sum pass and a second read.
 """
 
@@ -473,8 +473,8 @@ SOFTCAPPED_MASKED_SOFTMAX = dataclasses.replace(
 
 # Short rows held in whole packs (attention's scores) run in small blocks, many an SM: float32 rows of
 # up to 1024 elements in 64-thread blocks of 4 packs a thread, 16-bit rows of up to 2048 in one-warp
-# blocks of 8 packs. (threads, packs) by element size; a block's register-full is the longest row
-# _grid sends it.
+# blocks of 8 packs (the plain softmax's 16-bit rows; the masked ops' take NARROW_GRIDS). (threads,
+# packs) by element size; a block's register-full is the longest row _grid sends it.
 SHORT_BLOCKS = {4: (64, 4), 2: (32, 8)}
 SHORT_ROWS = {size: threads * packs * 16 // size for size, (threads, packs) in SHORT_BLOCKS.items()}
 # The masked kernels' rows of up to 2048 elements in small blocks of 4 packs a thread: suffix ->
@@ -482,6 +482,7 @@ SHORT_ROWS = {size: threads * packs * 16 // size for size, (threads, packs) in S
 # blocks_narrow one-warp blocks) and 72 registers. A thread fetches 8 packs of scores and mask instead
 # of 16: 16-bit rows of up to 2048 had one-warp blocks of 8 packs at 128 registers, 16 an SM, and
 # float32 rows past 1024 the 256-thread blocks, 2 an SM (whose soft-capped kernel spills 336 bytes).
+# (The float32 one spills 4 bytes in the masked kernel and 12 in the soft-capped one: tools/kernel_resources.py.)
 # H200, 2026-11-26, benchmarks/masked_tuning.py and softcap_tuning.py, GB/s against the grids before:
 # - "_short_4packs": bfloat16 at 512 keys, masked 3473 against 3272, soft-capped 2870 against 2715; 24
 #   blocks an SM level, 32 (48 bytes spilled) 15% slower.
@@ -513,7 +514,8 @@ def _small_blocks(spec: KernelSpec, element_size: int, blocks: int, packs: int |
 
 
 def _grids(spec: KernelSpec, blocks_short_32bit: int = 16, blocks_short: int = 32, blocks_f32: int | None = None,
-           fetch_first: tuple[str, ...] = (), blocks_narrow: int | None = None) -> dict[str, KernelSpec]:
+           fetch_first: tuple[str, ...] = (), blocks_narrow: int | None = None,
+           narrow: Collection[str] = tuple(NARROW_GRIDS)) -> dict[str, KernelSpec]:
     """The grids a softmax kernel runs in, by the suffix of their private ops' names.
 
     ``""``: ``spec``'s own, a 256-thread block per 16384 elements (TensorRT plugins carry it; a
@@ -524,16 +526,23 @@ def _grids(spec: KernelSpec, blocks_short_32bit: int = 16, blocks_short: int = 3
     rows, ``blocks_short_32bit`` and ``blocks_short`` of them an SM; measured faster there than the
     256-thread blocks (benchmarks/row_tuning.py --softmax; docs/library.md, "Rows").
     ``fetch_first``: the grids whose masked kernels fetch a row's packs before they make their
-    values (``FXK_MASK_FETCH_FIRST``), by suffix. ``blocks_narrow``: adds the ``NARROW_GRIDS``, small
-    blocks of ``NARROW_PACKS`` packs a thread, as many threads an SM as that many one-warp blocks."""
+    values (``FXK_MASK_FETCH_FIRST``), by suffix. ``blocks_narrow``: adds the ``NARROW_GRIDS`` named in
+    ``narrow``, small blocks of ``NARROW_PACKS`` packs a thread, as many threads an SM as that many
+    one-warp blocks; ``"_short"`` is left out when they hold every 16-bit row it would take (``_grid``
+    never picks it then)."""
     blocks = f"#define FXK_ROW_BLOCKS_F32 {blocks_f32}\n" if blocks_f32 else ""
     grids = {"": spec, "_32bit": dataclasses.replace(spec, geometry=Custom(row_geometry_8k),
                                                      kernel_source=blocks + spec.kernel_source),
-             "_short_32bit": _small_blocks(spec, 4, blocks_short_32bit),
-             "_short": _small_blocks(spec, 2, blocks_short)}
-    if blocks_narrow:
-        for suffix, (size, _, threads) in NARROW_GRIDS.items():
-            grids[suffix] = _small_blocks(spec, size, blocks_narrow * 32 // threads, NARROW_PACKS, threads)
+             "_short_32bit": _small_blocks(spec, 4, blocks_short_32bit)}
+    narrow = [suffix for suffix in NARROW_GRIDS if suffix in narrow] if blocks_narrow else []
+    if max((NARROW_GRIDS[s][1] for s in narrow if NARROW_GRIDS[s][0] == 2), default=0) < SHORT_ROWS[2]:
+        grids["_short"] = _small_blocks(spec, 2, blocks_short)
+    for suffix in narrow:
+        size, _, threads = NARROW_GRIDS[suffix]
+        if blocks_narrow * 32 % threads:
+            raise ValueError(f"blocks_narrow = {blocks_narrow}: {suffix}'s {threads}-thread blocks cannot make "
+                             f"{blocks_narrow * 32} threads an SM; give a multiple of {threads // 32}")
+        grids[suffix] = _small_blocks(spec, size, blocks_narrow * 32 // threads, NARROW_PACKS, threads)
     return {suffix: dataclasses.replace(g, kernel_source="#define FXK_MASK_FETCH_FIRST 1\n" + g.kernel_source)
             if suffix in fetch_first else g for suffix, g in grids.items()}
 
@@ -541,7 +550,8 @@ def _grids(spec: KernelSpec, blocks_short_32bit: int = 16, blocks_short: int = 3
 # The masked kernel reads two tensors into registers: it runs half the blocks an SM, each thread with
 # twice the registers, and in the 16-bit small blocks fetches a row's scores and mask before it
 # makes their values (benchmarks/masked_tuning.py: 5-19% more bandwidth at 512 and 2048 keys than
-# the softmax's grids).
+# the softmax's grids). Its 16-bit rows of up to 2048 all take NARROW_GRIDS, so blocks_short applies
+# only where those are left out (benchmarks/masked_tuning.py's variants).
 MASKED_TUNING = {"blocks_short_32bit": 8, "blocks_short": 16, "blocks_f32": 2, "fetch_first": ("_short", *NARROW_GRIDS),
                  "blocks_narrow": 28}
 
@@ -574,9 +584,10 @@ def _grid(x: torch.Tensor, *others: torch.Tensor, narrow: Collection[str] = ()) 
              and all(aligned_at_launch(t) for t in others))
     if whole and size == 4 and d <= SHORT_ROWS[4]:
         return "_short_32bit"
-    for suffix, (element_size, longest, _) in NARROW_GRIDS.items() if whole else ():
-        if suffix in narrow and element_size == size and d <= longest:
-            return suffix
+    if whole:
+        for suffix, (element_size, longest, _) in NARROW_GRIDS.items():
+            if suffix in narrow and element_size == size and d <= longest:
+                return suffix
     if whole and d <= SHORT_ROWS.get(size, 0):
         return "_short"
     return "_32bit" if size == 4 and d <= 8192 else ""
