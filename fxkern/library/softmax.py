@@ -534,10 +534,10 @@ def _grids(spec: KernelSpec, blocks_short_32bit: int = 16, blocks_short: int = 3
     grids = {"": spec, "_32bit": dataclasses.replace(spec, geometry=Custom(row_geometry_8k),
                                                      kernel_source=blocks + spec.kernel_source),
              "_short_32bit": _small_blocks(spec, 4, blocks_short_32bit)}
-    narrow = [suffix for suffix in NARROW_GRIDS if suffix in narrow] if blocks_narrow else []
-    if max((NARROW_GRIDS[s][1] for s in narrow if NARROW_GRIDS[s][0] == 2), default=0) < SHORT_ROWS[2]:
+    built = [suffix for suffix in NARROW_GRIDS if suffix in narrow] if blocks_narrow else []
+    if max((NARROW_GRIDS[s][1] for s in built if NARROW_GRIDS[s][0] == 2), default=0) < SHORT_ROWS[2]:
         grids["_short"] = _small_blocks(spec, 2, blocks_short)
-    for suffix in narrow:
+    for suffix in built:
         size, _, threads = NARROW_GRIDS[suffix]
         if blocks_narrow * 32 % threads:
             raise ValueError(f"blocks_narrow = {blocks_narrow}: {suffix}'s {threads}-thread blocks cannot make "
