@@ -1,6 +1,6 @@
 """fxkern.library on models nobody here wrote: transformers' own models, built from configs.
 
-    python benchmarks/hf_models.py [--models llama,gemma,...] [--layers 4] [--rounds 3] [--section-out FILE]
+    python benchmarks/hf_models.py [--models llama,gemma,...] [--layers 4] [--rounds 3] [--batch 8 --seq 512] [--section-out FILE]
     python benchmarks/hf_models.py --models t5_encoder --profile   # also each variant's kernels by GPU time, and the aten ops behind the rewritten program's
 
 Each model (random weights, no downloads) at hidden size 2048, 16 heads of 128, MLP 5632 (GPT-2,
@@ -111,10 +111,11 @@ def configs(layers: int, hidden: int = HIDDEN, heads: int = HEADS, mlp: int = ML
     }
 
 
-def measure(name: str, spec: Model, dtype: torch.dtype, rules, rounds: int, profile: bool = False) -> dict:
+def measure(name: str, spec: Model, dtype: torch.dtype, rules, rounds: int, profile: bool = False,
+            batch: int = BATCH, seq: int = SEQ) -> dict:
     model = spec.build(dtype)
-    ids = torch.randint(0, VOCAB, (BATCH, SEQ), device="cuda")
-    fresh = torch.randint(0, VOCAB, (BATCH, SEQ), device="cuda")
+    ids = torch.randint(0, VOCAB, (batch, seq), device="cuda")
+    fresh = torch.randint(0, VOCAB, (batch, seq), device="cuda")
     t0 = time.perf_counter()
     ep = torch.export.export(model, (ids,), kwargs=spec.kwargs(ids))
     t1 = time.perf_counter()
@@ -162,6 +163,8 @@ def main(argv=None) -> int:
     p.add_argument("--models", default=None, help="comma-separated short names (default: all)")
     p.add_argument("--layers", type=int, default=4)
     p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--batch", type=int, default=BATCH)
+    p.add_argument("--seq", type=int, default=SEQ, help="tokens a sequence (attention's scores are seq x seq)")
     p.add_argument("--section-out", type=Path, default=None)
     p.add_argument("--profile", action="store_true",
                    help="print each model's kernels by GPU time (eager, fxkern, inductor), and the aten ops "
@@ -172,7 +175,7 @@ def main(argv=None) -> int:
         return 1
     import transformers
 
-    table = configs(args.layers)
+    table = configs(args.layers, seq=max(args.seq, SEQ))
     names = args.models.split(",") if args.models else list(table)
     unknown = sorted(set(names) - set(table))
     if unknown:
@@ -181,11 +184,12 @@ def main(argv=None) -> int:
     # One-time costs (loading the library's kernels, inductor's and dynamo's first compile, cuBLAS's
     # first choices) go to an untimed one-layer copy of the first model, not to its row.
     print(f"warm-up: {names[0]}, one layer…", flush=True)
-    measure(names[0], configs(1)[names[0]], torch.bfloat16, rules, rounds=1)
+    measure(names[0], configs(1, seq=max(args.seq, SEQ))[names[0]], torch.bfloat16, rules, rounds=1,
+            batch=args.batch, seq=args.seq)
     rows = []
     for name in names:
         print(f"{name}: {table[name].cls}…", flush=True)
-        r = measure(name, table[name], torch.bfloat16, rules, args.rounds, args.profile)
+        r = measure(name, table[name], torch.bfloat16, rules, args.rounds, args.profile, args.batch, args.seq)
         print(f"  {dict(r['replaced'])} " + ", ".join(f"{k} {v:.3f} ms" for k, v in r["times"].items())
               + f"; rel {r['rel']:.1e}", flush=True)
         rows.append(r)
@@ -196,9 +200,10 @@ def main(argv=None) -> int:
         "",
         f"Machine: {machine()}, transformers {transformers.__version__}. Date: {today()}. "
         f"Command: `python benchmarks/hf_models.py --layers {args.layers} --rounds {args.rounds}"
-        f"{' --models ' + args.models if args.models else ''}`.",
+        f"{' --models ' + args.models if args.models else ''}"
+        f"{f' --batch {args.batch} --seq {args.seq}' if (args.batch, args.seq) != (BATCH, SEQ) else ''}`.",
         "",
-        " ".join(__doc__.split("\n\n")[2].split()),
+        " ".join(__doc__.split("\n\n")[2].replace("on 8x512 tokens", f"on {args.batch}x{args.seq} tokens").split()),
         "",
         "| model | what fxkern replaced | eager ms | export ms | fxkern ms | fxkern vs eager | eager, CUDA graph ms "
         "| fxkern, CUDA graph ms | kernels: fxkern vs eager | inductor ms | inductor vs eager | rel. err "
