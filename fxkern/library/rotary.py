@@ -508,8 +508,7 @@ def _strided_reference(x_span, cos, sin, half, pass_cols, B, A1, A2, sB, s1, s2,
     x = x.transpose(1, 2) if heads_inner else x
     cos, sin = cos[..., :2 * half], sin[..., :2 * half]
     y = torch.cat([rotary_embedding(x[..., :2 * half], cos, sin, half), x[..., 2 * half:]], dim=-1) if half else x
-    out = _strided_output(x_span, cos, sin, half, pass_cols, B, A1, A2, sB, s1, s2, heads_inner, n_rep, in_order, cB,
-                          cH, cS)
+    out = strided_output(x_span, 2 * half + pass_cols, B, A1, A2, heads_inner, n_rep, in_order)
     return out.copy_(y.repeat_interleave(n_rep, dim=1))
 
 
