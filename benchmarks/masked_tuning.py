@@ -26,7 +26,7 @@ DTYPES = (torch.float32, torch.bfloat16)
 
 # A variant: the grids' tuning as ``softmax._grids`` takes it (blocks an SM for the float32 and the
 # 16-bit small blocks and for the 256-thread float32 grid, the grids that fetch a row before making
-# its values), and edits to softmax.SOURCE ((old, new) pairs of text).
+# its values), and edits to the kernel's source, softmax.SOURCE ((old, new) pairs of text).
 def _variant(edits=(), **tuning) -> dict:
     from fxkern.library import softmax
 
@@ -105,6 +105,38 @@ FUSED_WRITE = (
     "                    f[j] = exp_shifted<false>(f[j], m) * inv;\n"
     "                }\n"
     "            }\n")
+# 16-bit exp(x - m) as ex2(fma(x, log2(e), -m * log2(e))), one FFMA where it took an FADD and an FMUL,
+# in the sum pass and the write (flash attention's form); a shift whose m * log2(e) is not finite
+# (m +-inf or past 2.4e38, a row of finfo.min) keeps the subtraction first. The exponent then carries
+# m * log2(e)'s rounding: a relative error of about |m| * 2^-24 in each exp (1e-4 at |m| = 1000, a
+# tenth of a float16 ulp).
+FMA_EXP = ((
+    "            for (int j = 0; j < V; ++j) s += exp_shifted<sizeof(T) == 2>(f[j], sh);\n",
+    "            if (sizeof(T) == 2 && fma_ok) {\n"
+    "#pragma unroll\n                for (int j = 0; j < V; ++j) s += exp_fma(f[j], shl);\n"
+    "            } else {\n"
+    "#pragma unroll\n                for (int j = 0; j < V; ++j) s += exp_shifted<sizeof(T) == 2>(f[j], sh);\n"
+    "            }\n"), (
+    "    const float sh = m == neg_inf() ? 0.0f : m;\n",
+    "    const float sh = m == neg_inf() ? 0.0f : m, shl = sh * 1.4426950408889634f;\n"
+    "    const bool fma_ok = fabsf(shl) <= 3.0e38f;\n"), (
+    "    const float inv = __frcp_rn(s);  // 1.0f / s, without the division's slow path\n",
+    "    const float inv = __frcp_rn(s);  // 1.0f / s, without the division's slow path\n"
+    "    const float ml = m * 1.4426950408889634f;\n"
+    "    const bool fma_w = fabsf(ml) <= 3.0e38f;\n"), (
+    "            for (int j = 0; j < V; ++j) f[j] = exp_shifted<sizeof(T) == 2>(f[j], m) * inv;\n",
+    "            if (sizeof(T) == 2 && fma_w) {\n"
+    "#pragma unroll\n                for (int j = 0; j < V; ++j) f[j] = exp_fma(f[j], ml) * inv;\n"
+    "            } else {\n"
+    "#pragma unroll\n                for (int j = 0; j < V; ++j) f[j] = exp_shifted<sizeof(T) == 2>(f[j], m) * inv;\n"
+    "            }\n"), (
+    "// The softmax of a row held in registers, written to yr:",
+    "__device__ __forceinline__ float exp_fma(float v, float ml) {\n"
+    "    float r;\n"
+    "    asm(\"ex2.approx.ftz.f32 %0, %1;\" : \"=f\"(r) : \"f\"(fmaf(v, 1.4426950408889634f, -ml)));\n"
+    "    return r;\n"
+    "}\n"
+    "// The softmax of a row held in registers, written to yr:"))
 # Rows staged through shared memory (2026-11-26, H200: 30-86% of the shipped kernels' speed, 1880-1969
 # GB/s at 512 keys in either dtype against 3275-3938, 1017-2910 at 2048 against 3339-3388; soft-capped
 # 1288-2253 against 2640-3156; the `masked_staged_h200` section of docs/benchmarks.md; not shipped).
@@ -203,10 +235,158 @@ staged_softcapped_masked_softmax(const T* x, const T* mask, float scale, float c
 """
 ROWS_A_WARP = 32
 
+# Rows brought into shared memory by the Hopper bulk copy (cp.async.bulk, the copy engine TMA also
+# drives): the idea is the staged kernel's, bytes in flight that hold no register, without its cost
+# in instructions and in warps (one thread's copy of a whole row instead of a 16-byte cp.async a lane,
+# and a block of ROW_THREADS threads consuming a stage together, as the register kernels do). A block
+# takes a contiguous chunk of rows in passes of ROW_THREADS / G rows (G threads a row, FXK_BULK_PACKS
+# packs a thread, as softmax_rows lays them out); a pass's scores and mask rows land in one of
+# FXK_BULK_STAGES stages, each with an mbarrier the copies complete. Warp 0 issues pass p + S once
+# every thread has taken pass p's values into registers (the __syncthreads after the read), so S - 1
+# passes are in flight while one is reduced and written. The grid is FXK_BULK_BLOCKS blocks an SM.
+# Measured 2026-11-26 and not shipped (GB/s at float32 / bfloat16 512 keys, float32 / bfloat16 2048):
+# - scores and mask copied, on an H100 (13:32 UTC): 1861-2717 against the shipped 2825-2922; the best,
+#   4 stages of 128 threads x 4 packs, 3 blocks an SM, 2437 / 2392 / 2717 / 2536 against 2863 / 2922 /
+#   2835 / 2825; soft-capped 1629-2605 against 2587-2769.
+# - the scores copied, the mask loaded by the threads (MASK_DIRECT), on an H200 (13:35 UTC): the best, 3
+#   stages of 256 x 4, 4 blocks an SM, 3535 / 3191 / 3326 / 3202 against 3958 / 3472 / 3418 / 3442;
+#   soft-capped 2953 / 2644 / 2722 / 2646 against 3174 / 2916 / 2827 / 2949; 6 stages of 2 packs 2116-2570.
+# - Nsight Compute (H200, 13:40 UTC, bfloat16 2x16x2048): DRAM 63.7% busy against the shipped kernel's 68.4%,
+#   issue slots 68% against 76%, 41% occupancy. The bytes are in flight, but a block reduces and writes one
+#   pass at a time between barriers, and fewer passes run at once than the register kernel's rows: more
+#   stages of fewer packs (more, shorter passes) were slower still.
+BULK = r"""
+namespace fxk {
+__device__ __forceinline__ unsigned smem_addr(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
+__device__ __forceinline__ void mbar_init(unsigned long long* bar, unsigned count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_addr(bar)), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_expect_tx(unsigned long long* bar, unsigned bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(bar)), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ bool mbar_try_wait(unsigned long long* bar, unsigned parity) {
+    unsigned done;
+    asm volatile("{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}"
+                 : "=r"(done) : "r"(smem_addr(bar)), "r"(parity) : "memory");
+    return done != 0;
+}
+__device__ __forceinline__ void bulk_load(void* dst, const void* src, unsigned bytes, unsigned long long* bar) {
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+                 ::"r"(smem_addr(dst)), "l"(src), "r"(bytes), "r"(smem_addr(bar)) : "memory");
+}
+
+template <typename T, bool CAP>
+__device__ __forceinline__ void bulk_rows(const MaskedRows<T, CAP>& in, int D, unsigned rows, T* __restrict__ y,
+                                          T* stages, unsigned long long* full, float (*red)[ROW_WARPS]) {
+    constexpr int V = 16 / sizeof(T), NV = FXK_BULK_PACKS, S = FXK_BULK_STAGES;
+    unsigned begin, end;
+    block_rows((unsigned)D, rows, begin, end);
+    const int G = row_group(D, V * NV);
+    const int groups = ROW_THREADS >> log2_of(G), g = threadIdx.x >> log2_of(G), t = threadIdx.x & (G - 1);
+    const unsigned passes = end > begin ? (end - begin + groups - 1) / groups : 0u;
+    // a pass's score rows, then (unless FXK_BULK_MASK_DIRECT: the threads load them, from L2) its mask rows
+    constexpr int COPIES = FXK_BULK_MASK_DIRECT ? 1 : 2;
+    const size_t stage = (size_t)COPIES * groups * D;
+    const unsigned bytes = (unsigned)D * sizeof(T);
+    // warp 0: pass p's rows into stage p % S, lane k the rows k, k + 32... of the pass
+    auto issue = [&](unsigned p) {
+        const unsigned first = begin + p * groups, n = min((unsigned)groups, end - first);
+        unsigned long long* bar = full + p % S;
+        T* st = stages + (p % S) * stage;
+        if (threadIdx.x == 0) mbar_expect_tx(bar, COPIES * n * bytes);
+        __syncwarp();
+        for (unsigned k = threadIdx.x; k < n; k += 32) {
+            const auto r = in.row(first + k);
+            bulk_load(st + (size_t)k * D, r.x, bytes, bar);
+            if (!FXK_BULK_MASK_DIRECT) bulk_load(st + (size_t)(groups + k) * D, r.m, bytes, bar);
+        }
+    };
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < S; ++s) mbar_init(full + s, 1);
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+    }
+    __syncthreads();
+    if (threadIdx.x < 32)
+        for (unsigned p = 0; p < S && p < passes; ++p) issue(p);
+    for (unsigned p = 0; p < passes; ++p) {
+        const unsigned row = begin + p * groups + g;
+        const bool live = row < end;
+        const auto xr = in.row(live ? row : begin);
+        Pack<T, V> m[FXK_BULK_MASK_DIRECT ? NV : 1];
+        if constexpr (FXK_BULK_MASK_DIRECT) {
+#pragma unroll
+            for (int k = 0; k < NV; ++k) {
+                const int col = (k * G + t) * V;
+                if (live && col < D) m[k] = load<T, V>(xr.m + col);  // while the scores land
+            }
+        }
+        while (!mbar_try_wait(full + p % S, (p / S) & 1)) {}
+        const T* st = stages + (p % S) * stage;
+        Pack<T, V> c[NV];
+#pragma unroll
+        for (int k = 0; k < NV; ++k) {
+            const int col = (k * G + t) * V;
+            if (live && col < D) {
+                typename MaskedRows<T, CAP>::template Raw<V> raw;
+                raw.x = *reinterpret_cast<const Pack<T, V>*>(st + (size_t)g * D + col);
+                if constexpr (FXK_BULK_MASK_DIRECT)
+                    raw.m = m[k];
+                else
+                    raw.m = *reinterpret_cast<const Pack<T, V>*>(st + (size_t)(groups + g) * D + col);
+                c[k] = in.template value<V>(raw);
+            }
+        }
+        __syncthreads();  // every thread has pass p's values: its stage may be refilled
+        if (threadIdx.x < 32 && p + S < passes) issue(p + S);
+        write_row<T, V, NV>(c, live, D, G, t, y + xr.o, red + 2 * (p & 1));
+    }
+}
+}  // namespace fxk
+
+template <typename T>
+__global__ void __launch_bounds__(ROW_THREADS, FXK_BULK_BLOCKS)
+bulk_scaled_masked_softmax(const T* x, const T* mask, float scale, int H, int Q, int D, int n, int mB, int mH, int mQ,
+                           T* y) {
+    extern __shared__ __align__(128) unsigned char bulk_smem[];
+    __shared__ float red[4][ROW_WARPS];
+    __shared__ __align__(8) unsigned long long full[FXK_BULK_STAGES];
+    constexpr int V = 16 / sizeof(T);
+    if (D <= 0 || D % V || D > ROW_THREADS * FXK_BULK_PACKS * V || !fxk::aligned16(x) || !fxk::aligned16(mask)
+        || !fxk::aligned16(y))
+        return;  // a variant for the benchmark's tensors only: whole aligned packs, a row a pass at most
+    const fxk::MaskedRows<T> in(x, mask, scale, D, H, Q, mB, mH, mQ);
+    fxk::bulk_rows<T, false>(in, D, (unsigned)n / (unsigned)D, y, reinterpret_cast<T*>(bulk_smem), full, red);
+}
+
+template <typename T>
+__global__ void __launch_bounds__(ROW_THREADS, FXK_BULK_BLOCKS)
+bulk_softcapped_masked_softmax(const T* x, const T* mask, float scale, float cap, int H, int Q, int D, int n, int mB,
+                               int mH, int mQ, T* y) {
+    extern __shared__ __align__(128) unsigned char bulk_smem[];
+    __shared__ float red[4][ROW_WARPS];
+    __shared__ __align__(8) unsigned long long full[FXK_BULK_STAGES];
+    constexpr int V = 16 / sizeof(T);
+    if (D <= 0 || D % V || D > ROW_THREADS * FXK_BULK_PACKS * V || !fxk::aligned16(x) || !fxk::aligned16(mask)
+        || !fxk::aligned16(y))
+        return;
+    const fxk::MaskedRows<T, true> in(x, mask, scale, D, H, Q, mB, mH, mQ, cap);
+    fxk::bulk_rows<T, true>(in, D, (unsigned)n / (unsigned)D, y, reinterpret_cast<T*>(bulk_smem), full, red);
+}
+"""
+
 
 def staged(stages: int = 3, threads: int = 128) -> dict:
     """A staged variant (STAGED): ``stages`` rows a warp in flight or in hand, ``threads`` a block."""
     return {"staged": {"stages": stages, "threads": threads}, "edits": ()}
+
+
+def bulk(stages: int = 3, threads: int = 256, packs: int = 4, blocks: int = 2, mask_direct: bool = False) -> dict:
+    """A bulk-copy variant (BULK): ``stages`` passes a block in flight or in hand, ``threads`` a block
+    holding ``packs`` packs a thread of a pass, ``blocks`` blocks an SM (the grid: that many for each SM);
+    ``mask_direct``: the threads load the mask rows themselves, only the scores are copied."""
+    return {"bulk": {"stages": stages, "threads": threads, "packs": packs, "blocks": blocks,
+                     "mask_direct": mask_direct}, "edits": ()}
 
 
 def small_packs(packs: int, blocks: int, fetch_first: bool = True, threads: int = 32, size: int = 2,
@@ -258,9 +438,26 @@ VARIANTS: dict[str, dict] = {
     "16-bit exp once an element in the 4-pack blocks, 16 an SM": _variant(edits=EXP_ONCE, blocks_narrow=16),
     "16-bit rows of up to 1024 in 4 packs a thread, 24 blocks an SM": small_packs(4, 24),
     "16-bit rows of up to 1024 in 4 packs a thread, 28 blocks an SM": small_packs(4, 28),
+    # 2026-11-26 13:45 UTC, H200, GB/s at bfloat16 512 / 2048 keys: the max in pairs 3599 / 3543 against
+    # the max as floats 3464 / 3437 (the float32 columns, the same code, 3302-3401 between variants);
+    # shipped at 14:00 UTC (softmax's FXK_PAIR_MAX). The FFMA exp with the max in pairs 3404 / 3446, alone
+    # 3257 / 3326 (8 bytes spilled); not shipped
+    "16-bit max as floats (shipped until 2026-11-26 14:00 UTC)": _variant(edits=(
+        ("#define FXK_PAIR_MAX 1", "#define FXK_PAIR_MAX 0"),)),
+    "16-bit exp through one FFMA": _variant(edits=FMA_EXP),
     "staged through shared memory, 3 stages, 4 warps a block": staged(),
     "staged through shared memory, 4 stages, 2 warps a block": staged(stages=4, threads=64),
     "staged through shared memory, 2 stages, 2 warps a block": staged(stages=2, threads=64),
+    "bulk copies, 3 stages of 256 threads x 4 packs, 2 blocks an SM": bulk(),
+    "bulk copies, 4 stages of 256 threads x 2 packs, 3 blocks an SM": bulk(stages=4, packs=2, blocks=3),
+    "bulk copies, 4 stages of 128 threads x 4 packs, 3 blocks an SM": bulk(stages=4, threads=128, blocks=3),
+    "bulk copies, 6 stages of 256 threads x 2 packs, 2 blocks an SM": bulk(stages=6, packs=2, blocks=2),
+    "bulk copies, 3 stages of 128 threads x 4 packs, 4 blocks an SM": bulk(stages=3, threads=128, blocks=4),
+    "bulk copies of the scores, 3 stages of 256 threads x 4 packs, 4 blocks an SM": bulk(blocks=4, mask_direct=True),
+    "bulk copies of the scores, 6 stages of 256 threads x 2 packs, 4 blocks an SM": bulk(stages=6, packs=2, blocks=4,
+                                                                                        mask_direct=True),
+    "bulk copies of the scores, 4 stages of 128 threads x 4 packs, 6 blocks an SM": bulk(stages=4, threads=128, blocks=6,
+                                                                                        mask_direct=True),
     # diagnostics, not candidates: what eager's second rounding and finding the mask row cost
     "(one rounding: x * scale + mask in float32)": _variant(edits=(
         ("        to_floats(from_floats<T, V>(f), f);  // rounded to T, as eager's multiplication stores it\n", ""),)),
@@ -284,12 +481,13 @@ def variant_op(label: str, v: dict, index: int, base=None, prefix: str = "masked
     import fxkern
     from fxkern.library import softmax
 
-    source = softmax.SOURCE
+    base = base or softmax.SCALED_MASKED_SOFTMAX
+    source = base.kernel_source  # softmax.SOURCE, with the soft-capped kernel's macro before it
     for old, new in v["edits"]:
         if old not in source:
-            raise SystemExit(f"variant {label!r}: {old!r} is not in softmax.SOURCE any more; update the variant")
+            raise SystemExit(f"variant {label!r}: {old!r} is not in the kernel's source any more; update the variant")
         source = source.replace(old, new.replace("{load_evict}", _load_evict_source()).replace("{{", "{"))
-    base = dataclasses.replace(base or softmax.SCALED_MASKED_SOFTMAX, kernel_source=source)
+    base = dataclasses.replace(base, kernel_source=source)
     grids = softmax._grids(base, **v["tuning"])
     names = {suffix: f"fxkern_tune::{prefix}_{index}{suffix}" for suffix in grids}
     ops = {suffix: fxkern.cuda_kernel_op(names[suffix], spec) for suffix, spec in grids.items()}
@@ -301,7 +499,6 @@ def staged_op(label: str, v: dict, index: int, base, prefix: str):
     """The staged kernel (STAGED) for ``base``'s arguments as a callable ``(x, mask, *scalars)``: an
     op for float32 and one for 16-bit types, whose shared memory is sized by the element."""
     import fxkern
-    from fxkern.library import softmax
     from fxkern.symbolic import cdiv
 
     stages, threads = v["staged"]["stages"], v["staged"]["threads"]
@@ -314,11 +511,33 @@ def staged_op(label: str, v: dict, index: int, base, prefix: str):
             return ((cdiv(inputs[0].numel(), inputs[0][-1] * rows_a_block),), (threads,),
                     inputs[0][-1] * ((threads // 32) * stages * 2 * size))
 
-        spec = dataclasses.replace(base, kernel_source=macros + softmax.SOURCE + STAGED,
+        spec = dataclasses.replace(base, kernel_source=macros + base.kernel_source + STAGED,
                                    kernel_name=f"staged_{base.kernel_name}", geometry=fxkern.Custom(geometry))
         names[suffix] = f"fxkern_tune::{prefix}_{index}{suffix}"
         ops[suffix] = fxkern.cuda_kernel_op(names[suffix], spec)
     return lambda x, mask, *scalars: ops["_32bit" if x.dtype == torch.float32 else ""](x, mask, *scalars), names
+
+
+def bulk_op(label: str, v: dict, index: int, base, prefix: str):
+    """The bulk-copy kernel (BULK) for ``base``'s arguments as a callable ``(x, mask, *scalars)``: one op
+    whose grid is ``blocks`` blocks for each SM of this GPU, each with its stages' shared memory."""
+    import fxkern
+
+    stages, threads, packs, blocks, direct = (v["bulk"][k] for k in ("stages", "threads", "packs", "blocks",
+                                                                      "mask_direct"))
+    macros = (f"#define ROW_THREADS {threads}\n#define FXK_BULK_STAGES {stages}\n#define FXK_BULK_PACKS {packs}\n"
+              f"#define FXK_BULK_BLOCKS {blocks}\n#define FXK_BULK_MASK_DIRECT {int(direct)}\n")
+    grid = blocks * torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
+    smem = stages * (1 if direct else 2) * threads * packs * 16  # a pass: at most a register-full of each tensor
+
+    def geometry(inputs, outputs):
+        return (grid,), (threads,), smem
+
+    spec = dataclasses.replace(base, kernel_source=macros + base.kernel_source + BULK,
+                               kernel_name=f"bulk_{base.kernel_name}", geometry=fxkern.Custom(geometry))
+    name = f"fxkern_tune::{prefix}_{index}_bulk"
+    op = fxkern.cuda_kernel_op(name, spec)
+    return op, {"bulk": name}
 
 
 def small_packs_op(label: str, v: dict, index: int, base, prefix: str):
@@ -383,6 +602,7 @@ def compare_variants(variants: dict, base, pattern, scalars: tuple, x_scale: flo
     fxkern.library.rules()
     torch.manual_seed(0)
     fns = {label: (staged_op(label, v, i, base, prefix) if "staged" in v
+                   else bulk_op(label, v, i, base, prefix) if "bulk" in v
                    else small_packs_op(label, v, i, base, prefix) if "small_packs" in v
                    else variant_op(label, v, i, base=base, prefix=prefix)) for i, label, v in common.pick(variants, args)}
     compiled = common.inductor(pattern)

@@ -18,7 +18,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import common  # noqa: E402
-from masked_tuning import EXP_ONCE, FUSED_WRITE, compare_variants, small_packs, staged  # noqa: E402
+from masked_tuning import EXP_ONCE, FMA_EXP, FUSED_WRITE, bulk, compare_variants, small_packs, staged  # noqa: E402
 
 SCALE, CAP = 0.0625, 50.0
 
@@ -96,7 +96,23 @@ VARIANTS: dict[str, dict] = {
         **_variant(), **small_packs(4, 3, threads=256, size=4, longer_than=1024)},
     "16-bit rows of up to 1024 in 4 packs a thread, 24 blocks an SM": {**_variant(), **small_packs(4, 24)},
     "16-bit rows of up to 1024 in 4 packs a thread, 28 blocks an SM": {**_variant(), **small_packs(4, 28)},
+    # 2026-11-26 13:46 UTC, H200, GB/s at bfloat16 512 / 2048 keys: the max in pairs (softmax's FXK_PAIR_MAX,
+    # which the masked kernels take) 2876 / 2865 against 2895 / 2933, spilling 8 bytes; the FFMA exp
+    # (masked_tuning.FMA_EXP) 2603 / 2756, both 2590 / 2827. Neither shipped for the soft-capped kernel
+    "16-bit max in pairs": _variant(edits=(("#define FXK_PAIR_MAX 0\n", ""),)),
+    "16-bit exp through one FFMA": _variant(edits=FMA_EXP),
     "staged through shared memory, 3 stages, 4 warps a block": staged(),
+    # masked_tuning.BULK: rows brought into shared memory by bulk copies
+    "bulk copies, 3 stages of 256 threads x 4 packs, 2 blocks an SM": bulk(),
+    "bulk copies, 4 stages of 256 threads x 2 packs, 3 blocks an SM": bulk(stages=4, packs=2, blocks=3),
+    "bulk copies, 4 stages of 128 threads x 4 packs, 3 blocks an SM": bulk(stages=4, threads=128, blocks=3),
+    "bulk copies, 6 stages of 256 threads x 2 packs, 2 blocks an SM": bulk(stages=6, packs=2, blocks=2),
+    "bulk copies, 3 stages of 128 threads x 4 packs, 4 blocks an SM": bulk(stages=3, threads=128, blocks=4),
+    "bulk copies of the scores, 3 stages of 256 threads x 4 packs, 4 blocks an SM": bulk(blocks=4, mask_direct=True),
+    "bulk copies of the scores, 6 stages of 256 threads x 2 packs, 4 blocks an SM": bulk(stages=6, packs=2, blocks=4,
+                                                                                        mask_direct=True),
+    "bulk copies of the scores, 4 stages of 128 threads x 4 packs, 6 blocks an SM": bulk(stages=4, threads=128, blocks=6,
+                                                                                        mask_direct=True),
     "staged through shared memory, 2 stages, 2 warps a block": staged(stages=2, threads=64),
     # diagnostics: what tanhf would cost bfloat16, and what rounding each step to bfloat16, as eager does, costs
     "(tanhf in bfloat16 too)": _variant(edits=(("tanh_<IsBf16<T>::value>(", "tanh_<false>("),)),

@@ -27,14 +27,17 @@ def test_benchmarks_without_a_gpu_leave_the_measured_sections_alone(monkeypatch,
     assert out.count("no GPU on this machine, nothing measured") == 3, out
 
 
-@pytest.mark.parametrize("script,module", [("rope_tuning", "rotary"), ("norm_rope_tuning", "norm_rotary"),
-                                           ("masked_tuning", "softmax"), ("softcap_tuning", "softmax")])
-def test_every_tuning_variants_edits_find_their_text_in_the_kernel_source(script, module):
-    """A variant edits the shipped kernel's source by text: each edit's old text must still be there, or the
-    variant would stop its script on the device (rope_tuning's evict-first variant did, once)."""
+@pytest.mark.parametrize("script,module,spec", [("rope_tuning", "rotary", None), ("norm_rope_tuning", "norm_rotary", None),
+                                                ("masked_tuning", "softmax", "SCALED_MASKED_SOFTMAX"),
+                                                ("softcap_tuning", "softmax", "SOFTCAPPED_MASKED_SOFTMAX")])
+def test_every_tuning_variants_edits_find_their_text_in_the_kernel_source(script, module, spec):
+    """A variant edits the shipped kernel's source by text (the module's SOURCE, or the source of the
+    spec it varies): each edit's old text must still be there, or the variant would stop its script on
+    the device (rope_tuning's evict-first variant did, once)."""
     import importlib
 
     variants = importlib.import_module(script).VARIANTS
-    source = importlib.import_module(f"fxkern.library.{module}").SOURCE
+    library = importlib.import_module(f"fxkern.library.{module}")
+    source = getattr(library, spec).kernel_source if spec else library.SOURCE
     missing = [(label, old) for label, v in variants.items() for old, _ in v.get("edits", ()) if old not in source]
     assert not missing, missing

@@ -326,6 +326,33 @@ def test_special_values_follow_pytorch():
     torch.testing.assert_close(lib.op("softmax")(big), softmax.softmax(big))
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=lambda d: str(d)[6:])
+@pytest.mark.parametrize("d", [64, 512, 1536, 2048, 4096])
+def test_softmax_rows_with_special_values_on_every_grid(dtype, d):
+    """16-bit rows take their max in pairs (softmax's FXK_PAIR_MAX): a NaN is skipped there as fmaxf
+    skips it, and the row still comes out NaN, as eager's does; +inf makes the row NaN, -inf and
+    finfo.min elements weigh nothing, a row all -inf is NaN, one all finfo.min uniform. Each row
+    length reaches another grid (small blocks, the masked ops' 4-pack ones, the 16384-element one),
+    in the plain softmax and in the scaled, masked one (a mask of zeros: the same rows)."""
+    torch.manual_seed(12)
+    lo = torch.finfo(dtype).min
+    x = rand(8, d, dtype=dtype, scale=3.0)
+    x[1, d // 3] = float("nan")
+    x[2, d - 1] = float("inf")
+    x[3, ::5] = float("-inf")
+    x[4, :] = float("-inf")
+    x[5, :] = lo
+    x[6, ::2] = lo
+    x[7, 0], x[7, d // 2] = float("nan"), float("-inf")
+    want = softmax.softmax(x)
+    assert want[1].isnan().all() and want[2].isnan().all() and want[4].isnan().all()  # the cases above hold
+    rtol, atol = TOL[dtype]
+    torch.testing.assert_close(lib.op("softmax")(x), want, rtol=rtol, atol=atol, equal_nan=True)
+    x4 = x.view(2, 4, 1, d)
+    got = lib.op("scaled_masked_softmax")(x4, torch.zeros(1, 1, 1, d, device="cuda", dtype=dtype), 1.0)
+    torch.testing.assert_close(got.view(8, d), want, rtol=rtol, atol=atol, equal_nan=True)
+
+
 ACTIVATIONS = ["bias_gelu", "bias_gelu_tanh", "bias_gelu_residual", "gelu_new", "megatron_bias_gelu", "swiglu",
                "geglu", "geglu_tanh", "geglu_new", "geglu_chunked"]
 

@@ -6,8 +6,7 @@
 #   ONLY="hints,memory order" bash tools/masked_study.sh
 # NCU=0 leaves out Nsight Compute; LIBRARY=1 adds the library benchmark's masked rows, measured
 # against the device-to-device copy; SOFTCAP=1 runs softcap_tuning.py for the same ONLY after it.
-# The rows staged through shared memory (not yet run on a GPU):
-#   NCU=0 ONLY="staged" SOFTCAP=1 bash tools/masked_study.sh
+# VARIANT=TEXT adds masked_tuning.py's variant whose label contains TEXT to the Nsight Compute runs.
 source "$(dirname "$0")/device_env.sh"
 cases=("bfloat16 8x32x512" "bfloat16 2x16x2048" "float32 2x16x2048" "float32 8x32x512")
 [[ ${NCU:-1} == 0 ]] && cases=()
@@ -15,9 +14,9 @@ for case in "${cases[@]}"; do
   set -- $case
   ncu --clock-control none --profile-from-start off --section SpeedOfLight --section Occupancy \
       --section WarpStateStats --section SchedulerStats --section ComputeWorkloadAnalysis --section LaunchStats \
-      python3 tools/ncu_softmax.py --dtype "$1" --shape "$2" > "$OUT/ncu_$1_$2.txt" 2>&1
+      python3 tools/ncu_softmax.py --dtype "$1" --shape "$2" ${VARIANT:+--variant "$VARIANT"} > "$OUT/ncu_$1_$2.txt" 2>&1
   echo "== ncu $1 $2 (rc $?)"
-  grep -E "^  [a-z_]+.*\(|Duration|DRAM Throughput|Compute \(SM\) Throughput|Achieved Occupancy|Registers Per|Issue Slots Busy|No Eligible|Warp Cycles Per Issued|Executed Ipc A|Theoretical Occupancy|Block Limit Reg" "$OUT/ncu_$1_$2.txt"
+  grep -E "^  [a-z_]+.*\(|Stall|Duration|DRAM Throughput|Compute \(SM\) Throughput|Achieved Occupancy|Registers Per|Issue Slots Busy|No Eligible|Warp Cycles Per Issued|Executed Ipc A|Theoretical Occupancy|Block Limit Reg" "$OUT/ncu_$1_$2.txt"
 done
 only=()
 IFS=, read -ra parts <<< "${ONLY:-}"

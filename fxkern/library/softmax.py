@@ -271,20 +271,45 @@ struct MaskedRows {
     }
 };
 
+// FXK_PAIR_MAX: a 16-bit row's max taken in pairs (__hmax2: one HMNMX2 for two elements, no
+// conversion to float), where it took a conversion and an FMNMX an element. The same max: __hmax2,
+// like fmaxf, returns the other operand of a NaN. Nsight Compute put the 16-bit masked kernels at
+// 73-76% of issue slots (H200, 2026-11-26); in pairs they ran 3-4% faster (benchmarks/masked_tuning.py).
+// The soft-capped kernel sets it to 0: there it spilled 8 bytes and ran 1-2% slower.
+#ifndef FXK_PAIR_MAX
+#define FXK_PAIR_MAX 1
+#endif
+
 // The softmax of a row held in registers, written to yr: c holds this thread's packs of it (the k-th at
 // column (k * G + t) * V); slot is 2 x ROW_WARPS floats of shared memory no other live reduction uses.
 template <typename T, int V, int NV>
 __device__ __forceinline__ void write_row(Pack<T, V> (&c)[NV], bool live, int D, int G, int t, T* __restrict__ yr,
                                           float (*slot)[ROW_WARPS]) {
     float m = neg_inf();
+    if constexpr (FXK_PAIR_MAX && sizeof(T) == 2 && V % 2 == 0) {
+        using P = typename Pair<T>::P;
+        P pm = Pair<T>::t(neg_inf(), neg_inf());
 #pragma unroll
-    for (int k = 0; k < NV; ++k) {
-        const int col = (k * G + t) * V;
-        if (live && col < D) {
-            float f[V];
-            to_floats(c[k], f);
+        for (int k = 0; k < NV; ++k) {
+            const int col = (k * G + t) * V;
+            if (live && col < D) {
+                const P* pc = reinterpret_cast<const P*>(c[k].v);
 #pragma unroll
-            for (int j = 0; j < V; ++j) m = fmaxf(m, f[j]);
+                for (int j = 0; j < V / 2; ++j) pm = __hmax2(pm, pc[j]);
+            }
+        }
+        const float2 mm = Pair<T>::f(pm);
+        m = fmaxf(mm.x, mm.y);
+    } else {
+#pragma unroll
+        for (int k = 0; k < NV; ++k) {
+            const int col = (k * G + t) * V;
+            if (live && col < D) {
+                float f[V];
+                to_floats(c[k], f);
+#pragma unroll
+                for (int j = 0; j < V; ++j) m = fmaxf(m, f[j]);
+            }
         }
     }
     // This thread's sum of exp(x - m) (shifted by 0 when its elements are all -inf or NaN: 0, or NaN),
@@ -465,9 +490,10 @@ SCALED_MASKED_SOFTMAX = KernelSpec(
 DIVIDED_MASKED_SOFTMAX = dataclasses.replace(
     SCALED_MASKED_SOFTMAX, kernel_name="divided_masked_softmax",
     inputs=[InputDecl("x"), InputDecl("mask"), ScalarInput("divisor", float)])
-# Gemma 2's soft-capped scores: ``cap * tanh(scores * scale / cap) + mask``.
+# Gemma 2's soft-capped scores: ``cap * tanh(scores * scale / cap) + mask``; the row's max as floats
+# (FXK_PAIR_MAX 0).
 SOFTCAPPED_MASKED_SOFTMAX = dataclasses.replace(
-    SCALED_MASKED_SOFTMAX, kernel_name="softcapped_masked_softmax",
+    SCALED_MASKED_SOFTMAX, kernel_name="softcapped_masked_softmax", kernel_source="#define FXK_PAIR_MAX 0\n" + SOURCE,
     inputs=[InputDecl("x"), InputDecl("mask"), ScalarInput("scale", float), ScalarInput("cap", float)])
 
 
