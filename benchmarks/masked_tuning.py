@@ -445,6 +445,15 @@ VARIANTS: dict[str, dict] = {
     "16-bit max as floats (shipped until 2026-11-26 14:00 UTC)": _variant(edits=(
         ("#define FXK_PAIR_MAX 1", "#define FXK_PAIR_MAX 0"),)),
     "16-bit exp through one FFMA": _variant(edits=FMA_EXP),
+    # 2026-11-26 13:53 and 13:55 UTC, H200, GB/s at float32 / bfloat16 512 keys, float32 / bfloat16 2048: rows of
+    # up to a warp reduced twice (the max, then the shifted sums) in every dtype 3802 / 3659 / 3500 / 3564 and
+    # 3801 / 3656 / 3491 / 3593, against one reduction 3938 / 3592 / 3406 / 3524 and 3940 / 3591 / 3394 / 3527
+    # (the 2048-key rows keep one reduction: G > 32); in 16-bit rows only 3941 / 3663 / 3394 / 3589. Shipped
+    # at 14:05 UTC for 16-bit rows (softmax's FXK_TWO_REDUCTIONS 1)
+    "one reduction of (max, sum) pairs (shipped until 2026-11-26 14:05 UTC)": _variant(edits=(
+        ("#define FXK_TWO_REDUCTIONS 1", "#define FXK_TWO_REDUCTIONS 0"),)),
+    "two reductions in float32 rows too": _variant(edits=(
+        ("#define FXK_TWO_REDUCTIONS 1", "#define FXK_TWO_REDUCTIONS 2"),)),
     "staged through shared memory, 3 stages, 4 warps a block": staged(),
     "staged through shared memory, 4 stages, 2 warps a block": staged(stages=4, threads=64),
     "staged through shared memory, 2 stages, 2 warps a block": staged(stages=2, threads=64),

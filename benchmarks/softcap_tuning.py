@@ -101,6 +101,12 @@ VARIANTS: dict[str, dict] = {
     # (masked_tuning.FMA_EXP) 2603 / 2756, both 2590 / 2827. Neither shipped for the soft-capped kernel
     "16-bit max in pairs": _variant(edits=(("#define FXK_PAIR_MAX 0\n", ""),)),
     "16-bit exp through one FFMA": _variant(edits=FMA_EXP),
+    # 2026-11-26 13:54 and 13:56 UTC, H200, GB/s at float32 / bfloat16 512 keys, float32 / bfloat16 2048: rows of
+    # up to a warp reduced twice (the max, then the shifted sums) in every dtype 3351 / 2979 / 2894 / 2971 and
+    # 3347 / 2985 / 2841 / 2975, against one reduction 3144 / 2893 / 2813 / 2929 and 3138 / 2903 / 2811 / 2934;
+    # in 16-bit rows only 3136 / 2985 / 2699 / 2983. Shipped at 14:05 UTC in every dtype (FXK_TWO_REDUCTIONS 2)
+    "one reduction of (max, sum) pairs (shipped until 2026-11-26 14:05 UTC)": _variant(edits=(
+        ("#define FXK_TWO_REDUCTIONS 2\n", "#define FXK_TWO_REDUCTIONS 0\n"),)),
     "staged through shared memory, 3 stages, 4 warps a block": staged(),
     # masked_tuning.BULK: rows brought into shared memory by bulk copies
     "bulk copies, 3 stages of 256 threads x 4 packs, 2 blocks an SM": bulk(),

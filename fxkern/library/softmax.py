@@ -280,6 +280,16 @@ struct MaskedRows {
 #define FXK_PAIR_MAX 1
 #endif
 
+// FXK_TWO_REDUCTIONS: a row of at most a warp (G <= 32) reduced as two shuffles, its max, then each
+// thread's sum shifted to it (one exp a thread) and summed, where each of the log2(G) steps of the
+// pairs' reduction (group_max_sum) took two exps; rows of more than a warp keep the one reduction (one
+// barrier, not two). 1: in 16-bit rows; 2: every row (the soft-capped kernel's); 0: none. H200,
+// 2026-11-26 (benchmarks/masked_tuning.py, softcap_tuning.py, two runs each): masked bfloat16 rows
+// of 512 +2%, soft-capped +3%, soft-capped float32 +6.6%; masked float32 ones 3.5% slower, so 1 there.
+#ifndef FXK_TWO_REDUCTIONS
+#define FXK_TWO_REDUCTIONS 1
+#endif
+
 // The softmax of a row held in registers, written to yr: c holds this thread's packs of it (the k-th at
 // column (k * G + t) * V); slot is 2 x ROW_WARPS floats of shared memory no other live reduction uses.
 template <typename T, int V, int NV>
@@ -326,7 +336,15 @@ __device__ __forceinline__ void write_row(Pack<T, V> (&c)[NV], bool live, int D,
             for (int j = 0; j < V; ++j) s += exp_shifted<sizeof(T) == 2>(f[j], sh);
         }
     }
-    group_max_sum<T>(m, s, G, slot);
+    if ((FXK_TWO_REDUCTIONS == 2 || (FXK_TWO_REDUCTIONS == 1 && sizeof(T) == 2)) && G <= 32) {
+        float M = m;
+        for (int o = G >> 1; o > 0; o >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o));
+        s = ms_term<T>(s, m, M);  // this thread's sum, shifted to the row's max
+        for (int o = G >> 1; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+        m = M;
+    } else {
+        group_max_sum<T>(m, s, G, slot);
+    }
     const float inv = __frcp_rn(s);  // 1.0f / s, without the division's slow path
 #pragma unroll
     for (int k = 0; k < NV; ++k) {
@@ -491,9 +509,10 @@ DIVIDED_MASKED_SOFTMAX = dataclasses.replace(
     SCALED_MASKED_SOFTMAX, kernel_name="divided_masked_softmax",
     inputs=[InputDecl("x"), InputDecl("mask"), ScalarInput("divisor", float)])
 # Gemma 2's soft-capped scores: ``cap * tanh(scores * scale / cap) + mask``; the row's max as floats
-# (FXK_PAIR_MAX 0).
+# (FXK_PAIR_MAX 0), rows of up to a warp reduced twice in float32 too (FXK_TWO_REDUCTIONS 2).
 SOFTCAPPED_MASKED_SOFTMAX = dataclasses.replace(
-    SCALED_MASKED_SOFTMAX, kernel_name="softcapped_masked_softmax", kernel_source="#define FXK_PAIR_MAX 0\n" + SOURCE,
+    SCALED_MASKED_SOFTMAX, kernel_name="softcapped_masked_softmax",
+    kernel_source="#define FXK_PAIR_MAX 0\n#define FXK_TWO_REDUCTIONS 2\n" + SOURCE,
     inputs=[InputDecl("x"), InputDecl("mask"), ScalarInput("scale", float), ScalarInput("cap", float)])
 
 
