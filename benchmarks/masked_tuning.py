@@ -452,6 +452,11 @@ VARIANTS: dict[str, dict] = {
     # at 14:05 UTC for 16-bit rows (softmax's FXK_TWO_REDUCTIONS 1)
     "one reduction of (max, sum) pairs (shipped until 2026-11-26 14:05 UTC)": _variant(edits=(
         ("#define FXK_TWO_REDUCTIONS 1", "#define FXK_TWO_REDUCTIONS 0"),)),
+    # 2026-11-26 14:02 UTC, H200, GB/s as above: 3939 / 3641 / 3330 / 3722 against 3936 / 3682 / 3306 / 3617 (the
+    # float32 code unchanged here); the 2048-key grids' rows (2-4 warps) take it since 14:10 UTC (softmax._grids),
+    # the others not: with the barriers' code in their kernels the rows of up to a warp ran 1% slower
+    "two reductions in every row, barriers too": _variant(edits=(
+        ("#define FXK_TWO_REDUCTIONS_G 32", "#define FXK_TWO_REDUCTIONS_G 1024"),)),
     "two reductions in float32 rows too": _variant(edits=(
         ("#define FXK_TWO_REDUCTIONS 1", "#define FXK_TWO_REDUCTIONS 2"),)),
     "staged through shared memory, 3 stages, 4 warps a block": staged(),

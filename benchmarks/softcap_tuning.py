@@ -107,6 +107,11 @@ VARIANTS: dict[str, dict] = {
     # in 16-bit rows only 3136 / 2985 / 2699 / 2983. Shipped at 14:05 UTC in every dtype (FXK_TWO_REDUCTIONS 2)
     "one reduction of (max, sum) pairs (shipped until 2026-11-26 14:05 UTC)": _variant(edits=(
         ("#define FXK_TWO_REDUCTIONS 2\n", "#define FXK_TWO_REDUCTIONS 0\n"),)),
+    # 2026-11-26 14:03 UTC, H200, GB/s as above: 3214 / 2971 / 2988 / 3111 against 3377 / 2994 / 2675 / 2980; the
+    # 2048-key grids' rows (2-4 warps) take it since 14:10 UTC (softmax._grids), the others not (float32 512
+    # keys 4.8% slower with the barriers' code in its kernel)
+    "two reductions in every row, barriers too": _variant(edits=(
+        ("#define FXK_TWO_REDUCTIONS_G 32", "#define FXK_TWO_REDUCTIONS_G 1024"),)),
     "staged through shared memory, 3 stages, 4 warps a block": staged(),
     # masked_tuning.BULK: rows brought into shared memory by bulk copies
     "bulk copies, 3 stages of 256 threads x 4 packs, 2 blocks an SM": bulk(),

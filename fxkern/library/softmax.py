@@ -280,14 +280,17 @@ struct MaskedRows {
 #define FXK_PAIR_MAX 1
 #endif
 
-// FXK_TWO_REDUCTIONS: a row of at most a warp (G <= 32) reduced as two shuffles, its max, then each
-// thread's sum shifted to it (one exp a thread) and summed, where each of the log2(G) steps of the
-// pairs' reduction (group_max_sum) took two exps; rows of more than a warp keep the one reduction (one
-// barrier, not two). 1: in 16-bit rows; 2: every row (the soft-capped kernel's); 0: none. H200,
-// 2026-11-26 (benchmarks/masked_tuning.py, softcap_tuning.py, two runs each): masked bfloat16 rows
-// of 512 +2%, soft-capped +3%, soft-capped float32 +6.6%; masked float32 ones 3.5% slower, so 1 there.
+// FXK_TWO_REDUCTIONS: a row of at most FXK_TWO_REDUCTIONS_G threads (a warp: shuffles only) reduced
+// twice, its max, then each thread's sum shifted to it (one exp a thread) and summed, where each of the
+// log2(G) steps of the pairs' reduction (group_max_sum) took two exps; longer rows keep the one
+// reduction (one barrier, not two). 1: in 16-bit rows; 2: every row (the soft-capped kernel's); 0: none.
+// H200, 2026-11-26 (benchmarks/masked_tuning.py, softcap_tuning.py, two runs each): masked bfloat16
+// rows of 512 +2%, soft-capped +3%, soft-capped float32 +6.6%; masked float32 ones 3.5% slower, so 1 there.
 #ifndef FXK_TWO_REDUCTIONS
 #define FXK_TWO_REDUCTIONS 1
+#endif
+#ifndef FXK_TWO_REDUCTIONS_G
+#define FXK_TWO_REDUCTIONS_G 32
 #endif
 
 // The softmax of a row held in registers, written to yr: c holds this thread's packs of it (the k-th at
@@ -336,11 +339,9 @@ __device__ __forceinline__ void write_row(Pack<T, V> (&c)[NV], bool live, int D,
             for (int j = 0; j < V; ++j) s += exp_shifted<sizeof(T) == 2>(f[j], sh);
         }
     }
-    if ((FXK_TWO_REDUCTIONS == 2 || (FXK_TWO_REDUCTIONS == 1 && sizeof(T) == 2)) && G <= 32) {
-        float M = m;
-        for (int o = G >> 1; o > 0; o >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o));
-        s = ms_term<T>(s, m, M);  // this thread's sum, shifted to the row's max
-        for (int o = G >> 1; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+    if ((FXK_TWO_REDUCTIONS == 2 || (FXK_TWO_REDUCTIONS == 1 && sizeof(T) == 2)) && G <= FXK_TWO_REDUCTIONS_G) {
+        const float M = group_max(m, G, slot[0]);
+        s = group_sum(ms_term<T>(s, m, M), G, slot[1]);  // this thread's sum, shifted to the row's max
         m = M;
     } else {
         group_max_sum<T>(m, s, G, slot);
@@ -587,7 +588,13 @@ def _grids(spec: KernelSpec, blocks_short_32bit: int = 16, blocks_short: int = 3
         if blocks_narrow * 32 % threads:
             raise ValueError(f"blocks_narrow = {blocks_narrow}: {suffix}'s {threads}-thread blocks cannot make "
                              f"{blocks_narrow * 32} threads an SM; give a multiple of {threads // 32}")
-        grids[suffix] = _small_blocks(spec, size, blocks_narrow * 32 // threads, NARROW_PACKS, threads)
+        grid = _small_blocks(spec, size, blocks_narrow * 32 // threads, NARROW_PACKS, threads)
+        # their rows of 2-4 warps reduce twice too (FXK_TWO_REDUCTIONS_G), at a barrier each: H200,
+        # 2026-11-26, 2048 keys: masked bfloat16 +2.9%, soft-capped float32 +11.7%, bfloat16 +4.4%
+        # (benchmarks/masked_tuning.py's "barriers too"; the rows of up to a warp were 1-5% slower with
+        # the barriers' code in their kernels, so only these grids take it)
+        grids[suffix] = dataclasses.replace(grid, kernel_source=f"#define FXK_TWO_REDUCTIONS_G {threads}\n"
+                                            + grid.kernel_source) if threads > 32 else grid
     return {suffix: dataclasses.replace(g, kernel_source="#define FXK_MASK_FETCH_FIRST 1\n" + g.kernel_source)
             if suffix in fetch_first else g for suffix, g in grids.items()}
 
