@@ -450,11 +450,19 @@ VARIANTS: dict[str, dict] = {
     # 3801 / 3656 / 3491 / 3593, against one reduction 3938 / 3592 / 3406 / 3524 and 3940 / 3591 / 3394 / 3527
     # (the 2048-key rows keep one reduction: G > 32); in 16-bit rows only 3941 / 3663 / 3394 / 3589. Shipped
     # at 14:05 UTC for 16-bit rows (softmax's FXK_TWO_REDUCTIONS 1)
+    # (the edit overrides the 2048-key grids' own FXK_TWO_REDUCTIONS, set before the source since 14:10 UTC)
     "one reduction of (max, sum) pairs (shipped until 2026-11-26 14:05 UTC)": _variant(edits=(
-        ("#define FXK_TWO_REDUCTIONS 1", "#define FXK_TWO_REDUCTIONS 0"),)),
+        ("#ifndef FXK_TWO_REDUCTIONS\n#define FXK_TWO_REDUCTIONS 1\n#endif",
+         "#undef FXK_TWO_REDUCTIONS\n#define FXK_TWO_REDUCTIONS 0"),)),
     # 2026-11-26 14:02 UTC, H200, GB/s as above: 3939 / 3641 / 3330 / 3722 against 3936 / 3682 / 3306 / 3617 (the
     # float32 code unchanged here); the 2048-key grids' rows (2-4 warps) take it since 14:10 UTC (softmax._grids),
     # the others not: with the barriers' code in their kernels the rows of up to a warp ran 1% slower
+    # 2026-11-26 14:12 UTC, H200, GB/s at float32 / bfloat16 512 keys, float32 / bfloat16 2048: float32's exp
+    # through ex2.approx.ftz 4088 / 3664 / 3665 / 3715 against exp2f (MUFU.EX2 behind a fix-up for subnormal
+    # results, about 8 instructions an exp) 3946 / 3648 / 3244 / 3726; shipped at 14:20 UTC (FXK_EXP_FTZ).
+    # In the same run float32 rows reduced twice: 3804 / 3668 / 3692 / 3670; shipped for the 2048-key grids
+    "float32 exp through exp2f (shipped until 2026-11-26 14:20 UTC)": _variant(edits=(
+        ("#define FXK_EXP_FTZ 1", "#define FXK_EXP_FTZ 0"),)),
     "two reductions in every row, barriers too": _variant(edits=(
         ("#define FXK_TWO_REDUCTIONS_G 32", "#define FXK_TWO_REDUCTIONS_G 1024"),)),
     "two reductions in float32 rows too": _variant(edits=(

@@ -105,11 +105,19 @@ VARIANTS: dict[str, dict] = {
     # up to a warp reduced twice (the max, then the shifted sums) in every dtype 3351 / 2979 / 2894 / 2971 and
     # 3347 / 2985 / 2841 / 2975, against one reduction 3144 / 2893 / 2813 / 2929 and 3138 / 2903 / 2811 / 2934;
     # in 16-bit rows only 3136 / 2985 / 2699 / 2983. Shipped at 14:05 UTC in every dtype (FXK_TWO_REDUCTIONS 2)
+    # (the edits override the 2048-key grids' own FXK_TWO_REDUCTIONS, set before the source since 14:10 UTC)
     "one reduction of (max, sum) pairs (shipped until 2026-11-26 14:05 UTC)": _variant(edits=(
-        ("#define FXK_TWO_REDUCTIONS 2\n", "#define FXK_TWO_REDUCTIONS 0\n"),)),
+        ("#define FXK_TWO_REDUCTIONS 2\n", ""),
+        ("#ifndef FXK_TWO_REDUCTIONS\n#define FXK_TWO_REDUCTIONS 1\n#endif",
+         "#undef FXK_TWO_REDUCTIONS\n#define FXK_TWO_REDUCTIONS 0"),)),
     # 2026-11-26 14:03 UTC, H200, GB/s as above: 3214 / 2971 / 2988 / 3111 against 3377 / 2994 / 2675 / 2980; the
     # 2048-key grids' rows (2-4 warps) take it since 14:10 UTC (softmax._grids), the others not (float32 512
     # keys 4.8% slower with the barriers' code in its kernel)
+    # 2026-11-26 14:12 UTC, H200, GB/s at float32 / bfloat16 512 keys, float32 / bfloat16 2048: float32's exp
+    # through ex2.approx.ftz 3510 / 2994 / 3114 / 3058 against exp2f (MUFU.EX2 behind a fix-up for subnormal
+    # results, about 8 instructions an exp) 3361 / 2990 / 2880 / 3106; shipped at 14:20 UTC (FXK_EXP_FTZ)
+    "float32 exp through exp2f (shipped until 2026-11-26 14:20 UTC)": _variant(edits=(
+        ("#define FXK_EXP_FTZ 1", "#define FXK_EXP_FTZ 0"),)),
     "two reductions in every row, barriers too": _variant(edits=(
         ("#define FXK_TWO_REDUCTIONS_G 32", "#define FXK_TWO_REDUCTIONS_G 1024"),)),
     "staged through shared memory, 3 stages, 4 warps a block": staged(),

@@ -707,7 +707,7 @@ def test_masked_softmax_op_checks_its_shapes_and_reads_expanded_masks_in_place(r
     with pytest.raises(ValueError, match="multiple of 4"):
         sm._grids(sm.SCALED_MASKED_SOFTMAX, blocks_narrow=30)
     # each holds a row of its longest length a block, 896 threads an SM, and fetches a row before its values;
-    # rows of more than a warp reduce their max and sum apart (FXK_TWO_REDUCTIONS_G: the block's threads);
+    # rows of more than a warp reduce their max and sum apart (FXK_TWO_REDUCTIONS 2, _G the block's threads);
     # the macros come before the source's own defaults (#ifndef), so they are the ones compiled
     for suffix, (threads, blocks) in {"_short_4packs": (32, 28), "_4packs_2048": (64, 14),
                                       "_4packs_2048_32bit": (128, 7)}.items():
@@ -719,7 +719,8 @@ def test_masked_softmax_op_checks_its_shapes_and_reads_expanded_masks_in_place(r
             assert set(prefix.splitlines()) == {f"#define ROW_THREADS {threads}", f"#define FXK_ROW_PACKS_{size} 4",
                                                 f"#define FXK_ROW_BLOCKS_{size} {blocks}",
                                                 "#define FXK_MASK_FETCH_FIRST 1",
-                                                *([f"#define FXK_TWO_REDUCTIONS_G {threads}"] if threads > 32 else [])
+                                                *([f"#define FXK_TWO_REDUCTIONS 2",
+                                                   f"#define FXK_TWO_REDUCTIONS_G {threads}"] if threads > 32 else [])
                                                 }, suffix
             op = fxkern.kernel_op((sm.MASKED_ROWS if grids is sm.SCALED_MASKED_GRIDS else sm.SOFTCAPPED_ROWS) + suffix)
             (grid_x, *_) = [symbolic.compile_expr(g) for g in op.plan.grid]

@@ -55,14 +55,21 @@ from fxkern.spec import (
 SOURCE = COMMON + row_tuning(blocks_f32=4, blocks_half=4) + r"""
 namespace fxk {
 
-// exp(v - m). FAST (float16/bfloat16): 2^((v - m) * log2(e)) through MUFU.EX2 (ex2.approx.ftz,
-// relative error about 2^-22: far under a half ulp of the output); float32 keeps exp2f, which holds
-// 1e-5 against float64. The difference is taken first: v * log2(e) - m * log2(e) overflows to
-// inf - inf = NaN for masked scores (finfo.min, as attention masks write them) when m is one too.
-// -inf - -inf and inf - inf give NaN, as v - m does in PyTorch.
+// exp(v - m): 2^((v - m) * log2(e)) through MUFU.EX2 (ex2.approx.ftz: relative error about 2^-22,
+// far under a half ulp of a 16-bit output, and holding float32 rows to 1e-5 against float64), results
+// under 2^-126 flushed to zero. FAST (float16/bfloat16) always; float32 too with FXK_EXP_FTZ, else
+// exp2f, whose fix-up for subnormal results (a compare, a halving, a squaring and their predicates)
+// took about 8 instructions an exp: H200, 2026-11-26, float32 masked rows of 512 / 2048 keys +3.6% /
+// +13%, soft-capped +4.4% / +8.1% (benchmarks/masked_tuning.py, softcap_tuning.py). The difference is
+// taken first: v * log2(e) - m * log2(e) overflows to inf - inf = NaN for masked scores (finfo.min,
+// as attention masks write them) when m is one too. -inf - -inf and inf - inf give NaN, as v - m
+// does in PyTorch.
+#ifndef FXK_EXP_FTZ
+#define FXK_EXP_FTZ 1
+#endif
 template <bool FAST>
 __device__ __forceinline__ float exp_shifted(float v, float m) {
-    if (FAST) {
+    if (FAST || FXK_EXP_FTZ) {
         float r;
         asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"((v - m) * 1.4426950408889634f));
         return r;
@@ -589,11 +596,13 @@ def _grids(spec: KernelSpec, blocks_short_32bit: int = 16, blocks_short: int = 3
             raise ValueError(f"blocks_narrow = {blocks_narrow}: {suffix}'s {threads}-thread blocks cannot make "
                              f"{blocks_narrow * 32} threads an SM; give a multiple of {threads // 32}")
         grid = _small_blocks(spec, size, blocks_narrow * 32 // threads, NARROW_PACKS, threads)
-        # their rows of 2-4 warps reduce twice too (FXK_TWO_REDUCTIONS_G), at a barrier each: H200,
-        # 2026-11-26, 2048 keys: masked bfloat16 +2.9%, soft-capped float32 +11.7%, bfloat16 +4.4%
-        # (benchmarks/masked_tuning.py's "barriers too"; the rows of up to a warp were 1-5% slower with
-        # the barriers' code in their kernels, so only these grids take it)
-        grids[suffix] = dataclasses.replace(grid, kernel_source=f"#define FXK_TWO_REDUCTIONS_G {threads}\n"
+        # their rows of 2-4 warps reduce twice too, float32 ones included (FXK_TWO_REDUCTIONS 2 and _G),
+        # at a barrier each: H200, 2026-11-26, 2048 keys: masked bfloat16 +2.9%, float32 +13.8%,
+        # soft-capped float32 +11.7%, bfloat16 +4.4% (benchmarks/masked_tuning.py's "barriers too" and
+        # "float32 rows too"; rows of up to a warp ran 1-5% slower with the barriers' code in their
+        # kernels, and masked float32 ones 3.5% slower reduced twice, so only these grids take it)
+        grids[suffix] = dataclasses.replace(grid, kernel_source=f"#define FXK_TWO_REDUCTIONS 2\n"
+                                            f"#define FXK_TWO_REDUCTIONS_G {threads}\n"
                                             + grid.kernel_source) if threads > 32 else grid
     return {suffix: dataclasses.replace(g, kernel_source="#define FXK_MASK_FETCH_FIRST 1\n" + g.kernel_source)
             if suffix in fetch_first else g for suffix, g in grids.items()}
