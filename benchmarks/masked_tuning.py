@@ -105,6 +105,11 @@ FUSED_WRITE = (
     "                    f[j] = exp_shifted<false>(f[j], m) * inv;\n"
     "                }\n"
     "            }\n")
+# float32's exp back on exp2f (FXK_EXP_FTZ 0), and every row reduced twice, barriers too (rows of more
+# than a warp; the 2048-key grids' rows since 2026-11-26 14:10 UTC): edits masked_tuning and
+# softcap_tuning both time.
+EXP2F = (("#define FXK_EXP_FTZ 1", "#define FXK_EXP_FTZ 0"),)
+BARRIERS_TOO = (("#define FXK_TWO_REDUCTIONS_G 32", "#define FXK_TWO_REDUCTIONS_G 1024"),)
 # 16-bit exp(x - m) as ex2(fma(x, log2(e), -m * log2(e))), one FFMA where it took an FADD and an FMUL,
 # in the sum pass and the write (flash attention's form); a shift whose m * log2(e) is not finite
 # (m +-inf or past 2.4e38, a row of finfo.min) keeps the subtraction first. The exponent then carries
@@ -344,34 +349,34 @@ __device__ __forceinline__ void bulk_rows(const MaskedRows<T, CAP>& in, int D, u
 }
 }  // namespace fxk
 
-template <typename T>
-__global__ void __launch_bounds__(ROW_THREADS, FXK_BULK_BLOCKS)
-bulk_scaled_masked_softmax(const T* x, const T* mask, float scale, int H, int Q, int D, int n, int mB, int mH, int mQ,
-                           T* y) {
+namespace fxk {
+// Both entry points: whole aligned packs only (a variant for the benchmark's tensors), a row a pass at most.
+template <typename T, bool CAP>
+__device__ __forceinline__ void bulk_masked(const T* x, const T* mask, float scale, float cap, int H, int Q, int D,
+                                            int n, int mB, int mH, int mQ, T* y) {
     extern __shared__ __align__(128) unsigned char bulk_smem[];
     __shared__ float red[4][ROW_WARPS];
     __shared__ __align__(8) unsigned long long full[FXK_BULK_STAGES];
     constexpr int V = 16 / sizeof(T);
-    if (D <= 0 || D % V || D > ROW_THREADS * FXK_BULK_PACKS * V || !fxk::aligned16(x) || !fxk::aligned16(mask)
-        || !fxk::aligned16(y))
-        return;  // a variant for the benchmark's tensors only: whole aligned packs, a row a pass at most
-    const fxk::MaskedRows<T> in(x, mask, scale, D, H, Q, mB, mH, mQ);
-    fxk::bulk_rows<T, false>(in, D, (unsigned)n / (unsigned)D, y, reinterpret_cast<T*>(bulk_smem), full, red);
+    if (D <= 0 || D % V || D > ROW_THREADS * FXK_BULK_PACKS * V || !aligned16(x) || !aligned16(mask) || !aligned16(y))
+        return;
+    const MaskedRows<T, CAP> in(x, mask, scale, D, H, Q, mB, mH, mQ, cap);
+    bulk_rows<T, CAP>(in, D, (unsigned)n / (unsigned)D, y, reinterpret_cast<T*>(bulk_smem), full, red);
+}
+}  // namespace fxk
+
+template <typename T>
+__global__ void __launch_bounds__(ROW_THREADS, FXK_BULK_BLOCKS)
+bulk_scaled_masked_softmax(const T* x, const T* mask, float scale, int H, int Q, int D, int n, int mB, int mH, int mQ,
+                           T* y) {
+    fxk::bulk_masked<T, false>(x, mask, scale, 1.0f, H, Q, D, n, mB, mH, mQ, y);
 }
 
 template <typename T>
 __global__ void __launch_bounds__(ROW_THREADS, FXK_BULK_BLOCKS)
 bulk_softcapped_masked_softmax(const T* x, const T* mask, float scale, float cap, int H, int Q, int D, int n, int mB,
                                int mH, int mQ, T* y) {
-    extern __shared__ __align__(128) unsigned char bulk_smem[];
-    __shared__ float red[4][ROW_WARPS];
-    __shared__ __align__(8) unsigned long long full[FXK_BULK_STAGES];
-    constexpr int V = 16 / sizeof(T);
-    if (D <= 0 || D % V || D > ROW_THREADS * FXK_BULK_PACKS * V || !fxk::aligned16(x) || !fxk::aligned16(mask)
-        || !fxk::aligned16(y))
-        return;
-    const fxk::MaskedRows<T, true> in(x, mask, scale, D, H, Q, mB, mH, mQ, cap);
-    fxk::bulk_rows<T, true>(in, D, (unsigned)n / (unsigned)D, y, reinterpret_cast<T*>(bulk_smem), full, red);
+    fxk::bulk_masked<T, true>(x, mask, scale, cap, H, Q, D, n, mB, mH, mQ, y);
 }
 """
 
@@ -387,6 +392,21 @@ def bulk(stages: int = 3, threads: int = 256, packs: int = 4, blocks: int = 2, m
     ``mask_direct``: the threads load the mask rows themselves, only the scores are copied."""
     return {"bulk": {"stages": stages, "threads": threads, "packs": packs, "blocks": blocks,
                      "mask_direct": mask_direct}, "edits": ()}
+
+
+# The bulk-copy variants masked_tuning and softcap_tuning both time (2026-11-26: all slower; BULK's comment).
+BULK_VARIANTS = {
+    "bulk copies, 3 stages of 256 threads x 4 packs, 2 blocks an SM": bulk(),
+    "bulk copies, 4 stages of 256 threads x 2 packs, 3 blocks an SM": bulk(stages=4, packs=2, blocks=3),
+    "bulk copies, 4 stages of 128 threads x 4 packs, 3 blocks an SM": bulk(stages=4, threads=128, blocks=3),
+    "bulk copies, 6 stages of 256 threads x 2 packs, 2 blocks an SM": bulk(stages=6, packs=2, blocks=2),
+    "bulk copies, 3 stages of 128 threads x 4 packs, 4 blocks an SM": bulk(stages=3, threads=128, blocks=4),
+    "bulk copies of the scores, 3 stages of 256 threads x 4 packs, 4 blocks an SM": bulk(blocks=4, mask_direct=True),
+    "bulk copies of the scores, 6 stages of 256 threads x 2 packs, 4 blocks an SM": bulk(stages=6, packs=2, blocks=4,
+                                                                                        mask_direct=True),
+    "bulk copies of the scores, 4 stages of 128 threads x 4 packs, 6 blocks an SM": bulk(stages=4, threads=128, blocks=6,
+                                                                                        mask_direct=True),
+}
 
 
 def small_packs(packs: int, blocks: int, fetch_first: bool = True, threads: int = 32, size: int = 2,
@@ -454,32 +474,22 @@ VARIANTS: dict[str, dict] = {
     "one reduction of (max, sum) pairs (shipped until 2026-11-26 14:05 UTC)": _variant(edits=(
         ("#ifndef FXK_TWO_REDUCTIONS\n#define FXK_TWO_REDUCTIONS 1\n#endif",
          "#undef FXK_TWO_REDUCTIONS\n#define FXK_TWO_REDUCTIONS 0"),)),
+    # 2026-11-26 14:12 UTC, H200, GB/s at float32 / bfloat16 512 keys, float32 / bfloat16 2048: float32's exp
+    # through ex2.approx.ftz 4088 / 3664 / 3665 / 3715 against exp2f (MUFU.EX2 behind a fix-up for subnormal
+    # results, about 8 instructions an exp) 3946 / 3648 / 3244 / 3726; shipped at 14:20 UTC (FXK_EXP_FTZ)
+    "float32 exp through exp2f (shipped until 2026-11-26 14:20 UTC)": _variant(edits=EXP2F),
     # 2026-11-26 14:02 UTC, H200, GB/s as above: 3939 / 3641 / 3330 / 3722 against 3936 / 3682 / 3306 / 3617 (the
     # float32 code unchanged here); the 2048-key grids' rows (2-4 warps) take it since 14:10 UTC (softmax._grids),
     # the others not: with the barriers' code in their kernels the rows of up to a warp ran 1% slower
-    # 2026-11-26 14:12 UTC, H200, GB/s at float32 / bfloat16 512 keys, float32 / bfloat16 2048: float32's exp
-    # through ex2.approx.ftz 4088 / 3664 / 3665 / 3715 against exp2f (MUFU.EX2 behind a fix-up for subnormal
-    # results, about 8 instructions an exp) 3946 / 3648 / 3244 / 3726; shipped at 14:20 UTC (FXK_EXP_FTZ).
-    # In the same run float32 rows reduced twice: 3804 / 3668 / 3692 / 3670; shipped for the 2048-key grids
-    "float32 exp through exp2f (shipped until 2026-11-26 14:20 UTC)": _variant(edits=(
-        ("#define FXK_EXP_FTZ 1", "#define FXK_EXP_FTZ 0"),)),
-    "two reductions in every row, barriers too": _variant(edits=(
-        ("#define FXK_TWO_REDUCTIONS_G 32", "#define FXK_TWO_REDUCTIONS_G 1024"),)),
+    "two reductions in every row, barriers too": _variant(edits=BARRIERS_TOO),
+    # 2026-11-26 14:12 UTC, in the run above: 3804 / 3668 / 3692 / 3670 (float32 512 keys 3.6% slower, 2048 +13.8%);
+    # shipped for the 2048-key grids at 14:20 UTC (softmax._grids sets FXK_TWO_REDUCTIONS 2 there)
     "two reductions in float32 rows too": _variant(edits=(
         ("#define FXK_TWO_REDUCTIONS 1", "#define FXK_TWO_REDUCTIONS 2"),)),
     "staged through shared memory, 3 stages, 4 warps a block": staged(),
     "staged through shared memory, 4 stages, 2 warps a block": staged(stages=4, threads=64),
     "staged through shared memory, 2 stages, 2 warps a block": staged(stages=2, threads=64),
-    "bulk copies, 3 stages of 256 threads x 4 packs, 2 blocks an SM": bulk(),
-    "bulk copies, 4 stages of 256 threads x 2 packs, 3 blocks an SM": bulk(stages=4, packs=2, blocks=3),
-    "bulk copies, 4 stages of 128 threads x 4 packs, 3 blocks an SM": bulk(stages=4, threads=128, blocks=3),
-    "bulk copies, 6 stages of 256 threads x 2 packs, 2 blocks an SM": bulk(stages=6, packs=2, blocks=2),
-    "bulk copies, 3 stages of 128 threads x 4 packs, 4 blocks an SM": bulk(stages=3, threads=128, blocks=4),
-    "bulk copies of the scores, 3 stages of 256 threads x 4 packs, 4 blocks an SM": bulk(blocks=4, mask_direct=True),
-    "bulk copies of the scores, 6 stages of 256 threads x 2 packs, 4 blocks an SM": bulk(stages=6, packs=2, blocks=4,
-                                                                                        mask_direct=True),
-    "bulk copies of the scores, 4 stages of 128 threads x 4 packs, 6 blocks an SM": bulk(stages=4, threads=128, blocks=6,
-                                                                                        mask_direct=True),
+    **BULK_VARIANTS,
     # diagnostics, not candidates: what eager's second rounding and finding the mask row cost
     "(one rounding: x * scale + mask in float32)": _variant(edits=(
         ("        to_floats(from_floats<T, V>(f), f);  // rounded to T, as eager's multiplication stores it\n", ""),)),

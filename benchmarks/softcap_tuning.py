@@ -18,7 +18,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import common  # noqa: E402
-from masked_tuning import EXP_ONCE, FMA_EXP, FUSED_WRITE, bulk, compare_variants, small_packs, staged  # noqa: E402
+from masked_tuning import (BARRIERS_TOO, BULK_VARIANTS, EXP2F, EXP_ONCE, FMA_EXP, FUSED_WRITE,  # noqa: E402
+                           compare_variants, small_packs, staged)
 
 SCALE, CAP = 0.0625, 50.0
 
@@ -110,28 +111,17 @@ VARIANTS: dict[str, dict] = {
         ("#define FXK_TWO_REDUCTIONS 2\n", ""),
         ("#ifndef FXK_TWO_REDUCTIONS\n#define FXK_TWO_REDUCTIONS 1\n#endif",
          "#undef FXK_TWO_REDUCTIONS\n#define FXK_TWO_REDUCTIONS 0"),)),
-    # 2026-11-26 14:03 UTC, H200, GB/s as above: 3214 / 2971 / 2988 / 3111 against 3377 / 2994 / 2675 / 2980; the
-    # 2048-key grids' rows (2-4 warps) take it since 14:10 UTC (softmax._grids), the others not (float32 512
-    # keys 4.8% slower with the barriers' code in its kernel)
     # 2026-11-26 14:12 UTC, H200, GB/s at float32 / bfloat16 512 keys, float32 / bfloat16 2048: float32's exp
     # through ex2.approx.ftz 3510 / 2994 / 3114 / 3058 against exp2f (MUFU.EX2 behind a fix-up for subnormal
     # results, about 8 instructions an exp) 3361 / 2990 / 2880 / 3106; shipped at 14:20 UTC (FXK_EXP_FTZ)
-    "float32 exp through exp2f (shipped until 2026-11-26 14:20 UTC)": _variant(edits=(
-        ("#define FXK_EXP_FTZ 1", "#define FXK_EXP_FTZ 0"),)),
-    "two reductions in every row, barriers too": _variant(edits=(
-        ("#define FXK_TWO_REDUCTIONS_G 32", "#define FXK_TWO_REDUCTIONS_G 1024"),)),
+    "float32 exp through exp2f (shipped until 2026-11-26 14:20 UTC)": _variant(edits=EXP2F),
+    # 2026-11-26 14:03 UTC, H200, GB/s as above: 3214 / 2971 / 2988 / 3111 against 3377 / 2994 / 2675 / 2980; the
+    # 2048-key grids' rows (2-4 warps) take it since 14:10 UTC (softmax._grids), the others not (float32 512
+    # keys 4.8% slower with the barriers' code in its kernel)
+    "two reductions in every row, barriers too": _variant(edits=BARRIERS_TOO),
     "staged through shared memory, 3 stages, 4 warps a block": staged(),
     # masked_tuning.BULK: rows brought into shared memory by bulk copies
-    "bulk copies, 3 stages of 256 threads x 4 packs, 2 blocks an SM": bulk(),
-    "bulk copies, 4 stages of 256 threads x 2 packs, 3 blocks an SM": bulk(stages=4, packs=2, blocks=3),
-    "bulk copies, 4 stages of 128 threads x 4 packs, 3 blocks an SM": bulk(stages=4, threads=128, blocks=3),
-    "bulk copies, 6 stages of 256 threads x 2 packs, 2 blocks an SM": bulk(stages=6, packs=2, blocks=2),
-    "bulk copies, 3 stages of 128 threads x 4 packs, 4 blocks an SM": bulk(stages=3, threads=128, blocks=4),
-    "bulk copies of the scores, 3 stages of 256 threads x 4 packs, 4 blocks an SM": bulk(blocks=4, mask_direct=True),
-    "bulk copies of the scores, 6 stages of 256 threads x 2 packs, 4 blocks an SM": bulk(stages=6, packs=2, blocks=4,
-                                                                                        mask_direct=True),
-    "bulk copies of the scores, 4 stages of 128 threads x 4 packs, 6 blocks an SM": bulk(stages=4, threads=128, blocks=6,
-                                                                                        mask_direct=True),
+    **BULK_VARIANTS,
     "staged through shared memory, 2 stages, 2 warps a block": staged(stages=2, threads=64),
     # diagnostics: what tanhf would cost bfloat16, and what rounding each step to bfloat16, as eager does, costs
     "(tanhf in bfloat16 too)": _variant(edits=(("tanh_<IsBf16<T>::value>(", "tanh_<false>("),)),
