@@ -326,17 +326,18 @@ def test_special_values_follow_pytorch():
     torch.testing.assert_close(lib.op("softmax")(big), softmax.softmax(big))
 
 
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=lambda d: str(d)[6:])
-@pytest.mark.parametrize("d", [64, 512, 1536, 2048, 4096])
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).removeprefix("torch."))
+@pytest.mark.parametrize("d", [64, 512, 1536, 2048, 4096, 20000])
 def test_softmax_rows_with_special_values_on_every_grid(dtype, d):
-    """16-bit rows take their max in pairs (softmax's FXK_PAIR_MAX): a NaN is skipped there as fmaxf
-    skips it, and the row still comes out NaN, as eager's does; +inf makes the row NaN, -inf and
-    finfo.min elements weigh nothing, a row all -inf is NaN, one all finfo.min uniform. Each row
-    length reaches another grid (small blocks, the masked ops' 4-pack ones, the 16384-element one),
-    in the plain softmax and in the scaled, masked one (a mask of zeros: the same rows)."""
+    """A NaN anywhere in a row makes the row NaN, as eager's does, though the max skips it (fmaxf, and
+    __hmax2 for 16-bit rows: FXK_PAIR_MAX); +inf makes the row NaN, -inf and finfo.min elements weigh
+    nothing, a row all -inf is NaN, one all finfo.min uniform. Each row length reaches another grid
+    (small blocks, the masked ops' 4-pack ones with their two reductions, the 16384-element one, and
+    at 20000 the long rows' online pass, which once lost a NaN that came before any other value), in
+    the plain softmax, the scaled, masked one and the soft-capped one (a mask of zeros)."""
     torch.manual_seed(12)
     lo = torch.finfo(dtype).min
-    x = rand(8, d, dtype=dtype, scale=3.0)
+    x = rand(10, d, dtype=dtype, scale=3.0)
     x[1, d // 3] = float("nan")
     x[2, d - 1] = float("inf")
     x[3, ::5] = float("-inf")
@@ -344,13 +345,18 @@ def test_softmax_rows_with_special_values_on_every_grid(dtype, d):
     x[5, :] = lo
     x[6, ::2] = lo
     x[7, 0], x[7, d // 2] = float("nan"), float("-inf")
+    x[8, :64] = float("nan")  # every thread's first pack NaN before any number
+    x[9, : d // 2] = float("-inf")
     want = softmax.softmax(x)
-    assert want[1].isnan().all() and want[2].isnan().all() and want[4].isnan().all()  # the cases above hold
+    assert want[1].isnan().all() and want[2].isnan().all() and want[4].isnan().all() and want[8].isnan().all()
     rtol, atol = TOL[dtype]
     torch.testing.assert_close(lib.op("softmax")(x), want, rtol=rtol, atol=atol, equal_nan=True)
-    x4 = x.view(2, 4, 1, d)
-    got = lib.op("scaled_masked_softmax")(x4, torch.zeros(1, 1, 1, d, device="cuda", dtype=dtype), 1.0)
-    torch.testing.assert_close(got.view(8, d), want, rtol=rtol, atol=atol, equal_nan=True)
+    x4, zeros = x.view(2, 5, 1, d), torch.zeros(1, 1, 1, d, device="cuda", dtype=dtype)
+    got = lib.op("scaled_masked_softmax")(x4, zeros, 1.0)
+    torch.testing.assert_close(got.view(10, d), want, rtol=rtol, atol=atol, equal_nan=True)
+    got = lib.op("softcapped_masked_softmax")(x4, zeros, 1.0, 50.0)  # the cap takes +inf to 50
+    torch.testing.assert_close(got, softmax.softcapped_masked_softmax(x4, zeros, 1.0, 50.0), rtol=rtol, atol=atol,
+                               equal_nan=True)
 
 
 ACTIVATIONS = ["bias_gelu", "bias_gelu_tanh", "bias_gelu_residual", "gelu_new", "megatron_bias_gelu", "swiglu",

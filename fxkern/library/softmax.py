@@ -11,8 +11,9 @@ cap of the scores (``cap * tanh(scores * scaling / cap) + mask``).
 
 Kernel: the row layout of :mod:`fxkern.library.rmsnorm` (a 256-thread block per register-full of
 elements, 8192 in float32 and 16384 in 16-bit, 1 to 256 threads a row, the row in registers; short
-rows in small blocks of one to four warps); one reduction of (max, sum of ``exp(x - max)``) pairs, then
-the write. Rows too long for registers take an online max/sum pass and a second read.
+rows in small blocks of one to four warps); one reduction of (max, sum of ``exp(x - max)``) pairs, or
+(``FXK_TWO_REDUCTIONS``) the max and then the sums shifted to it, then the write. Rows too long for
+registers take an online max/sum pass and a second read.
 """
 
 from __future__ import annotations
@@ -333,7 +334,8 @@ __device__ __forceinline__ void write_row(Pack<T, V> (&c)[NV], bool live, int D,
         }
     }
     // This thread's sum of exp(x - m) (shifted by 0 when its elements are all -inf or NaN: 0, or NaN),
-    // then one reduction of (max, sum) pairs for the row.
+    // then the row's: its max, then the sums shifted to it (FXK_TWO_REDUCTIONS), or one reduction of
+    // (max, sum) pairs.
     const float sh = m == neg_inf() ? 0.0f : m;
     float s = 0.0f;
 #pragma unroll
@@ -405,6 +407,8 @@ __device__ __forceinline__ void softmax_rows(const In& in, int D, unsigned rows,
     } else {  // long rows: online max and sum, then a second read
         for (unsigned row = begin, p = 0; row < end; ++row, ++p) {
             const auto xr = in.row(row);
+            // s: this thread's sum of exp(x - sh), sh its running max m, or 0 while every element it has
+            // seen is -inf or NaN (fmaxf skips NaN: a NaN still reaches s, and makes the row NaN)
             float m = neg_inf(), s = 0.0f;
 #pragma unroll 2
             for (int col = threadIdx.x * V; col < D; col += ROW_THREADS * V) {
@@ -412,15 +416,14 @@ __device__ __forceinline__ void softmax_rows(const In& in, int D, unsigned rows,
                 float pm = m;
 #pragma unroll
                 for (int j = 0; j < V; ++j) pm = fmaxf(pm, to_f<T>(c.v[j]));
-                if (pm != neg_inf()) {
-                    s = m == neg_inf() ? 0.0f : s * exp_shifted<sizeof(T) == 2>(m, pm);
+                const float sh = m == neg_inf() ? 0.0f : m, psh = pm == neg_inf() ? 0.0f : pm;
+                if (psh != sh) s = ms_term<T>(s, sh, psh);
 #pragma unroll
-                    for (int j = 0; j < V; ++j) s += exp_shifted<sizeof(T) == 2>(to_f<T>(c.v[j]), pm);
-                }
+                for (int j = 0; j < V; ++j) s += exp_shifted<sizeof(T) == 2>(to_f<T>(c.v[j]), psh);
                 m = pm;
             }
             const float gm = group_max(m, ROW_THREADS, red[0]);
-            s = m == neg_inf() ? 0.0f : s * exp_shifted<sizeof(T) == 2>(m, gm);
+            s = ms_term<T>(s, m == neg_inf() ? 0.0f : m, gm);
             const float inv = __frcp_rn(group_sum(s, ROW_THREADS, red[1]));
             T* yr = y + xr.o;
 #pragma unroll 4
@@ -520,7 +523,8 @@ DIVIDED_MASKED_SOFTMAX = dataclasses.replace(
 # (FXK_PAIR_MAX 0), rows of up to a warp reduced twice in float32 too (FXK_TWO_REDUCTIONS 2).
 SOFTCAPPED_MASKED_SOFTMAX = dataclasses.replace(
     SCALED_MASKED_SOFTMAX, kernel_name="softcapped_masked_softmax",
-    kernel_source="#define FXK_PAIR_MAX 0\n#define FXK_TWO_REDUCTIONS 2\n" + SOURCE,
+    kernel_source="#ifndef FXK_PAIR_MAX\n#define FXK_PAIR_MAX 0\n#endif\n"
+                  "#ifndef FXK_TWO_REDUCTIONS\n#define FXK_TWO_REDUCTIONS 2\n#endif\n" + SOURCE,
     inputs=[InputDecl("x"), InputDecl("mask"), ScalarInput("scale", float), ScalarInput("cap", float)])
 
 
@@ -535,7 +539,8 @@ SHORT_ROWS = {size: threads * packs * 16 // size for size, (threads, packs) in S
 # blocks_narrow one-warp blocks) and 72 registers. A thread fetches 8 packs of scores and mask instead
 # of 16: 16-bit rows of up to 2048 had one-warp blocks of 8 packs at 128 registers, 16 an SM, and
 # float32 rows past 1024 the 256-thread blocks, 2 an SM (whose soft-capped kernel spills 336 bytes).
-# (The float32 one spills 4 bytes in the masked kernel and 12 in the soft-capped one: tools/kernel_resources.py.)
+# (The float32 one spills 12 bytes in the masked kernel and 16 in the soft-capped one, whose bfloat16 one
+# spills 8, since the max and the sum are reduced apart there: tools/kernel_resources.py. They ran faster so.)
 # H200, 2026-11-26, benchmarks/masked_tuning.py and softcap_tuning.py, GB/s against the grids before:
 # - "_short_4packs": bfloat16 at 512 keys, masked 3473 against 3272, soft-capped 2870 against 2715; 24
 #   blocks an SM level, 32 (48 bytes spilled) 15% slower.
