@@ -719,7 +719,7 @@ def test_masked_softmax_op_checks_its_shapes_and_reads_expanded_masks_in_place(r
             assert set(prefix.splitlines()) == {f"#define ROW_THREADS {threads}", f"#define FXK_ROW_PACKS_{size} 4",
                                                 f"#define FXK_ROW_BLOCKS_{size} {blocks}",
                                                 "#define FXK_MASK_FETCH_FIRST 1",
-                                                *([f"#define FXK_TWO_REDUCTIONS 2",
+                                                *(["#define FXK_TWO_REDUCTIONS 2",
                                                    f"#define FXK_TWO_REDUCTIONS_G {threads}"] if threads > 32 else [])
                                                 }, suffix
             op = fxkern.kernel_op((sm.MASKED_ROWS if grids is sm.SCALED_MASKED_GRIDS else sm.SOFTCAPPED_ROWS) + suffix)
