@@ -41,3 +41,27 @@ def test_every_tuning_variants_edits_find_their_text_in_the_kernel_source(script
     source = getattr(library, spec).kernel_source if spec else library.SOURCE
     missing = [(label, old) for label, v in variants.items() for old, _ in v.get("edits", ()) if old not in source]
     assert not missing, missing
+
+
+# The knobs benchmarks/masked_tuning.py and softcap_tuning.py turn to rerun the kernels shipped before
+# them (the "shipped until" variants) and to time the settings not shipped.
+SOFTMAX_KNOBS = {
+    "float max": "#define FXK_PAIR_MAX 0\n",
+    "one reduction": "#define FXK_TWO_REDUCTIONS 0\n",
+    "two reductions everywhere": "#define FXK_TWO_REDUCTIONS 2\n#define FXK_TWO_REDUCTIONS_G 1024\n",
+    "exp2f": "#define FXK_EXP_FTZ 0\n",
+}
+
+
+@pytest.mark.parametrize("knob", list(SOFTMAX_KNOBS))
+def test_softmax_knobs_the_tuning_scripts_turn_still_build(knob):
+    """Each setting of softmax's knobs still compiles (NVRTC for sm_90, as registration compiles; no GPU
+    needed): a knob whose other branch rotted would stop its tuning script on the device instead."""
+    import dataclasses
+
+    import fxkern
+    from fxkern.library import softmax
+
+    for i, base in enumerate((softmax.SCALED_MASKED_SOFTMAX, softmax.SOFTMAX)):
+        spec = dataclasses.replace(base, kernel_source=SOFTMAX_KNOBS[knob] + softmax.SOURCE)
+        fxkern.cuda_kernel_op(f"fxkern_test_knobs::{knob.replace(' ', '_')}_{i}", spec)  # raises CompileError
