@@ -603,6 +603,14 @@ def small_packs_op(label: str, v: dict, index: int, base, prefix: str):
     return run, {"_short": name}
 
 
+def make_op(label: str, v: dict, index: int, base, prefix: str):
+    """Variant ``v`` of ``base`` as ``(callable (x, mask, *scalars), its ops' names)``, by its kind: staged,
+    bulk copies, small packs, or edits and tuning of the library's grids."""
+    make = (staged_op if "staged" in v else bulk_op if "bulk" in v else small_packs_op if "small_packs" in v
+            else variant_op)
+    return make(label, v, index, base, prefix)
+
+
 def registers(names) -> str:
     """Registers a thread (and spill bytes) of each grid's kernels, as row_tuning reports them."""
     from row_tuning import registers as of
@@ -633,10 +641,7 @@ def compare_variants(variants: dict, base, pattern, scalars: tuple, x_scale: flo
 
     fxkern.library.rules()
     torch.manual_seed(0)
-    fns = {label: (staged_op(label, v, i, base, prefix) if "staged" in v
-                   else bulk_op(label, v, i, base, prefix) if "bulk" in v
-                   else small_packs_op(label, v, i, base, prefix) if "small_packs" in v
-                   else variant_op(label, v, i, base=base, prefix=prefix)) for i, label, v in common.pick(variants, args)}
+    fns = {label: make_op(label, v, i, base, prefix) for i, label, v in common.pick(variants, args)}
     compiled = common.inductor(pattern)
     cases = []
     for b, h, s in SHAPES:

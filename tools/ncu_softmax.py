@@ -39,10 +39,8 @@ if args.variant:
     import masked_tuning
 
     index, label = next((i, label) for i, label in enumerate(masked_tuning.VARIANTS) if args.variant in label)
-    v = masked_tuning.VARIANTS[label]
-    make = (masked_tuning.bulk_op if "bulk" in v else masked_tuning.staged_op if "staged" in v
-            else masked_tuning.small_packs_op if "small_packs" in v else masked_tuning.variant_op)
-    variant, _ = make(label, v, index, softmax.SCALED_MASKED_SOFTMAX, "masked")
+    variant, _ = masked_tuning.make_op(label, masked_tuning.VARIANTS[label], index, softmax.SCALED_MASKED_SOFTMAX,
+                                       "masked")
     print(f"variant: {label}", flush=True)
 for _ in range(3):  # compiled, autotuned and warm before the profiled calls
     masked(x, mask, 0.125)

@@ -606,9 +606,8 @@ def _grids(spec: KernelSpec, blocks_short_32bit: int = 16, blocks_short: int = 3
         # soft-capped float32 +11.7%, bfloat16 +4.4% (benchmarks/masked_tuning.py's "barriers too" and
         # "float32 rows too"; rows of up to a warp ran 1-5% slower with the barriers' code in their
         # kernels, and masked float32 ones 3.5% slower reduced twice, so only these grids take it)
-        grids[suffix] = dataclasses.replace(grid, kernel_source=f"#define FXK_TWO_REDUCTIONS 2\n"
-                                            f"#define FXK_TWO_REDUCTIONS_G {threads}\n"
-                                            + grid.kernel_source) if threads > 32 else grid
+        two = f"#define FXK_TWO_REDUCTIONS 2\n#define FXK_TWO_REDUCTIONS_G {threads}\n" if threads > 32 else ""
+        grids[suffix] = dataclasses.replace(grid, kernel_source=two + grid.kernel_source)
     return {suffix: dataclasses.replace(g, kernel_source="#define FXK_MASK_FETCH_FIRST 1\n" + g.kernel_source)
             if suffix in fetch_first else g for suffix, g in grids.items()}
 
