@@ -526,6 +526,9 @@ def _check(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, half: int,
     if cos.dim() != 4 or sin.dim() != 4:
         raise KernelInputError(f"{op}: cos {tuple(cos.shape)} and sin {tuple(sin.shape)} must be 4-d like x "
                                f"{tuple(x.shape)}; unsqueeze them over the heads (cos.unsqueeze(1)), as transformers does")
+    if x.dtype not in DTYPES:
+        raise KernelInputError(f"{op}: x is {x.dtype}; the kernels take {', '.join(str(d) for d in DTYPES)}: cast x, "
+                               f"cos and sin to one of them")
     if cos.dtype != x.dtype or sin.dtype != x.dtype:
         raise KernelInputError(f"{op}: x is {x.dtype}, cos {cos.dtype}, sin {sin.dtype}; give cos and sin x's dtype "
                                f"(transformers casts them: cos.to(x.dtype))")
