@@ -25,10 +25,13 @@ def cuda_time_ms(fn: Callable[[], object], *, warmup: int = 5, reps: int = 20, i
     return _cuda_time_ms(fn, warmup=warmup, reps=reps, inner=inner, lead=lead)
 
 
-def tuning_args(section: str, title: str, doc: str, argv=None) -> argparse.Namespace | None:
-    """A tuning benchmark's ``--rounds`` and ``--section-out``; None, after saying so, on a machine
-    without a GPU (docs/benchmarks.md keeps the section measured on one)."""
+def tuning_args(section: str, title: str, doc: str, argv=None,
+                extra: Callable[[argparse.ArgumentParser], None] | None = None) -> argparse.Namespace | None:
+    """A tuning benchmark's ``--rounds`` and ``--section-out`` (and what ``extra`` adds to the parser);
+    None, after saying so, on a machine without a GPU (docs/benchmarks.md keeps the section measured on one)."""
     parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    if extra:
+        extra(parser)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--section-out", type=Path, default=None)
     parser.add_argument("--only", action="append", default=[], metavar="TEXT",
@@ -50,8 +53,9 @@ def pick(variants: dict, args: argparse.Namespace) -> list[tuple[int, str, objec
 
 
 def command(script: str, args: argparse.Namespace) -> str:
-    """The command line a tuning section names: ``script`` with its ``--rounds`` and ``--only``."""
-    return f"python benchmarks/{script} --rounds {args.rounds}" + "".join(f" --only {t!r}" for t in args.only)
+    """The command line a tuning section names: ``script`` with its ``--rounds``, ``--only`` and ``--scale``."""
+    scale = f" --scale {args.scale!r}" if getattr(args, "scale", 0.125) != 0.125 else ""
+    return f"python benchmarks/{script} --rounds {args.rounds}" + "".join(f" --only {t!r}" for t in args.only) + scale
 
 
 def bandwidth_rows(runners: dict[str, Callable[..., object]], cases: list[tuple[tuple, int]],

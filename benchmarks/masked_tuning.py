@@ -27,6 +27,10 @@ DTYPES = (torch.float32, torch.bfloat16)
 # A variant: the grids' tuning as ``softmax._grids`` takes it (blocks an SM for the float32 and the
 # 16-bit small blocks and for the 256-thread float32 grid, the grids that fetch a row before making
 # its values), and edits to the kernel's source, softmax.SOURCE ((old, new) pairs of text).
+# softmax.NARROW_GRIDS's suffixes (the 4-pack blocks)
+NARROW = ("_short_4packs", "_4packs_2048", "_4packs_2048_32bit")
+
+
 def _variant(edits=(), **tuning) -> dict:
     from fxkern.library import softmax
 
@@ -486,6 +490,39 @@ VARIANTS: dict[str, dict] = {
     # shipped for the 2048-key grids at 14:20 UTC (softmax._grids sets FXK_TWO_REDUCTIONS 2 there)
     "two reductions in float32 rows too": _variant(edits=(
         ("#define FXK_TWO_REDUCTIONS 1", "#define FXK_TWO_REDUCTIONS 2"),)),
+    # x * scale + mask as one fma in float32, where eager rounds the product first (the float path before
+    # 2026-11-26 16:30 UTC: the compiler contracted it; a review found it off eager by up to 5e-5 at large scores)
+    "float32 scores through one fma (shipped until 2026-11-26)": _variant(fetch_first=("_short", *NARROW), edits=(
+        ("for (int j = 0; j < V; ++j) f[j] = __fmul_rn(f[j], scale);\n        to_floats(from_floats<T, V>(f), f);  // rounded",
+         "for (int j = 0; j < V; ++j) f[j] *= scale;\n        to_floats(from_floats<T, V>(f), f);  // rounded"),
+        ("for (int j = 0; j < V; ++j) f[j] = __fadd_rn(f[j], g[j]);\n        return from_floats<T, V>(f);\n    }\n};",
+         "for (int j = 0; j < V; ++j) f[j] += g[j];\n        return from_floats<T, V>(f);\n    }\n};"))),
+    # 2026-11-26 16:01 UTC, on an H100, GB/s at float32 512 keys, scale 0.125 / 1 / sqrt(128): the two roundings with
+    # the float32 small blocks fetching first 2868 / 2867 (shipped at 16:10 UTC), making values as loads arrive
+    # 2654 / 2653, one fma 2866 / 2865, one fma where the scale is a power of two 2826 / 2520; the other columns
+    # level (the float32 2048-key blocks already fetched first: 2845 against the fma's 2858)
+    "float32 small blocks making values as loads arrive (shipped until 2026-11-26 16:10 UTC)": _variant(
+        fetch_first=("_short", *NARROW)),
+    # the two roundings, but one fma where x * scale is exact (a scale that is a power of two, at most 1)
+    "float32 scores through one fma where the scale is a power of two": _variant(edits=((
+        "        float f[V], g[V];\n        to_floats(a, f);\n#pragma unroll\n        for (int j = 0; j < V; ++j) f[j] = __fmul_rn(",
+        "        if constexpr (sizeof(T) == 4) {\n"
+        "            if ((__float_as_uint(scale) << 9) == 0 && scale <= 1.0f && scale >= 0x1p-100f) {\n"
+        "                float f[V], g[V];\n                to_floats(a, f);\n                to_floats(m, g);\n"
+        "#pragma unroll\n                for (int j = 0; j < V; ++j) f[j] = fmaf(f[j], scale, g[j]);\n"
+        "                return from_floats<T, V>(f);\n            }\n        }\n"
+        "        float f[V], g[V];\n        to_floats(a, f);\n#pragma unroll\n        for (int j = 0; j < V; ++j) f[j] = __fmul_rn("),)),
+    # (16:01 UTC, H100: level, 2868 / 2936 / 2845 / 2822 GB/s; its _32bit grid spills 336 bytes)
+    "float32 rows fetched first": _variant(fetch_first=("_short", *NARROW, "_short_32bit", "_32bit")),
+    # the 4-pack blocks (NARROW_GRIDS) each taking 2 or 4 register-fulls of rows one after another, for fewer,
+    # longer-lived blocks: at 512 keys a block held two 16-bit rows, at 2048 keys one
+    # 2026-11-26 15:35 UTC, on an H100 (no H200 that call), GB/s at float32 / bfloat16 512 keys, float32 /
+    # bfloat16 2048: 2 register-fulls a block 2864 / 2864 / 2827 / 2866, 4: 2863 / 2803 / 2799 / 2839, against
+    # one 2865 / 2929 / 2842 / 2834 (softcap_tuning.py: 2715 / 2788 / 2808 / 2833 and 2714 / 2726 / 2779 /
+    # 2799 against 2714 / 2819 / 2822 / 2767): rows of 512 slower, 16-bit rows of 2048 1-2% faster
+    "4-pack blocks of 2 register-fulls": _variant(steps=dict.fromkeys(NARROW, 2)),
+    "4-pack blocks of 4 register-fulls": _variant(steps=dict.fromkeys(NARROW, 4)),
+    "16-bit 2048-key blocks of 2 register-fulls": _variant(steps={"_4packs_2048": 2}),
     "staged through shared memory, 3 stages, 4 warps a block": staged(),
     "staged through shared memory, 4 stages, 2 warps a block": staged(stages=4, threads=64),
     "staged through shared memory, 2 stages, 2 warps a block": staged(stages=2, threads=64),
@@ -619,12 +656,14 @@ def registers(names) -> str:
 
 
 def main(argv=None) -> None:
-    args = common.tuning_args("masked_tuning", "Masked softmax tuning", __doc__, argv)
+    args = common.tuning_args("masked_tuning", "Masked softmax tuning", __doc__, argv, extra=lambda p: p.add_argument(
+        "--scale", type=float, default=0.125,
+        help="the scores' scale (default 0.125, 1 / sqrt(64); Llama's 1 / sqrt(128) is not a power of two)"))
     if args is None:
         return
     from fxkern.library import softmax
 
-    compare_variants(VARIANTS, softmax.SCALED_MASKED_SOFTMAX, softmax.scaled_masked_softmax_float32, (0.125,),
+    compare_variants(VARIANTS, softmax.SCALED_MASKED_SOFTMAX, softmax.scaled_masked_softmax_float32, (args.scale,),
                      x_scale=3.0, prefix="masked", section="masked_tuning", script="masked_tuning.py", args=args,
                      title="Scaled, masked softmax tuning (`fxkern.library.softmax`, transformers' eager attention)",
                      doc=__doc__)

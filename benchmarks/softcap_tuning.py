@@ -18,7 +18,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import common  # noqa: E402
-from masked_tuning import (BARRIERS_TOO, BULK_VARIANTS, EXP2F, EXP_ONCE, FMA_EXP, FUSED_WRITE,  # noqa: E402
+from masked_tuning import (BARRIERS_TOO, BULK_VARIANTS, EXP2F, EXP_ONCE, FMA_EXP, FUSED_WRITE, NARROW,  # noqa: E402
                            compare_variants, small_packs, staged)
 
 SCALE, CAP = 0.0625, 50.0
@@ -119,6 +119,10 @@ VARIANTS: dict[str, dict] = {
     # 2048-key grids' rows (2-4 warps) take it since 14:10 UTC (softmax._grids), the others not (float32 512
     # keys 4.8% slower with the barriers' code in its kernel)
     "two reductions in every row, barriers too": _variant(edits=BARRIERS_TOO),
+    # masked_tuning's "4-pack blocks of N register-fulls" (its numbers there)
+    "4-pack blocks of 2 register-fulls": _variant(steps=dict.fromkeys(NARROW, 2)),
+    "4-pack blocks of 4 register-fulls": _variant(steps=dict.fromkeys(NARROW, 4)),
+    "16-bit 2048-key blocks of 2 register-fulls": _variant(steps={"_4packs_2048": 2}),
     "staged through shared memory, 3 stages, 4 warps a block": staged(),
     # masked_tuning.BULK: rows brought into shared memory by bulk copies
     **BULK_VARIANTS,

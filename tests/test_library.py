@@ -730,11 +730,41 @@ def test_masked_softmax_op_checks_its_shapes_and_reads_expanded_masks_in_place(r
     # the op's CUDA path picks among the grids it has: the 4-pack ones by their suffixes, the rest by _grid
     picked = []
     on_cuda = sm._masked_on_cuda({s: (lambda s: lambda *a: picked.append(s))(s)
-                                  for s in ("", "_32bit", "_short_32bit", "_short_4packs", "_4packs_2048")})
+                                  for s in ("", "_32bit", "_short_32bit", "_short_4packs", "_4packs_2048")}, "op")
     for d, dtype in ((512, torch.bfloat16), (2048, torch.bfloat16), (2048, torch.float32), (512, torch.float32)):
         on_cuda(torch.zeros(1, 2, 3, d, dtype=dtype), torch.zeros(1, 1, 3, d, dtype=dtype), 0.5)
     assert picked == ["_short_4packs", "_4packs_2048", "_32bit", "_short_32bit"]
     assert "_short_4packs" not in sm.SOFTMAX_GRIDS
+
+
+
+def test_masked_ops_check_a_mask_before_narrowing_its_broadcast_axes():
+    """An expanded mask is narrowed to the (mB, mH, mQ, D) tensor the kernel broadcasts, but only one
+    that broadcasts onto the scores: a (3, ...) mask on (2, ...) scores is refused, as eager refuses it,
+    before any kernel runs (a review found it narrowed first, and so computed an answer)."""
+    from fxkern.errors import KernelInputError
+    from fxkern.library import softmax as sm
+
+    ran = []
+    on_cuda = sm._masked_on_cuda({s: lambda *a: ran.append(a) for s in ("", "_32bit", "_short_32bit")}, "fxkern_lib::op")
+    x = torch.zeros(2, 4, 8, 16)
+    with pytest.raises(KernelInputError, match="fxkern_lib::op: .*mask"):
+        on_cuda(x, torch.zeros(1, 4, 8, 16).expand(3, 4, 8, 16), 0.5)
+    assert not ran
+    on_cuda(x, torch.zeros(1, 1, 8, 16).expand(2, 4, 8, 16), 0.5)  # one that broadcasts: narrowed to (1, 1, 8, 16)
+    assert ran[0][1].shape == (1, 1, 8, 16)
+
+
+def test_divided_masked_op_multiplies_by_the_float32_reciprocal():
+    """PyTorch's CUDA division by a Python number multiplies by float32(1 / float32(divisor)); the op
+    passes that scale, inf for a zero divisor (x / 0.0 is not an error in eager)."""
+    from fxkern.library import softmax as sm
+
+    scales = []
+    divided = sm._divided_masked_on_cuda(lambda x, mask, scale: scales.append(scale))
+    for divisor in (11.0, 0.0, -0.0, 1e-46):
+        divided(None, None, divisor)
+    assert scales[0] == 1.0 / sm._f32(11.0) and scales[1:] == [math.inf, -math.inf, math.inf]
 
 
 # ---- the ops' own references ------------------------------------------------------------------------
@@ -1223,6 +1253,13 @@ def test_norm_rotary_runs_its_16_byte_kernel_where_packs_fit():
     qwen(*half, *bf, 1e-6, d // 2)
     keys(*half, *bf, 1e-6, d // 2, b, h, 2, s, d, 2 * h)
     assert launched == ["packs", "packs_repeat"]
+    # a dtype the kernels do not take is refused by name before a launcher is picked (a review found a
+    # KeyError from the launchers' table for float64)
+    launched.clear()
+    f64 = [t.double() for t in (x, w, cos, sin)]
+    with pytest.raises(fxkern.KernelInputError, match="x is torch.float64; the kernels take torch.float32"):
+        qwen(*f64, 1e-6, d // 2)
+    assert launched == []
 
 
 def test_only_the_repeating_kernels_store_evict_first():

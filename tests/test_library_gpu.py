@@ -500,6 +500,78 @@ def test_scaled_masked_softmax_reads_expanded_and_strided_masks(dtype):
     check_masked(op(x, compact, 0.125), softmax.scaled_masked_softmax(x, compact, 0.125), f"{dtype} sliced")
 
 
+def test_float32_masked_scores_are_rounded_twice_as_eager_rounds_them():
+    """x * scale, rounded, then + mask, rounded (eager's two ops), not one fma: at scores in the
+    thousands times Llama's 1 / sqrt(128) (not a power of two), the fma's single rounding moved the
+    softmax by up to 5e-5, five times the float32 tolerance (found by a review, 2026-11-26)."""
+    torch.manual_seed(9)
+    grids = {s: getattr(torch.ops.fxkern_lib, (softmax.MASKED_ROWS + s).split("::")[1]) for s in softmax.SCALED_MASKED_GRIDS}
+    public, divided = lib.op("scaled_masked_softmax"), lib.op("divided_masked_softmax")
+    scale = 128 ** -0.5
+    for q, d in ((4, 64), (4, 1024), (3, 2048), (2, 8200), (1, 20011)):
+        x = rand(2, 3, q, d, dtype=torch.float32, scale=4.0) + 30000.0
+        mask = rand(1, 1, q, d, dtype=torch.float32)
+        want = softmax.scaled_masked_softmax(x, mask, scale)
+        for name, op in [*grids.items(), ("public", public)]:
+            check_masked(op(x, mask, scale), want, f"{name} x{tuple(x.shape)}")
+        check_masked(divided(x, mask, 11.0), softmax.divided_masked_softmax(x, mask, 11.0), f"divided x{tuple(x.shape)}")
+
+
+def test_divided_masked_softmax_by_zero_follows_pytorch():
+    """x / 0.0 is inf, -inf or NaN in eager; the op multiplies by the reciprocal, inf, as PyTorch's
+    CUDA division does (it raised ZeroDivisionError in Python before)."""
+    x = rand(1, 2, 4, 64, dtype=torch.float32)
+    mask = torch.zeros(1, 1, 4, 64, device="cuda")
+    for divisor in (0.0, -0.0):
+        check_masked(lib.op("divided_masked_softmax")(x, mask, divisor),
+                     softmax.divided_masked_softmax(x, mask, divisor), f"divisor {divisor}")
+
+
+# One row of 2^31 - 8 elements, the most a call may have in 16-byte packs of float16: a thread's
+# column in the long-row loops passed 2^31 and, as an int, wrapped below zero (found by a review,
+# 2026-11-26); the loops count in 64 bits now (signed: the compiler still unrolls them).
+LONGEST_ROW = (2**31 - 1) // 8 * 8
+
+
+def test_softmax_of_one_row_of_2_31_elements():
+    """Finite scores at both ends of the row, -inf between: the output is their softmax there and 0
+    everywhere else (a column that wrapped would read or write outside the row)."""
+    torch.manual_seed(10)
+    x = torch.full((1, LONGEST_ROW), float("-inf"), device="cuda", dtype=torch.float16)
+    at = torch.cat((torch.arange(0, 4096, 3), torch.arange(LONGEST_ROW - 8192, LONGEST_ROW, 5))).cuda()
+    x[0, at] = rand(at.numel(), dtype=torch.float16, scale=4.0)
+    y = lib.op("softmax")(x)
+    got = y[0, at].clone()
+    y[0, at] = 0
+    assert not y.any()
+    torch.testing.assert_close(got, torch.softmax(x[0, at].float(), -1).half(), rtol=2e-3, atol=2e-3)
+    del x, y
+    torch.cuda.empty_cache()
+
+
+def test_add_rms_norm_of_one_row_of_2_31_elements():
+    """The residual add and norm's long-row loops. x and the residual are random signs, so every
+    thread's float32 sum of squares is exact (an integer under 2^26, a multiple of 4) and the row's
+    mean square is 2 within rounding: y is weight * (h * rsqrt(2 + eps)) element by element."""
+    torch.manual_seed(11)
+    x, res = ((torch.randint(0, 2, (1, LONGEST_ROW), device="cuda", dtype=torch.int8) * 2 - 1).half()
+              for _ in range(2))
+    w = rand(LONGEST_ROW, dtype=torch.float16)
+    y, h = lib.op("add_rms_norm")(x, res, w, 1e-6)
+    ss = 0.0
+    chunks = [slice(i, i + (1 << 28)) for i in range(0, LONGEST_ROW, 1 << 28)]
+    for c in chunks:
+        hc = x[0, c] + res[0, c]
+        assert torch.equal(h[0, c], hc), c
+        ss += float(hc.float().pow(2).sum())
+    r = torch.rsqrt(torch.tensor(ss / LONGEST_ROW + 1e-6, device="cuda"))
+    for c in chunks:
+        want = w[c] * (h[0, c].float() * r).half()
+        torch.testing.assert_close(y[0, c], want, rtol=1e-3, atol=1e-3, msg=lambda m: f"{c}: {m}")
+    del x, res, w, y, h
+    torch.cuda.empty_cache()
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).removeprefix("torch."))
 def test_scaled_masked_softmax_at_long_rows_of_shared_masks(dtype):
     """Heads sharing a mask are visited in (b, q, h) order (the kernel's MaskedRows), the others in

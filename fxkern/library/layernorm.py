@@ -119,11 +119,13 @@ __device__ __forceinline__ void add_layernorm_rows(const T* __restrict__ x, cons
             }
         }
     } else {  // long rows: the whole block on one row, reading back what each thread wrote to h
+        // columns counted in 64 bits: a row may hold up to 2^31 - 1 elements, and an int column stepped
+        // past it wrapped below zero
         for (unsigned row = begin; row < end; ++row) {
             const size_t off = (size_t)row * D;
             float s = 0.0f;
 #pragma unroll 4
-            for (int col = threadIdx.x * V; col < D; col += ROW_THREADS * V) {
+            for (long long col = threadIdx.x * V; col < D; col += ROW_THREADS * V) {
                 const Pack<T, V> c = add_rounded(load<T, V>(x + off + col), load<T, V>(res + off + col));
                 store<T, V>(h + off + col, c);
                 s = pack_sum(c, s);
@@ -131,11 +133,11 @@ __device__ __forceinline__ void add_layernorm_rows(const T* __restrict__ x, cons
             const float mean = group_sum(s, ROW_THREADS, red[0]) * inv_d;
             float q = 0.0f;
 #pragma unroll 4
-            for (int col = threadIdx.x * V; col < D; col += ROW_THREADS * V)
+            for (long long col = threadIdx.x * V; col < D; col += ROW_THREADS * V)
                 q = pack_centred_squares(load<T, V>(h + off + col), mean, q);
             const float rstd = rsqrtf(group_sum(q, ROW_THREADS, red[1]) * inv_d + eps);
 #pragma unroll 4
-            for (int col = threadIdx.x * V; col < D; col += ROW_THREADS * V)
+            for (long long col = threadIdx.x * V; col < D; col += ROW_THREADS * V)
                 store<T, V>(y + off + col, ln_pack(load<T, V>(h + off + col), load<T, V>(w + col),
                                                    load<T, V>(b + col), mean, rstd));
         }

@@ -233,11 +233,13 @@ __device__ __forceinline__ void rmsnorm_rows(const T* __restrict__ x, const T* _
             }
         }
     } else {  // long rows: the whole block on one row at a time, reading it twice (h, with ADD)
+        // columns counted in 64 bits: a row may hold up to 2^31 - 1 elements, and an int column stepped
+        // past it wrapped below zero
         for (unsigned row = begin, p = 0; row < end; ++row, ++p) {
             const size_t off = (size_t)row * D;
             float ss = 0.0f;
 #pragma unroll 4
-            for (int col = threadIdx.x * V; col < D; col += ROW_THREADS * V) {
+            for (long long col = threadIdx.x * V; col < D; col += ROW_THREADS * V) {
                 Pack<T, V> c = load<T, V>(x + off + col);
                 if (ADD) {
                     c = add_rounded(c, load_operand<T, V>(res, false, off + col, off + col, nr));
@@ -248,7 +250,7 @@ __device__ __forceinline__ void rmsnorm_rows(const T* __restrict__ x, const T* _
             const float r = rsqrtf(group_sum(ss, ROW_THREADS, red[p & 1]) * inv_d + eps);
             const T* src = ADD ? h : x;  // each thread reads back only what it wrote itself
 #pragma unroll 4
-            for (int col = threadIdx.x * V; col < D; col += ROW_THREADS * V) {
+            for (long long col = threadIdx.x * V; col < D; col += ROW_THREADS * V) {
                 const Pack<T, V> c = load<T, V>(src + off + col);
                 const Pack<T, V> wp = load_operand<T, V>(w, nw == D, col, off + col, nw);
                 store<T, V>(y + off + col, rms_pack<T, MODE, V>(c, wp, r));

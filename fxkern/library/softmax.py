@@ -19,6 +19,7 @@ registers take an online max/sum pass and a second read.
 from __future__ import annotations
 
 import dataclasses
+import math
 import struct
 from collections.abc import Collection
 
@@ -267,14 +268,16 @@ struct MaskedRows {
                 return o;
             }
         }
+        // __fmul_rn/__fadd_rn: in float32 the rounding to T is no op, and x * scale + mask would contract
+        // into one fma, rounded once where eager rounds twice
         float f[V], g[V];
         to_floats(a, f);
 #pragma unroll
-        for (int j = 0; j < V; ++j) f[j] *= scale;
+        for (int j = 0; j < V; ++j) f[j] = __fmul_rn(f[j], scale);
         to_floats(from_floats<T, V>(f), f);  // rounded to T, as eager's multiplication stores it
         to_floats(m, g);
 #pragma unroll
-        for (int j = 0; j < V; ++j) f[j] += g[j];
+        for (int j = 0; j < V; ++j) f[j] = __fadd_rn(f[j], g[j]);
         return from_floats<T, V>(f);
     }
 };
@@ -405,13 +408,15 @@ __device__ __forceinline__ void softmax_rows(const In& in, int D, unsigned rows,
             write_row<T, V, NV>(c, live, D, G, t, y + xr.o, red + 2 * (p & 1));
         }
     } else {  // long rows: online max and sum, then a second read
+        // columns counted in 64 bits: a row may hold up to 2^31 - 1 elements, and an int column stepped
+        // past it wrapped below zero
         for (unsigned row = begin, p = 0; row < end; ++row, ++p) {
             const auto xr = in.row(row);
             // s: this thread's sum of exp(x - sh), sh its running max m, or 0 while every element it has
             // seen is -inf or NaN (fmaxf skips NaN: a NaN still reaches s, and makes the row NaN)
             float m = neg_inf(), s = 0.0f;
 #pragma unroll 2
-            for (int col = threadIdx.x * V; col < D; col += ROW_THREADS * V) {
+            for (long long col = threadIdx.x * V; col < D; col += ROW_THREADS * V) {
                 const Pack<T, V> c = in.template pack<V>(xr, col);
                 float pm = m;
 #pragma unroll
@@ -427,7 +432,7 @@ __device__ __forceinline__ void softmax_rows(const In& in, int D, unsigned rows,
             const float inv = __frcp_rn(group_sum(s, ROW_THREADS, red[1]));
             T* yr = y + xr.o;
 #pragma unroll 4
-            for (int col = threadIdx.x * V; col < D; col += ROW_THREADS * V) {
+            for (long long col = threadIdx.x * V; col < D; col += ROW_THREADS * V) {
                 const Pack<T, V> c = in.template pack<V>(xr, col);
                 Pack<T, V> o;
 #pragma unroll
@@ -554,13 +559,13 @@ _SMALL_ROWS = max(*SHORT_ROWS.values(), *(longest for _, longest, _ in NARROW_GR
 
 
 def _small_blocks(spec: KernelSpec, element_size: int, blocks: int, packs: int | None = None,
-                  threads: int | None = None) -> KernelSpec:
+                  threads: int | None = None, steps: int = 1) -> KernelSpec:
     """``spec`` for one element size in the small blocks (``SHORT_BLOCKS``; ``packs`` a thread and
     ``threads`` a block if given), ``blocks`` resident an SM (its launch bounds), a block per
-    register-full of elements."""
+    ``steps`` register-fulls of elements (softmax_rows takes them one after another)."""
     shipped_threads, shipped_packs = SHORT_BLOCKS[element_size]
     threads, packs = threads or shipped_threads, packs or shipped_packs
-    elements = threads * packs * 16 // element_size
+    elements = threads * packs * 16 // element_size * steps
     size = "F32" if element_size == 4 else "HALF"
     macros = "".join(f"#define {k} {v}\n" for k, v in
                      (("ROW_THREADS", threads), (f"FXK_ROW_PACKS_{size}", packs), (f"FXK_ROW_BLOCKS_{size}", blocks)))
@@ -573,7 +578,8 @@ def _small_blocks(spec: KernelSpec, element_size: int, blocks: int, packs: int |
 
 def _grids(spec: KernelSpec, blocks_short_32bit: int = 16, blocks_short: int = 32, blocks_f32: int | None = None,
            fetch_first: tuple[str, ...] = (), blocks_narrow: int | None = None,
-           narrow: Collection[str] = tuple(NARROW_GRIDS)) -> dict[str, KernelSpec]:
+           narrow: Collection[str] = tuple(NARROW_GRIDS), steps: dict[str, int] | None = None
+           ) -> dict[str, KernelSpec]:
     """The grids a softmax kernel runs in, by the suffix of their private ops' names.
 
     ``""``: ``spec``'s own, a 256-thread block per 16384 elements (TensorRT plugins carry it; a
@@ -587,7 +593,8 @@ def _grids(spec: KernelSpec, blocks_short_32bit: int = 16, blocks_short: int = 3
     values (``FXK_MASK_FETCH_FIRST``), by suffix. ``blocks_narrow``: adds the ``NARROW_GRIDS`` named in
     ``narrow``, small blocks of ``NARROW_PACKS`` packs a thread, as many threads an SM as that many
     one-warp blocks; ``"_short"`` is left out when they hold every 16-bit row it would take (``_grid``
-    never picks it then)."""
+    never picks it then). ``steps``: register-fulls a block of those grids takes, one after another, by
+    suffix (default 1)."""
     blocks = f"#define FXK_ROW_BLOCKS_F32 {blocks_f32}\n" if blocks_f32 else ""
     grids = {"": spec, "_32bit": dataclasses.replace(spec, geometry=Custom(row_geometry_8k),
                                                      kernel_source=blocks + spec.kernel_source),
@@ -600,7 +607,8 @@ def _grids(spec: KernelSpec, blocks_short_32bit: int = 16, blocks_short: int = 3
         if blocks_narrow * 32 % threads:
             raise ValueError(f"blocks_narrow = {blocks_narrow}: {suffix}'s {threads}-thread blocks cannot make "
                              f"{blocks_narrow * 32} threads an SM; give a multiple of {threads // 32}")
-        grid = _small_blocks(spec, size, blocks_narrow * 32 // threads, NARROW_PACKS, threads)
+        grid = _small_blocks(spec, size, blocks_narrow * 32 // threads, NARROW_PACKS, threads,
+                             (steps or {}).get(suffix, 1))
         # their rows of 2-4 warps reduce twice too, float32 ones included (FXK_TWO_REDUCTIONS 2 and _G),
         # at a barrier each: H200, 2026-11-26, 2048 keys: masked bfloat16 +2.9%, float32 +13.8%,
         # soft-capped float32 +11.7%, bfloat16 +4.4% (benchmarks/masked_tuning.py's "barriers too" and
@@ -613,12 +621,15 @@ def _grids(spec: KernelSpec, blocks_short_32bit: int = 16, blocks_short: int = 3
 
 
 # The masked kernel reads two tensors into registers: it runs half the blocks an SM, each thread with
-# twice the registers, and in the 16-bit small blocks fetches a row's scores and mask before it
-# makes their values (benchmarks/masked_tuning.py: 5-19% more bandwidth at 512 and 2048 keys than
-# the softmax's grids). Its 16-bit rows of up to 2048 all take NARROW_GRIDS, so blocks_short applies
-# only where those are left out (benchmarks/masked_tuning.py's variants).
-MASKED_TUNING = {"blocks_short_32bit": 8, "blocks_short": 16, "blocks_f32": 2, "fetch_first": ("_short", *NARROW_GRIDS),
-                 "blocks_narrow": 28}
+# twice the registers, and in the small blocks fetches a row's scores and mask before it makes their
+# values (benchmarks/masked_tuning.py: 5-19% more bandwidth at 512 and 2048 keys than the softmax's
+# grids). Its 16-bit rows of up to 2048 all take NARROW_GRIDS, so blocks_short applies only where those
+# are left out (benchmarks/masked_tuning.py's variants). The float32 small blocks fetch first since
+# their scores are rounded as eager rounds them (x * scale, then + mask, not one fma): with the values
+# made as loads arrived that cost 7.4% at 512 keys, fetched first nothing (H100, 2026-11-26 16:01 UTC,
+# 2868 GB/s against the fma's 2866, at Llama's 1 / sqrt(128) too).
+MASKED_TUNING = {"blocks_short_32bit": 8, "blocks_short": 16, "blocks_f32": 2,
+                 "fetch_first": ("_short", *NARROW_GRIDS, "_short_32bit"), "blocks_narrow": 28}
 
 
 SOFTMAX_GRIDS, SCALED_MASKED_GRIDS = _grids(SOFTMAX), _grids(SCALED_MASKED_SOFTMAX, **MASKED_TUNING)
@@ -699,12 +710,14 @@ def _compact(mask: torch.Tensor) -> torch.Tensor:
     return mask
 
 
-def _masked_on_cuda(impls):
-    """A masked op's CUDA implementation: the mask compacted, the grid picked per call (``_grid``)."""
+def _masked_on_cuda(impls, op: str):
+    """A masked op's CUDA implementation: the shapes checked (``op`` names it in the errors), the mask
+    compacted, the grid picked per call (``_grid``)."""
 
     narrow = tuple(suffix for suffix in impls if suffix in NARROW_GRIDS)
 
     def on_cuda(x, mask, *scalars):
+        _check_masked(x, mask, op)  # before _compact narrows a stride-0 axis that would not broadcast
         mask = _compact(mask)
         return impls[_grid(x, mask, narrow=narrow)](x, mask, *scalars)
 
@@ -714,8 +727,9 @@ def _masked_on_cuda(impls):
 def _divided_masked_on_cuda(scaled):
     def on_cuda(x, mask, divisor):
         # 1 / float32(divisor), rounded to float32 (a double's quotient rounds to the float32 one):
-        # the reciprocal PyTorch's CUDA division by a Python number multiplies by.
-        return scaled(x, mask, 1.0 / _f32(divisor))
+        # the reciprocal PyTorch's CUDA division by a Python number multiplies by (inf for a zero).
+        d = _f32(divisor)
+        return scaled(x, mask, 1.0 / d if d != 0 else math.copysign(math.inf, d))
 
     return on_cuda
 
@@ -801,18 +815,20 @@ def register(rules) -> None:
     for suffix, spec in SOFTCAPPED_MASKED_GRIDS.items():
         cuda_kernel_op(SOFTCAPPED_ROWS + suffix, spec, reference=softcapped_masked_softmax,
                        meta_fn=_masked_output("softcapped_masked_softmax"))
-    scaled_on_cuda = _masked_on_cuda({suffix: kernel_op(MASKED_ROWS + suffix).cuda_impl
-                                      for suffix in SCALED_MASKED_GRIDS})
+    scaled_impls = {suffix: kernel_op(MASKED_ROWS + suffix).cuda_impl for suffix in SCALED_MASKED_GRIDS}
     softcapped = cuda_kernel_op(f"{NAMESPACE}::softcapped_masked_softmax", SOFTCAPPED_MASKED_SOFTMAX,
                                 reference=softcapped_masked_softmax,
                                 meta_fn=_masked_output("softcapped_masked_softmax"),
                                 eager_fn=_masked_on_cuda({suffix: kernel_op(SOFTCAPPED_ROWS + suffix).cuda_impl
-                                                          for suffix in SOFTCAPPED_MASKED_GRIDS}))
+                                                          for suffix in SOFTCAPPED_MASKED_GRIDS},
+                                                         f"{NAMESPACE}::softcapped_masked_softmax"))
     scaled = cuda_kernel_op(f"{NAMESPACE}::scaled_masked_softmax", SCALED_MASKED_SOFTMAX, reference=scaled_masked_softmax,
-                            meta_fn=_masked_output("scaled_masked_softmax"), eager_fn=scaled_on_cuda)
+                            meta_fn=_masked_output("scaled_masked_softmax"),
+                            eager_fn=_masked_on_cuda(scaled_impls, f"{NAMESPACE}::scaled_masked_softmax"))
     divided = cuda_kernel_op(f"{NAMESPACE}::divided_masked_softmax", DIVIDED_MASKED_SOFTMAX,
                              reference=divided_masked_softmax, meta_fn=_masked_output("divided_masked_softmax"),
-                             eager_fn=_divided_masked_on_cuda(scaled_on_cuda))
+                             eager_fn=_divided_masked_on_cuda(
+                                 _masked_on_cuda(scaled_impls, f"{NAMESPACE}::divided_masked_softmax")))
     # Each float32 form computes its plain form's numbers (float32 arithmetic, one rounding): the same op.
     # The soft-capped forms first: a scaled, masked softmax matches inside them, capping as its scale.
     for pattern, op in ((softcapped_masked_softmax, softcapped), (softcapped_masked_softmax_float32, softcapped),
