@@ -522,6 +522,9 @@ VARIANTS: dict[str, dict] = {
     # 2799 against 2714 / 2819 / 2822 / 2767): rows of 512 slower, 16-bit rows of 2048 1-2% faster
     "4-pack blocks of 2 register-fulls": _variant(steps=dict.fromkeys(NARROW, 2)),
     "4-pack blocks of 4 register-fulls": _variant(steps=dict.fromkeys(NARROW, 4)),
+    # the 16-bit 2048-key blocks alone (64 threads, a row each) taking two rows: H100, 15:39-16:17 UTC, masked
+    # bfloat16 2048 keys +0.8% to +1.7% in five runs (16:16: 2865 against 2816), soft-capped +2.2% to +2.6% in four
+    # (2835 against 2764), the other columns level; not shipped until timed on an H200 (none was lent that afternoon)
     "16-bit 2048-key blocks of 2 register-fulls": _variant(steps={"_4packs_2048": 2}),
     "staged through shared memory, 3 stages, 4 warps a block": staged(),
     "staged through shared memory, 4 stages, 2 warps a block": staged(stages=4, threads=64),
