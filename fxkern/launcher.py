@@ -145,9 +145,11 @@ class KernelLauncher:
         return pack
 
     def __call__(self, function: Any, grid: Tuple[int, int, int], block: Tuple[int, int, int],
-                 shared_mem: int, stream: int, values: Sequence[Any], what: str) -> None:
+                 shared_mem: int, stream: int, values: Sequence[Any], what: str, device: int = -1) -> None:
+        """Launch ``function`` on ``stream`` of cuda:``device`` (its index: where the calling thread has
+        no CUDA context yet, the device's primary context is made current and the launch retried)."""
         if shared_mem and _shared_mem_allowed.get(int(function), 0) < shared_mem:
-            allow_shared_mem(function, shared_mem, what)
+            allow_shared_mem(function, shared_mem, what, device)
         pack = getattr(self._local, "pack", None) or self._buffers()
         self._struct.pack_into(pack[0], 0, *values)
         stream_obj = _streams.get(stream) or _stream(stream)
@@ -155,7 +157,34 @@ class KernelLauncher:
             function, grid[0], grid[1], grid[2], block[0], block[1], block[2], shared_mem, stream_obj, pack[1], 0
         )
         if err != _SUCCESS:
+            if bind_context(err, device):
+                (err,) = _cuLaunchKernel(
+                    function, grid[0], grid[1], grid[2], block[0], block[1], block[2], shared_mem, stream_obj, pack[1], 0
+                )
+                if err == _SUCCESS:
+                    return
             _check(err, f"launching {what} with grid {tuple(grid)} and block {tuple(block)}")
+
+
+def bind_context(err: Any, device: int) -> bool:
+    """After ``err`` from a driver call on cuda:``device``: where it is CUDA_ERROR_INVALID_CONTEXT and
+    the calling thread has no current context, make the device's primary context (torch's) current and
+    say so, for the caller to retry. A thread that has made no CUDA runtime call has none: a new Python
+    thread, or autograd's backward threads, whose first CUDA call may be an fxkern launch (the driver
+    API, unlike the runtime's, binds no context by itself). Not on the launch path: only after an error."""
+    driver = _driver()
+    if device < 0 or err != driver.CUresult.CUDA_ERROR_INVALID_CONTEXT:
+        return False
+    err, ctx = driver.cuCtxGetCurrent()
+    if err != driver.CUresult.CUDA_SUCCESS or int(ctx) != 0:
+        return False  # a context is current: the error was about something else
+    err, dev = driver.cuDeviceGet(device)
+    _check(err, f"cuDeviceGet({device})")
+    err, ctx = driver.cuDevicePrimaryCtxRetain(dev)  # held for the process, as torch holds it
+    _check(err, "cuDevicePrimaryCtxRetain")
+    (err,) = driver.cuCtxSetCurrent(ctx)
+    _check(err, "cuCtxSetCurrent")
+    return True
 
 
 # A block gets 48 KB of shared memory, static and dynamic together, without asking; more needs the
@@ -164,12 +193,14 @@ class KernelLauncher:
 _shared_mem_allowed: Dict[int, int] = {}
 
 
-def allow_shared_mem(function: Any, nbytes: int, what: str) -> None:
+def allow_shared_mem(function: Any, nbytes: int, what: str, device: int = -1) -> None:
     """Raise ``function``'s dynamic shared-memory limit to ``nbytes`` (once per function and size), or
-    say what the device allows."""
+    say what the device allows (cuda:``device``, whose context is made current where the thread has none)."""
     driver = _driver()
     attr = driver.CUfunction_attribute
     (err,) = driver.cuFuncSetAttribute(function, attr.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, nbytes)
+    if bind_context(err, device):
+        (err,) = driver.cuFuncSetAttribute(function, attr.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, nbytes)
     if err != driver.CUresult.CUDA_SUCCESS:
         _, static = driver.cuFuncGetAttribute(attr.CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES, function)
         _, dev = driver.cuCtxGetDevice()

@@ -420,9 +420,13 @@ def _cuda_impl(entry: KernelOp) -> Callable[..., Any]:
     entry_names = {d: plan.name_expression(d) for d in (dtypes or (None,))}
     compiled_by_arch: Dict[str, compiler.CompiledKernel] = {}
 
+    override = compiler.normalize_arch(entry.spec.arch_override) if entry.spec.arch_override else None
+
     def compiled_for(device_index: int) -> compiler.CompiledKernel:
         major, minor = torch.cuda.get_device_capability(device_index)
         arch = f"sm_{major}{minor}"
+        if override and override.rstrip("abcdefghijklmnopqrstuvwxyz") == arch:
+            arch = override  # the spec's arch-specific target (sm_90a: wgmma, setmaxnreg) on its own GPU
         if arch not in compiled_by_arch:
             compiled_by_arch[arch] = compile_plan(plan, entry.source, arch)
         return compiled_by_arch[arch]
@@ -538,9 +542,9 @@ def _cuda_impl(entry: KernelOp) -> Callable[..., Any]:
                 values.append(o.data_ptr())
             if launcher.current_device() != index:
                 with torch.cuda.device(index):
-                    launch(fn, grid, block, smem, launcher.current_stream_handle(index), values, op)
+                    launch(fn, grid, block, smem, launcher.current_stream_handle(index), values, op, index)
             else:
-                launch(fn, grid, block, smem, launcher.current_stream_handle(index), values, op)
+                launch(fn, grid, block, smem, launcher.current_stream_handle(index), values, op, index)
         return outs[0] if single else tuple(outs)
 
     cuda.launch, cuda.functions, cuda.lowered = launch, functions, lowered  # for profiling and tests

@@ -167,6 +167,47 @@ def test_runs_on_the_current_stream(ops):
     assert torch.all(y == 6.0)
 
 
+def test_launches_from_a_thread_with_no_cuda_context(ops):
+    """A new thread (a serving worker) and autograd's backward thread start with no current CUDA
+    context; an fxkern launch there may be the thread's first CUDA call, and cuLaunchKernel needs one.
+    Both failed with CUDA_ERROR_INVALID_CONTEXT before the launcher bound the device's primary context
+    (found by a review, 2026-11-26)."""
+    import threading
+
+    x = torch.randn(1000, device="cuda")
+    ops["scale"](x, 2.0)  # the module loaded and the call's signature known on the main thread
+    torch.cuda.synchronize()
+    block = torch.empty(1000, device="cuda")
+    del block  # a free block: the worker's output takes it with no runtime call
+    got = {}
+
+    def worker():
+        try:
+            got["y"] = ops["scale"](x, 3.0)
+        except Exception as e:  # reported below, with the thread's error
+            got["error"] = e
+
+    thread = threading.Thread(target=worker)
+    thread.start()
+    thread.join()
+    assert "error" not in got, got.get("error")
+    torch.testing.assert_close(got["y"], x * 3)
+
+    class Scaled(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, v):
+            return v * 1.0
+
+        @staticmethod
+        def backward(ctx, g):
+            return ops["scale"](g, 5.0)
+
+    v = torch.randn(1000, device="cuda", requires_grad=True)
+    g = torch.randn(1000, device="cuda")
+    Scaled.apply(v).backward(g)
+    torch.testing.assert_close(v.grad, g * 5)
+
+
 def test_cuda_graph_capture_and_replay(ops):
     static_x = torch.randn(4096, device="cuda")
     ops["sigmoid"](static_x)  # load the module outside capture
