@@ -141,24 +141,53 @@ def compile_source(
     )
     key = hashlib.sha256(key_material.encode()).hexdigest()
     directory = cache_dir()
-    directory.mkdir(parents=True, exist_ok=True)
     path = directory / f"{key}.json"
 
-    hit = _read_entry(path)
+    def compile_now() -> CompiledKernel:
+        t0 = time.perf_counter()
+        compiled = _nvrtc_compile(source, name_expressions, options, arch, filename)
+        _count("compiles")
+        log.info("fxkern: compiled %s for %s with NVRTC in %.1f s", filename, arch, time.perf_counter() - t0)
+        return compiled
+
+    # The cache is best-effort: a directory that cannot be made, read, locked or written (a read-only
+    # home in a container, a full disk) costs compiles, not the registration.
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        hit = _read_entry(path)
+        if hit is None:
+            lock = FileLock(str(path) + ".lock")
+            lock.acquire()
+    except OSError as exc:
+        _uncached(directory, exc)
+        return compile_now()
     if hit is not None:
         _count("hits")
         return hit
-    with FileLock(str(path) + ".lock"):
+    try:
         hit = _read_entry(path)  # another process may have compiled it meanwhile
         if hit is not None:
             _count("hits")
             return hit
-        t0 = time.perf_counter()
-        compiled = _nvrtc_compile(source, name_expressions, options, arch, filename)
-        _count("compiles")
-        _write_entry(path, compiled)
-        log.info("fxkern: compiled %s for %s with NVRTC in %.1f s", filename, arch, time.perf_counter() - t0)
+        compiled = compile_now()
+        try:
+            _write_entry(path, compiled)
+        except OSError as exc:
+            _uncached(directory, exc)
         return compiled
+    finally:
+        lock.release()
+
+
+_uncached_dirs: set = set()
+
+
+def _uncached(directory: Path, exc: OSError) -> None:
+    """Say once per directory that the kernel cache there cannot be used, and how to point it elsewhere."""
+    if directory not in _uncached_dirs:
+        _uncached_dirs.add(directory)
+        log.warning("fxkern: the kernel cache at %s cannot be used (%s); compiling without it. Set "
+                    "FXKERN_CACHE_DIR to a writable directory to keep compiled kernels between runs", directory, exc)
 
 
 def _count(what: str) -> None:

@@ -58,6 +58,19 @@ def test_cache_hit_skips_nvrtc(fresh_cache):
     assert compiler.stats["compiles"] == 2
 
 
+def test_an_unusable_cache_directory_costs_compiles_not_the_registration(fresh_cache, monkeypatch, caplog):
+    """A cache directory that cannot be made (here under a file; a read-only home in a container, a
+    full disk) is skipped with one warning that names FXKERN_CACHE_DIR: the kernel still compiles
+    (registration raised the OSError before, found by a review, 2026-11-26)."""
+    blocker = fresh_cache.parent / "a-file"
+    blocker.write_text("")
+    monkeypatch.setenv("FXKERN_CACHE_DIR", str(blocker / "cache"))
+    first = compiler.compile_source(ADD_SRC, ["add"])
+    again = compiler.compile_source(ADD_SRC, ["add"])
+    assert first.cubin and again.ptx == first.ptx and compiler.stats == {"compiles": 2, "hits": 0}
+    assert caplog.text.count("cannot be used") == 1 and "FXKERN_CACHE_DIR" in caplog.text
+
+
 def test_corrupt_entry_is_recompiled(fresh_cache, caplog):
     first = compiler.compile_source(ADD_SRC, ["add"])
     (entry,) = fresh_cache.glob("*.json")
