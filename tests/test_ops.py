@@ -251,3 +251,19 @@ def test_signatures_stay_bounded_when_shapes_never_repeat():
         assert seen.remember((n,), n) == n
         assert seen[(n,)] == n and len(seen) <= MAX_SIGNATURES
     assert len(seen) == 5
+
+
+def test_the_eager_path_compiles_an_arch_override_for_its_own_gpu(op_name, monkeypatch):
+    """A spec for sm_90a (wgmma, setmaxnreg) compiles for sm_90a at registration, and for its first
+    launch on an sm_90 GPU too: the launcher compiled for sm_90 from the device's capability, where
+    NVRTC refuses wgmma (found by a review, 2026-11-26). No GPU needed: the capability is the device's
+    answer, and the launcher's image is compiled without launching."""
+    src = r'''extern "C" __global__ void k90a(const float* x, int n, float* y) {
+      asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+      int i = blockIdx.x * blockDim.x + threadIdx.x; if (i < n) y[i] = x[i]; }'''
+    spec = KernelSpec(src, "k90a", inputs=[InputDecl("x")], outputs=[OutputDecl("y", SameAs("x"))],
+                      extras=[Numel("x")], geometry=Elementwise(), arch_override="sm_90a")
+    fxkern.cuda_kernel_op(op_name, spec)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index=None: (9, 0))
+    image = fxkern.kernel_op(op_name).cuda_impl.functions._image_for(0)
+    assert image[:4] == b"\x7fELF"  # a CUBIN, for sm_90a
