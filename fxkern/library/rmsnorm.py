@@ -549,7 +549,10 @@ def gemma_rmsnorm(x, weight, eps: float):
 
 def torch_rms_norm(x, weight, normalized_size: int, eps: float):
     """``torch.nn.RMSNorm(D, eps=...)`` / ``F.rms_norm(x, [D], weight, eps)`` (torchtitan, timm's fast
-    norm...): PyTorch computes Llama's numbers (float32, the normalised row rounded, then the weight)."""
+    norm...). The op runs Llama's numbers (float32, the normalised row rounded, then the weight). PyTorch
+    2.11's fused kernel rounds ``x * r * weight`` once, so in float16/bfloat16 a quarter of the op's
+    outputs are a unit in the last place from eager's (a review's probe, H100, 2026-11-26; float32 is
+    the same to the bit). A kernel of F.rms_norm's own numbers is not written yet."""
     return F.rms_norm(x, [normalized_size], weight, eps)
 
 
