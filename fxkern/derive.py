@@ -168,6 +168,9 @@ def plan_kernel(
             _check_dtype(d, "dtypes")
         if len(set(dtypes)) != len(dtypes):
             raise _fail("dtypes", f"lists a dtype twice: {dtypes}")
+        if all(d.dtype is not None for d in tensor_decls):
+            raise _fail("dtypes", "every tensor input pins its dtype, so no call picks one of these "
+                                  "instantiations; leave dtypes None, or unpin the input whose dtype varies")
 
     # outputs
     outputs = tuple(spec.outputs or ())
@@ -193,7 +196,11 @@ def plan_kernel(
             out_shapes.append(sym.Reduced(idx, dims, bool(rel.keepdim)))
         else:
             raise _fail(f"outputs[{j}].shape", f"expected SameAs or ReduceDims, got {rel!r}")
-        if o.dtype_from is None:
+        if o.dtype_from is None and all(d.dtype is not None for d in tensor_decls):
+            # no call dtype when every input pins its own: the output takes the dtype of the input
+            # whose shape it has (the CUDA path's empty_like did; the fake impl took input 0's)
+            out_dtype_from.append(out_shapes[-1].index)
+        elif o.dtype_from is None:
             out_dtype_from.append(None)
         else:
             out_dtype_from.append(_resolve_tensor(o.dtype_from, tensor_decls, f"outputs[{j}].dtype_from"))

@@ -20,6 +20,7 @@ import dataclasses
 import logging
 import os
 import re
+import types
 from dataclasses import dataclass, field
 from concurrent.futures import Future
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
@@ -265,11 +266,35 @@ def ptx_op(
 # ---- registration helpers ----------------------------------------------------
 
 
-def _fn_id(fn: Optional[Callable[..., Any]]) -> Any:
+def _fn_id(fn: Optional[Callable[..., Any]], depth: int = 0) -> Any:
+    """A function as compared for re-registration: its name, its code with the constants in it (``x * 2``
+    and ``x * 3`` differ only there), and what its closure holds (numbers, strings and functions, by
+    value; other objects by type), so that a changed block size or reference is not taken for the old one."""
     if fn is None:
         return None
     code = getattr(fn, "__code__", None)
-    return (getattr(fn, "__module__", None), getattr(fn, "__qualname__", repr(fn)), code.co_code if code else None)
+    cells = []
+    for cell in getattr(fn, "__closure__", None) or ():
+        try:
+            cells.append(_value_id(cell.cell_contents, depth))
+        except ValueError:  # an empty cell
+            cells.append(None)
+    return (getattr(fn, "__module__", None), getattr(fn, "__qualname__", repr(fn)),
+            _code_id(code) if code else None, tuple(cells))
+
+
+def _code_id(code: types.CodeType) -> Any:
+    return code.co_code, tuple(_code_id(c) if isinstance(c, types.CodeType) else c for c in code.co_consts)
+
+
+def _value_id(value: Any, depth: int) -> Any:
+    if value is None or isinstance(value, (bool, int, float, str, bytes)):
+        return value
+    if isinstance(value, tuple):
+        return tuple(_value_id(v, depth) for v in value)
+    if callable(value) and hasattr(value, "__code__"):
+        return _fn_id(value, depth + 1) if depth < 4 else getattr(value, "__qualname__", None)
+    return type(value).__qualname__
 
 
 def _spec_id(spec: KernelSpec) -> Any:

@@ -44,6 +44,27 @@ def test_registering_a_different_spec_under_the_name_is_an_error(op_name):
         fxkern.cuda_kernel_op(op_name, scale_spec(geometry=Elementwise(block=(128,))))
 
 
+def test_a_reference_or_geometry_differing_only_in_a_constant_is_a_different_spec(op_name):
+    """``x * 2`` and ``x * 3``, or a Custom geometry's block of 256 and of 128, differ only in their
+    code's constants or closures: re-registering with either is refused, where the bytecode alone
+    took them for the old op (found by a review, 2026-11-26). The same functions again are a no-op."""
+    from fxkern import Custom
+    from fxkern.symbolic import cdiv
+
+    def geometry(block):
+        return lambda inputs, outputs: ((cdiv(inputs[0].numel(), block),), (block,))
+
+    def spec(block):
+        return scale_spec(geometry=Custom(geometry(block)))
+
+    fxkern.cuda_kernel_op(op_name, spec(256), reference=lambda x, alpha: x * 2)
+    fxkern.cuda_kernel_op(op_name, spec(256), reference=lambda x, alpha: x * 2)  # the same: no error
+    with pytest.raises(RegistrationError, match="different spec"):
+        fxkern.cuda_kernel_op(op_name, spec(256), reference=lambda x, alpha: x * 3)
+    with pytest.raises(RegistrationError, match="different spec"):
+        fxkern.cuda_kernel_op(op_name, spec(128), reference=lambda x, alpha: x * 2)
+
+
 _FOREIGN = []  # kept alive: a collected Library leaves a stale op that breaks later decompositions
 
 
@@ -267,3 +288,31 @@ def test_the_eager_path_compiles_an_arch_override_for_its_own_gpu(op_name, monke
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index=None: (9, 0))
     image = fxkern.kernel_op(op_name).cuda_impl.functions._image_for(0)
     assert image[:4] == b"\x7fELF"  # a CUBIN, for sm_90a
+
+
+MASKED_SRC = r'''extern "C" __global__ void masked(const bool* m, const float* x, int n, float* y) {
+  int i = blockIdx.x * blockDim.x + threadIdx.x; if (i < n) y[i] = m[i] ? x[i] : 0.f; }'''
+
+
+def masked_spec(**kw):
+    return KernelSpec(MASKED_SRC, "masked", inputs=[InputDecl("m", dtype=torch.bool), InputDecl("x", dtype=torch.float32)],
+                      outputs=[OutputDecl("y", SameAs("x"))], extras=[Numel("x")], geometry=Elementwise(), **kw)
+
+
+def test_an_output_of_pinned_inputs_has_the_dtype_of_the_input_it_is_shaped_like(op_name):
+    """With every input's dtype pinned there is no call dtype: SameAs("x") gives x's dtype in the fake
+    impl (what export sees), the CPU path and the CUDA path alike (the fake impl took input 0's, bool,
+    and the CPU path raised; found by a review, 2026-11-26)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    op = fxkern.cuda_kernel_op(op_name, masked_spec(), reference=lambda m, x: torch.where(m, x, 0.0))
+    assert fxkern.kernel_op(op_name).plan.output_dtype_from == (1,)
+    with FakeTensorMode():
+        assert op(torch.empty(3, dtype=torch.bool), torch.empty(3)).dtype == torch.float32
+    assert torch.equal(op(torch.tensor([True, False]), torch.tensor([1.0, 2.0])), torch.tensor([1.0, 0.0]))
+
+
+def test_dtypes_with_every_input_pinned_are_refused_at_registration(op_name):
+    """No call could pick one of the instantiations (the first launch failed with KeyError: None)."""
+    with pytest.raises(SpecError, match="every tensor input pins its dtype"):
+        fxkern.cuda_kernel_op(op_name, masked_spec(dtypes=(torch.float32,)))
