@@ -491,17 +491,17 @@ VARIANTS: dict[str, dict] = {
     "two reductions in float32 rows too": _variant(edits=(
         ("#define FXK_TWO_REDUCTIONS 1", "#define FXK_TWO_REDUCTIONS 2"),)),
     # x * scale + mask as one fma in float32, where eager rounds the product first (the float path before
-    # 2026-11-26 16:30 UTC: the compiler contracted it; a review found it off eager by up to 5e-5 at large scores)
+    # 2026-11-26 16:03 UTC: the compiler contracted it; a review's probe found it up to 3.7e-5 off eager, H100)
     "float32 scores through one fma (shipped until 2026-11-26)": _variant(fetch_first=("_short", *NARROW), edits=(
         ("for (int j = 0; j < V; ++j) f[j] = __fmul_rn(f[j], scale);\n        to_floats(from_floats<T, V>(f), f);  // rounded",
          "for (int j = 0; j < V; ++j) f[j] *= scale;\n        to_floats(from_floats<T, V>(f), f);  // rounded"),
         ("for (int j = 0; j < V; ++j) f[j] = __fadd_rn(f[j], g[j]);\n        return from_floats<T, V>(f);\n    }\n};",
          "for (int j = 0; j < V; ++j) f[j] += g[j];\n        return from_floats<T, V>(f);\n    }\n};"))),
     # 2026-11-26 16:01 UTC, on an H100, GB/s at float32 512 keys, scale 0.125 / 1 / sqrt(128): the two roundings with
-    # the float32 small blocks fetching first 2868 / 2867 (shipped at 16:10 UTC), making values as loads arrive
+    # the float32 small blocks fetching first 2868 / 2867 (shipped at 16:03 UTC), making values as loads arrive
     # 2654 / 2653, one fma 2866 / 2865, one fma where the scale is a power of two 2826 / 2520; the other columns
     # level (the float32 2048-key blocks already fetched first: 2845 against the fma's 2858)
-    "float32 small blocks making values as loads arrive (shipped until 2026-11-26 16:10 UTC)": _variant(
+    "float32 small blocks making values as loads arrive (shipped until 2026-11-26 16:03 UTC)": _variant(
         fetch_first=("_short", *NARROW)),
     # the two roundings, but one fma where x * scale is exact (a scale that is a power of two, at most 1)
     "float32 scores through one fma where the scale is a power of two": _variant(edits=((

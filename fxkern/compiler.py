@@ -165,7 +165,11 @@ def compile_source(
         _count("hits")
         return hit
     try:
-        hit = _read_entry(path)  # another process may have compiled it meanwhile
+        try:
+            hit = _read_entry(path)  # another process may have compiled it meanwhile
+        except OSError as exc:  # written meanwhile by another user's process, unreadable to us
+            _uncached(directory, exc)
+            hit = None
         if hit is not None:
             _count("hits")
             return hit

@@ -284,16 +284,24 @@ def _fn_id(fn: Optional[Callable[..., Any]], depth: int = 0) -> Any:
 
 
 def _code_id(code: types.CodeType) -> Any:
-    return code.co_code, tuple(_code_id(c) if isinstance(c, types.CodeType) else c for c in code.co_consts)
+    """Bytecode, the names it loads (``torch.sin`` and ``torch.cos`` differ only there) and its constants."""
+    return code.co_code, code.co_names, tuple(_code_id(c) if isinstance(c, types.CodeType) else _value_id(c, 4)
+                                              for c in code.co_consts)
 
 
 def _value_id(value: Any, depth: int) -> Any:
+    if isinstance(value, float) and value != value:
+        return "nan"  # equal to itself here, unlike NaN
     if value is None or isinstance(value, (bool, int, float, str, bytes)):
         return value
     if isinstance(value, tuple):
         return tuple(_value_id(v, depth) for v in value)
+    if isinstance(value, (torch.dtype, torch.device)):
+        return repr(value)
     if callable(value) and hasattr(value, "__code__"):
         return _fn_id(value, depth + 1) if depth < 4 else getattr(value, "__qualname__", None)
+    if callable(value):  # a builtin (torch.mul), by its name
+        return getattr(value, "__module__", None), getattr(value, "__qualname__", type(value).__qualname__)
     return type(value).__qualname__
 
 

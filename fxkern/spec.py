@@ -130,7 +130,8 @@ InputSpec = Union[InputDecl, ScalarInput]
 
 @dataclass(frozen=True)
 class OutputDecl:
-    """An output tensor; its dtype is ``dtype_from``'s (a tensor input name) or the call's dtype."""
+    """An output tensor; its dtype is ``dtype_from``'s (a tensor input name) or the call's dtype (where
+    every tensor input pins its dtype, there is none: the dtype of the input the output is shaped like)."""
 
     name: str
     shape: ShapeRel

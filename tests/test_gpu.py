@@ -182,6 +182,9 @@ def test_launches_from_a_thread_with_no_cuda_context(ops):
     got = {}
 
     def worker():
+        from cuda.bindings import driver
+
+        got["context"] = int(driver.cuCtxGetCurrent()[1])  # none: the launch below is the thread's first
         try:
             got["y"] = ops["scale"](x, 3.0)
         except Exception as e:  # reported below, with the thread's error
@@ -190,6 +193,7 @@ def test_launches_from_a_thread_with_no_cuda_context(ops):
     thread = threading.Thread(target=worker)
     thread.start()
     thread.join()
+    assert got["context"] == 0, "the worker had a CUDA context already: the test no longer reaches the binding"
     assert "error" not in got, got.get("error")
     torch.testing.assert_close(got["y"], x * 3)
 

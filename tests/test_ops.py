@@ -63,6 +63,17 @@ def test_a_reference_or_geometry_differing_only_in_a_constant_is_a_different_spe
         fxkern.cuda_kernel_op(op_name, spec(256), reference=lambda x, alpha: x * 3)
     with pytest.raises(RegistrationError, match="different spec"):
         fxkern.cuda_kernel_op(op_name, spec(128), reference=lambda x, alpha: x * 2)
+    with pytest.raises(RegistrationError, match="different spec"):  # a name the code loads
+        fxkern.cuda_kernel_op(op_name, spec(256), reference=lambda x, alpha: torch.sin(x) * 2)
+
+    def filled(fill, fn=torch.mul):
+        return lambda x, alpha: fn(torch.nan_to_num(x, nan=fill), 2)
+
+    other = op_name + "_2"
+    fxkern.cuda_kernel_op(other, spec(256), reference=filled(float("nan")))
+    fxkern.cuda_kernel_op(other, spec(256), reference=filled(float("nan")))  # a fresh NaN is the same constant
+    with pytest.raises(RegistrationError, match="different spec"):  # a builtin in the closure, by name
+        fxkern.cuda_kernel_op(other, spec(256), reference=filled(float("nan"), torch.add))
 
 
 _FOREIGN = []  # kept alive: a collected Library leaves a stale op that breaks later decompositions
