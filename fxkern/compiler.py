@@ -111,6 +111,33 @@ def normalize_arch(arch: str) -> str:
     return f"sm_{a}"
 
 
+_QUOTED_INCLUDE = re.compile(r'^[ \t]*#[ \t]*include[ \t]*"([^"]+)"', re.M)
+
+
+def quoted_headers(source: str, include_paths: Sequence[str] = ()) -> List[Tuple[str, str]]:
+    """The user headers ``source`` includes with ``#include "..."`` (and they in turn), each as (path,
+    sha256 of its contents), found as NVRTC finds them: the including header's directory, the working
+    directory, then ``include_paths``. Part of the cache key, so an edited header is compiled again.
+    ``<...>`` headers (CUDA's, the toolkit's) are keyed by NVRTC's version instead; a header not found
+    is left to NVRTC's error."""
+    found: Dict[str, str] = {}
+    pending = [(name, None) for name in _QUOTED_INCLUDE.findall(source)]
+    while pending:
+        name, here = pending.pop()
+        for directory in ([here] if here else []) + [os.getcwd(), *include_paths]:
+            path = os.path.join(directory, name)
+            if os.path.isfile(path):
+                path = os.path.realpath(path)
+                if path not in found:
+                    with open(path, "rb") as f:
+                        data = f.read()
+                    found[path] = hashlib.sha256(data).hexdigest()
+                    text = data.decode("utf-8", "replace")
+                    pending += [(n, os.path.dirname(path)) for n in _QUOTED_INCLUDE.findall(text)]
+                break
+    return sorted(found.items())
+
+
 def compile_source(
     source: str,
     name_expressions: Sequence[str],
@@ -136,6 +163,7 @@ def compile_source(
             "options": options,
             "nvrtc": nvrtc_version(),
             "filename": filename,
+            "headers": quoted_headers(source, include_paths),
         },
         sort_keys=True,
     )

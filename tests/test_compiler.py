@@ -71,6 +71,23 @@ def test_an_unusable_cache_directory_costs_compiles_not_the_registration(fresh_c
     assert caplog.text.count("cannot be used") == 1 and "FXKERN_CACHE_DIR" in caplog.text
 
 
+def test_an_edited_header_is_compiled_again(fresh_cache, tmp_path):
+    """The cache key holds the contents of the headers a source includes in quotes (and theirs), so
+    editing one compiles the kernel again: the key had only the include paths, and an edited header
+    gave the stale binary (found by a review, 2026-11-26)."""
+    inc = tmp_path / "inc"
+    (inc / "sub").mkdir(parents=True)
+    (inc / "val.h").write_text('#include "sub/inner.h"\n')
+    src = '#include "val.h"\nextern "C" __global__ void k(float* y) { y[0] = VAL; }'
+    ptx = {}
+    for val in ("3.0f", "7.0f", "3.0f"):
+        (inc / "sub" / "inner.h").write_text(f"#define VAL {val}\n")  # a header the header includes
+        ptx.setdefault(val, []).append(compiler.compile_source(src, ["k"], include_paths=[str(inc)]).ptx)
+    assert compiler.stats == {"compiles": 2, "hits": 1}  # 3.0f, 7.0f, then 3.0f from the cache
+    assert ptx["3.0f"][0] == ptx["3.0f"][1] != ptx["7.0f"][0]
+    assert "1077936128" in ptx["3.0f"][0] and "1088421888" in ptx["7.0f"][0]  # 3.0f and 7.0f, stored as their bits
+
+
 def test_corrupt_entry_is_recompiled(fresh_cache, caplog):
     first = compiler.compile_source(ADD_SRC, ["add"])
     (entry,) = fresh_cache.glob("*.json")
