@@ -273,6 +273,8 @@ def plan_kernel(
     for e in spec.extras or ():
         axis = f", {e.axis}" if isinstance(e, DimSize) else ""
         params.append(Param("i32", "extra", f"extra {type(e).__name__}({e.input_name!r}{axis})"))
+    if schema is not None:
+        _check_schema(schema, inputs, n_outputs=len(outputs) or None)
     if not out_names and schema is not None:
         out_names = [f"out{j}" for j in range(_schema_outputs(schema))]
     for name in out_names:
@@ -316,6 +318,31 @@ def _schema_outputs(schema: str) -> int:
     if not all(str(r.type) == "Tensor" for r in parsed.returns):
         raise SpecError(f"schema {schema!r}: an fxkern op returns Tensors only")
     return len(parsed.returns)
+
+
+_SCHEMA_SCALARS = {float: "float", int: "int", bool: "bool"}
+
+
+def _check_schema(schema: str, inputs: Sequence[Any], n_outputs: Optional[int]) -> None:
+    """A ``schema=`` given with the spec: its arguments the spec's inputs in order (a Tensor for each
+    InputDecl, the ScalarInput's type for each scalar) and as many Tensors returned as the spec declares
+    outputs. A mismatch passed registration and export, then failed at launch with an IndexError."""
+    try:
+        parsed = torch._C.parse_schema(f"op{schema}")
+    except RuntimeError as exc:
+        raise SpecError(f"schema {schema!r} does not parse: {exc}") from exc
+    args = list(parsed.arguments)
+    if len(args) != len(inputs):
+        raise SpecError(f"schema {schema!r} has {len(args)} arguments, the spec {len(inputs)} inputs "
+                        f"({', '.join(d.name for d in inputs)}); give the schema one argument per input, in order")
+    for a, d in zip(args, inputs):
+        want = "Tensor" if isinstance(d, InputDecl) else _SCHEMA_SCALARS.get(d.py_type, "?")
+        if str(a.type) != want:
+            raise SpecError(f"schema {schema!r}: argument {a.name!r} is {a.type}, but the spec's input {d.name!r} "
+                            f"at that place is a {want}; match the schema to KernelSpec.inputs")
+    if n_outputs is not None and len(parsed.returns) != n_outputs:
+        raise SpecError(f"schema {schema!r} returns {len(parsed.returns)} tensors, the spec declares {n_outputs} "
+                        f"outputs; return one Tensor per OutputDecl")
 
 
 def _prod(values: Sequence[int]) -> int:

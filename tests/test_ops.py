@@ -327,3 +327,16 @@ def test_dtypes_with_every_input_pinned_are_refused_at_registration(op_name):
     """No call could pick one of the instantiations (the first launch failed with KeyError: None)."""
     with pytest.raises(SpecError, match="every tensor input pins its dtype"):
         fxkern.cuda_kernel_op(op_name, masked_spec(dtypes=(torch.float32,)))
+
+
+@pytest.mark.parametrize("schema, says", [
+    ("(Tensor x) -> Tensor", "has 1 arguments, the spec 2 inputs"),
+    ("(Tensor x, int alpha) -> Tensor", "argument 'alpha' is int, but the spec's input 'alpha' at that place is a float"),
+    ("(Tensor x, float alpha) -> (Tensor, Tensor)", "returns 2 tensors, the spec declares 1 outputs"),
+])
+def test_a_schema_unlike_the_spec_is_refused_at_registration(op_name, schema, says):
+    """A schema= must be the spec's inputs in order and return its outputs: one without `alpha` passed
+    registration and export, then failed at launch with an IndexError (found by a review, 2026-11-26)."""
+    with pytest.raises(SpecError, match=says.replace("(", r"\(").replace(")", r"\)")):
+        fxkern.cuda_kernel_op(op_name, scale_spec(), schema=schema)
+    assert fxkern.cuda_kernel_op(op_name, scale_spec(), schema="(Tensor x, float alpha) -> Tensor") is not None
