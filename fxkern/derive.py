@@ -159,6 +159,7 @@ def plan_kernel(
     if not tensor_decls:
         raise _fail("inputs", "declare at least one tensor InputDecl (shapes are derived from tensors)")
 
+    all_pinned = all(d.dtype is not None for d in tensor_decls)  # then no call has a dtype of its own
     dtypes = None
     if spec.dtypes is not None:
         dtypes = tuple(spec.dtypes)
@@ -168,7 +169,7 @@ def plan_kernel(
             _check_dtype(d, "dtypes")
         if len(set(dtypes)) != len(dtypes):
             raise _fail("dtypes", f"lists a dtype twice: {dtypes}")
-        if all(d.dtype is not None for d in tensor_decls):
+        if all_pinned:
             raise _fail("dtypes", "every tensor input pins its dtype, so no call picks one of these "
                                   "instantiations; leave dtypes None, or unpin the input whose dtype varies")
 
@@ -196,7 +197,7 @@ def plan_kernel(
             out_shapes.append(sym.Reduced(idx, dims, bool(rel.keepdim)))
         else:
             raise _fail(f"outputs[{j}].shape", f"expected SameAs or ReduceDims, got {rel!r}")
-        if o.dtype_from is None and all(d.dtype is not None for d in tensor_decls):
+        if o.dtype_from is None and all_pinned:
             # no call dtype when every input pins its own: the output takes the dtype of the input
             # whose shape it has (the CUDA path's empty_like did; the fake impl took input 0's)
             out_dtype_from.append(out_shapes[-1].index)
@@ -310,11 +311,15 @@ def plan_kernel(
     )
 
 
-def _schema_outputs(schema: str) -> int:
+def _parse_schema(schema: str) -> Any:
     try:
-        parsed = torch._C.parse_schema(f"op{schema}")
+        return torch._C.parse_schema(f"op{schema}")
     except RuntimeError as exc:
         raise SpecError(f"schema {schema!r} does not parse: {exc}") from exc
+
+
+def _schema_outputs(schema: str) -> int:
+    parsed = _parse_schema(schema)
     if not all(str(r.type) == "Tensor" for r in parsed.returns):
         raise SpecError(f"schema {schema!r}: an fxkern op returns Tensors only")
     return len(parsed.returns)
@@ -327,10 +332,7 @@ def _check_schema(schema: str, inputs: Sequence[Any], n_outputs: Optional[int]) 
     """A ``schema=`` given with the spec: its arguments the spec's inputs in order (a Tensor for each
     InputDecl, the ScalarInput's type for each scalar) and as many Tensors returned as the spec declares
     outputs. A mismatch passed registration and export, then failed at launch with an IndexError."""
-    try:
-        parsed = torch._C.parse_schema(f"op{schema}")
-    except RuntimeError as exc:
-        raise SpecError(f"schema {schema!r} does not parse: {exc}") from exc
+    parsed = _parse_schema(schema)
     args = list(parsed.arguments)
     if len(args) != len(inputs):
         raise SpecError(f"schema {schema!r} has {len(args)} arguments, the spec {len(inputs)} inputs "
