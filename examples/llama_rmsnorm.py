@@ -17,16 +17,18 @@ import sys
 import torch
 
 import fxkern
-from fxkern import DimSize, InputDecl, KernelSpec, OutputDecl, Reduction, SameAs, ScalarInput
+from fxkern import DimSize, InputDecl, KernelSpec, Numel, OutputDecl, Reduction, SameAs, ScalarInput
 
 RMSNORM_SRC = r"""
 template <typename T>
-__global__ void rmsnorm(const T* __restrict__ x, const T* __restrict__ w, float eps, int cols, T* __restrict__ y) {
+__global__ void rmsnorm(const T* __restrict__ x, const T* __restrict__ w, float eps, int cols, int w_numel,
+                        T* __restrict__ y) {
     __shared__ float partial[32];
     const T* row = x + (long long)blockIdx.x * cols;
     T* out = y + (long long)blockIdx.x * cols;
     float acc = 0.0f;
-    for (int c = threadIdx.x; c < cols; c += blockDim.x) {
+    // 64-bit column counters: c + blockDim.x must not wrap for rows near 2^31 elements
+    for (long long c = threadIdx.x; c < cols; c += blockDim.x) {
         float v = static_cast<float>(row[c]);
         acc += v * v;
     }
@@ -41,18 +43,20 @@ __global__ void rmsnorm(const T* __restrict__ x, const T* __restrict__ w, float 
     }
     __syncthreads();
     float r = partial[0];
-    for (int c = threadIdx.x; c < cols; c += blockDim.x) {
+    for (long long c = threadIdx.x; c < cols; c += blockDim.x) {
         T normed = static_cast<T>(static_cast<float>(row[c]) * r);   // hidden.to(input_dtype)
-        out[c] = static_cast<T>(static_cast<float>(w[c]) * static_cast<float>(normed));
+        // the weight is declared broadcast: (cols,) as Llama's, or any trailing-axes broadcast, (1,) included
+        float wc = static_cast<float>(w[w_numel == cols ? c : c % w_numel]);
+        out[c] = static_cast<T>(wc * static_cast<float>(normed));
     }
 }
 """
 
 RMSNORM = KernelSpec(
     RMSNORM_SRC, "rmsnorm",
-    inputs=[InputDecl("hidden_states"), InputDecl("weight"), ScalarInput("eps", float)],
+    inputs=[InputDecl("hidden_states"), InputDecl("weight", broadcast=True), ScalarInput("eps", float)],
     outputs=[OutputDecl("y", SameAs("hidden_states"))],
-    extras=[DimSize("hidden_states", -1)],
+    extras=[DimSize("hidden_states", -1), Numel("weight")],
     geometry=Reduction(reduce_dims=(-1,), block_size=256),
     dtypes=(torch.float32, torch.float16, torch.bfloat16),
 )

@@ -29,7 +29,7 @@ FLOATS = (torch.float32, torch.float16, torch.bfloat16)
 SIGMOID = r"""
 template <typename T>
 __global__ void sigmoid_kernel(const T* __restrict__ x, int n, T* __restrict__ y) {
-    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;  // 64-bit: no wrap near 2^31
     if (i < n) {
         float v = static_cast<float>(x[i]);
         y[i] = static_cast<T>(1.0f / (1.0f + expf(-v)));
@@ -40,22 +40,22 @@ __global__ void sigmoid_kernel(const T* __restrict__ x, int n, T* __restrict__ y
 ADD = r"""
 template <typename T>
 __global__ void add_kernel(const T* __restrict__ a, const T* __restrict__ b, int n, T* __restrict__ out) {
-    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;  // 64-bit: no wrap near 2^31
     if (i < n) out[i] = static_cast<T>(static_cast<float>(a[i]) + static_cast<float>(b[i]));
 }
 """
 
 SCALE = r"""
 extern "C" __global__ void scale_kernel(const float* __restrict__ x, float alpha, int n, float* __restrict__ y) {
-    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;  // 64-bit: no wrap near 2^31
     if (i < n) y[i] = x[i] * alpha;
 }
 """
 
 RELU_2D = r"""
 extern "C" __global__ void relu_2d(const float* __restrict__ x, int rows, int cols, float* __restrict__ y) {
-    int c = blockIdx.x * blockDim.x + threadIdx.x;
-    int r = blockIdx.y * blockDim.y + threadIdx.y;
+    long long c = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    long long r = (long long)blockIdx.y * blockDim.y + threadIdx.y;
     if (r < rows && c < cols) {
         long long i = ((long long)blockIdx.z * rows + r) * cols + c;
         y[i] = fmaxf(x[i], 0.0f);
@@ -69,7 +69,7 @@ __global__ void row_sum(const T* __restrict__ x, int cols, T* __restrict__ y) {
     __shared__ float partial[32];
     const T* row = x + (long long)blockIdx.x * cols;
     float acc = 0.0f;
-    for (int c = threadIdx.x; c < cols; c += blockDim.x) acc += static_cast<float>(row[c]);
+    for (long long c = threadIdx.x; c < cols; c += blockDim.x) acc += static_cast<float>(row[c]);
     for (int off = 16; off > 0; off >>= 1) acc += __shfl_down_sync(0xffffffffu, acc, off);
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     if (lane == 0) partial[warp] = acc;
@@ -84,14 +84,14 @@ __global__ void row_sum(const T* __restrict__ x, int cols, T* __restrict__ y) {
 
 REPEAT2 = r"""
 extern "C" __global__ void repeat2(const float* __restrict__ x, int n, float* __restrict__ y) {
-    int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < 2 * n) y[i] = x[i % n];
+    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;  // 64-bit: no wrap near 2^31
+    if (i < 2LL * n) y[i] = x[i % n];
 }
 """
 
 SIN_COS = r"""
 extern "C" __global__ void sin_cos(const float* __restrict__ x, int n, float* __restrict__ s, float* __restrict__ c) {
-    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;  // 64-bit: no wrap near 2^31
     if (i < n) sincosf(x[i], &s[i], &c[i]);
 }
 """

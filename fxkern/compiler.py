@@ -111,6 +111,20 @@ def normalize_arch(arch: str) -> str:
     return f"sm_{a}"
 
 
+def device_arch(override: Optional[str], major: int, minor: int) -> str:
+    """The arch to compile for a device of compute capability ``major.minor``: ``sm_<major><minor>``, or
+    the spec's normalised ``arch_override`` where it targets that device: an arch-specific target
+    (``sm_90a``: wgmma, setmaxnreg) on its own arch, a family target (``sm_100f``) on any arch of its
+    family (its major, a minor at least its own: sm_100f runs on sm_103)."""
+    arch = f"sm_{major}{minor}"
+    m = re.fullmatch(r"sm_(\d+)(\d)([a-z]?)", override or "")
+    if m:
+        o_major, o_minor, suffix = int(m[1]), int(m[2]), m[3]
+        if (o_major, o_minor) == (major, minor) or (suffix == "f" and o_major == major and o_minor <= minor):
+            return override
+    return arch
+
+
 _QUOTED_INCLUDE = re.compile(r'^[ \t]*#[ \t]*include[ \t]*"([^"]+)"', re.M)
 
 

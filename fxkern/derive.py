@@ -78,6 +78,8 @@ class KernelPlan:
     block: Optional[Tuple[int, int, int]]
     shared_mem: sym.Expr
     min_out_rank: int  # nd geometry needs this many output axes
+    # per tensor input, the axes the plan reads: (rank needed, what reads it), or None
+    input_ranks: Tuple[Optional[Tuple[int, str]], ...]
     elementwise: bool
     dtypes: Optional[Tuple[torch.dtype, ...]]
     params: Tuple[Param, ...]
@@ -293,6 +295,8 @@ def plan_kernel(
 
     return KernelPlan(
         spec=spec,
+        input_ranks=_input_ranks(len(tensor_decls), params, extras, grid, shared_mem, out_shapes if outputs else (),
+                                 _geometry_label(geom)),
         inputs=inputs,
         tensor_positions=tensor_positions,
         tensor_decls=tensor_decls,
@@ -345,6 +349,61 @@ def _check_schema(schema: str, inputs: Sequence[Any], n_outputs: Optional[int]) 
     if n_outputs is not None and len(parsed.returns) != n_outputs:
         raise SpecError(f"schema {schema!r} returns {len(parsed.returns)} tensors, the spec declares {n_outputs} "
                         f"outputs; return one Tensor per OutputDecl")
+
+
+def _rank_needed(axis: int) -> int:
+    return axis + 1 if axis >= 0 else -axis
+
+
+def _axes_read(expr: sym.Expr):
+    """``(kind, index, rank needed)`` for every axis an expression reads."""
+    if isinstance(expr, sym.Dim):
+        yield expr.kind, expr.index, _rank_needed(expr.axis)
+    elif isinstance(expr, sym.Prod):
+        for axis in expr.skip:
+            yield expr.kind, expr.index, _rank_needed(axis)
+    elif isinstance(expr, sym.BinOp):
+        yield from _axes_read(expr.lhs)
+        yield from _axes_read(expr.rhs)
+
+
+def _geometry_label(geom: Any) -> str:
+    if isinstance(geom, Elementwise) and geom.layout == "nd":
+        return f"the 'nd' launch, which tiles the output's last {len(tuple(geom.block))} axes,"
+    if isinstance(geom, Reduction):
+        return f"Reduction(reduce_dims={tuple(geom.reduce_dims) if isinstance(geom.reduce_dims, (tuple, list)) else geom.reduce_dims})"
+    return "the launch geometry"
+
+
+def _input_ranks(n_tensors: int, params: Sequence[Param], extras: Sequence[sym.Expr], grid: Any,
+                 shared_mem: sym.Expr, out_shapes: Sequence[sym.ShapeExpr],
+                 geometry: str) -> Tuple[Optional[Tuple[int, str]], ...]:
+    """The rank each tensor input needs for the axes the extras, output shapes and geometry read, with
+    what reads it, so that a call with too few axes (a 0-d tensor) is refused naming the input, where it
+    failed with an IndexError about "input 0". An output's axes are its input's (SameAs) or, for
+    ReduceDims, the reduced input's, so the geometry's reads of output axes count there too."""
+    need: list = [None] * n_tensors
+
+    def add(index: int, rank: int, what: str) -> None:
+        if need[index] is None or rank > need[index][0]:
+            need[index] = (rank, what)
+
+    for expr in (*(grid or ()), shared_mem):  # first: where several read as many axes, the geometry is named
+        for kind, index, rank in _axes_read(expr):
+            if kind == sym.INPUT:
+                add(index, rank, geometry)
+            elif index < len(out_shapes) and isinstance(out_shapes[index], (sym.ShapeOf, sym.Reduced)):
+                shape = out_shapes[index]
+                kept = 0 if isinstance(shape, sym.ShapeOf) or shape.keepdim else len(shape.dims)
+                add(shape.index, rank + kept, geometry)
+    extra_labels = [p.label for p in params if p.role == "extra"]
+    for expr, label in zip(extras, extra_labels):
+        for _, index, rank in _axes_read(expr):
+            add(index, rank, label)
+    for j, shape in enumerate(out_shapes):
+        if isinstance(shape, sym.Reduced):
+            add(shape.index, max(_rank_needed(a) for a in shape.dims), f"output {j}'s ReduceDims{shape.dims}")
+    return tuple(need)
 
 
 def _prod(values: Sequence[int]) -> int:

@@ -64,6 +64,8 @@ class KernelOp:
     fake_impl: Optional[Callable[..., Any]] = field(repr=False, default=None)
 
     compile_fn: Optional[Callable[[], compiler.CompiledKernel]] = field(repr=False, default=None)
+    # the kernel writes each output in the layout meta_fn gives it, not row-major
+    strided_outputs: bool = False
 
     @property
     def compiled(self) -> Optional[compiler.CompiledKernel]:
@@ -174,6 +176,7 @@ def cuda_kernel_op(
     schema: Optional[str] = None,
     reference: Optional[Callable[..., Any]] = None,
     supports_dynamic_shapes: bool = True,
+    strided_outputs: bool = False,
 ) -> torch._ops.OpOverloadPacket:
     """Register ``spec`` as the torch op ``op_name`` (``ns::name``) and return it.
 
@@ -181,9 +184,14 @@ def cuda_kernel_op(
     derived from the spec; ``reference`` is the op in PyTorch (its CPU impl
     and the oracle for checks). Registering the same name with an equal spec
     again returns the existing op.
+
+    The derived launch hands the kernel row-major outputs. Where ``meta_fn``
+    lays an output out otherwise, the result is copied into that layout,
+    unless ``strided_outputs=True`` says the kernel writes the layout itself.
     """
     ns, name = _split_name(op_name)
-    identity = (_spec_id(spec), schema, _fn_id(meta_fn), _fn_id(eager_fn), _fn_id(aot_fn), _fn_id(reference))
+    identity = (_spec_id(spec), schema, _fn_id(meta_fn), _fn_id(eager_fn), _fn_id(aot_fn), _fn_id(reference),
+                bool(strided_outputs))
     existing = _existing(op_name, identity)
     if existing is not None:
         return existing
@@ -200,6 +208,7 @@ def cuda_kernel_op(
         source=source,
         meta_fn=meta_fn, eager_fn=eager_fn, aot_fn=aot_fn, reference=reference,
         supports_dynamic_shapes=supports_dynamic_shapes, library=lib, identity=identity,
+        strided_outputs=bool(strided_outputs),
     )
     entry.cuda_impl = eager_fn if eager_fn is not None else _cuda_impl(entry)
     entry.fake_impl = meta_fn if meta_fn is not None else _fake_impl(entry)
@@ -361,6 +370,7 @@ def _fake_impl(entry: KernelOp) -> Callable[..., Any]:
     def fake(*args: Any) -> Any:
         tensors = [args[i] for i in positions]
         dtype = validate.call_dtype(op, plan, tensors)
+        validate.check_ranks(op, plan, tensors)
         env = ([t.shape for t in tensors], ())
         shapes = [f(env) for f in shape_fns]
         validate.check_shapes(op, plan, tensors, shapes[0])
@@ -456,10 +466,7 @@ def _cuda_impl(entry: KernelOp) -> Callable[..., Any]:
     override = compiler.normalize_arch(entry.spec.arch_override) if entry.spec.arch_override else None
 
     def compiled_for(device_index: int) -> compiler.CompiledKernel:
-        major, minor = torch.cuda.get_device_capability(device_index)
-        arch = f"sm_{major}{minor}"
-        if override and override.rstrip("abcdefghijklmnopqrstuvwxyz") == arch:
-            arch = override  # the spec's arch-specific target (sm_90a: wgmma, setmaxnreg) on its own GPU
+        arch = compiler.device_arch(override, *torch.cuda.get_device_capability(device_index))
         if arch not in compiled_by_arch:
             compiled_by_arch[arch] = compile_plan(plan, entry.source, arch)
         return compiled_by_arch[arch]
@@ -477,6 +484,7 @@ def _cuda_impl(entry: KernelOp) -> Callable[..., Any]:
     single = sum(p.role == "output" for p in plan.params) == 1
 
     launch = launcher.KernelLauncher(kinds)
+    strided_outputs, warned = entry.strided_outputs, []
     loaded: Dict[Tuple[int, Any], int] = {}
 
     def load(index: int, dtype: Optional[torch.dtype]) -> int:
@@ -515,11 +523,13 @@ def _cuda_impl(entry: KernelOp) -> Callable[..., Any]:
         if not ok:
             validate.check_devices(op, plan, tensors)
             dtype = validate.call_dtype(op, plan, tensors)
+            validate.check_ranks(op, plan, tensors)
         device = tensors[0].device
         copies = tuple(k for k, t in enumerate(tensors) if not t.is_contiguous())
         for k in copies:
             tensors[k] = tensors[k].contiguous()
         in_shapes = [t.shape for t in tensors]
+        relayout = ()
         if simple_outputs and ok:
             allocs = tuple(_like(i, None if src is None and dtype == tensors[i].dtype
                                  else dtype if src is None else tensors[src].dtype)
@@ -533,6 +543,17 @@ def _cuda_impl(entry: KernelOp) -> Callable[..., Any]:
                 outs = [torch.empty(s, dtype=d, device=device) for s, d in zip(shapes, out_dtypes)]
             else:
                 outs = list(_as_tuple(meta_fn(*args)))
+                if not strided_outputs:  # the kernel writes row-major; the result gets meta_fn's layout after
+                    relayout = tuple((k, tuple(o.shape), o.stride(), o.dtype) for k, o in enumerate(outs)
+                                     if not o.is_contiguous())
+                    if relayout and not warned:
+                        warned.append(True)
+                        log.warning("fxkern: %s: meta_fn lays out output %d with strides %s; the kernel writes "
+                                    "outputs row-major, so each such call copies its result into that layout "
+                                    "(register with strided_outputs=True if the kernel writes it itself)",
+                                    op, relayout[0][0], relayout[0][2])
+                    for k, shape, _, out_dtype in relayout:
+                        outs[k] = torch.empty(shape, dtype=out_dtype, device=device)
             allocs = tuple(_new(tuple(o.shape), o.stride(), o.dtype, device, o.is_contiguous()) for o in outs)
         env = (in_shapes, [o.shape for o in outs])
         grid = (grid_x(env), gy, gz) if grid_yz_const else (grid_x(env), grid_fns[1](env), grid_fns[2](env))
@@ -546,7 +567,7 @@ def _cuda_impl(entry: KernelOp) -> Callable[..., Any]:
         if grid[0] and grid[1] and grid[2]:  # an empty input launches nothing (and may size nothing)
             smem = smem_const if smem_const is not None else smem_fn(env)
             fn = loaded.get((index, dtype)) or load(index, dtype)
-        return (copies, allocs, fn, grid, smem, extras, index), outs
+        return (copies, allocs, fn, grid, smem, extras, index, relayout), outs
 
     def cuda(*args: Any) -> Any:
         tensors = list(args) if all_tensors else [args[i] for i in positions]
@@ -555,9 +576,9 @@ def _cuda_impl(entry: KernelOp) -> Callable[..., Any]:
         if known is None:
             known, outs = prepare(args, tensors)
             launches.remember(key, known)
-            copies, _, fn, grid, smem, extras, index = known
+            copies, _, fn, grid, smem, extras, index, relayout = known
         else:
-            copies, allocs, fn, grid, smem, extras, index = known
+            copies, allocs, fn, grid, smem, extras, index, relayout = known
             for k in copies:
                 tensors[k] = tensors[k].contiguous()
             outs = [alloc(tensors) for alloc in allocs]
@@ -578,6 +599,8 @@ def _cuda_impl(entry: KernelOp) -> Callable[..., Any]:
                     launch(fn, grid, block, smem, launcher.current_stream_handle(index), values, op, index)
             else:
                 launch(fn, grid, block, smem, launcher.current_stream_handle(index), values, op, index)
+        for k, shape, stride, out_dtype in relayout:
+            outs[k] = torch.empty_strided(shape, stride, dtype=out_dtype, device=outs[k].device).copy_(outs[k])
         return outs[0] if single else tuple(outs)
 
     cuda.launch, cuda.functions, cuda.lowered = launch, functions, lowered  # for profiling and tests

@@ -24,7 +24,7 @@ def fast_checker(plan: KernelPlan):
     """
     decl_dtypes = [d.dtype for d in plan.tensor_decls]
     allowed = frozenset(plan.dtypes or (torch.float32,))
-    same_shape = plan.elementwise
+    ranks = [0 if need is None else need[0] for need in plan.input_ranks]
     bcast = [d.broadcast for d in plan.tensor_decls]
     # the shape broadcast inputs are checked against: the first input that is not broadcast
     ref_index = next((k for k, b in enumerate(bcast) if not b), None)
@@ -40,14 +40,14 @@ def fast_checker(plan: KernelPlan):
             return False, None
         ref = tensors[ref_index].shape if ref_index is not None else shape
         dtype = None
-        for t, want, b in zip(tensors, decl_dtypes, bcast):
-            if t.device != device:
+        for t, want, b, rank in zip(tensors, decl_dtypes, bcast, ranks):
+            if t.device != device or len(t.shape) < rank:
                 return False, None
             if b:  # the common broadcast: exactly the trailing axes (leading 1s go the slow path)
                 k = len(t.shape)
                 if k > len(ref) or t.shape != ref[len(ref) - k:]:
                     return False, None
-            elif same_shape and t.shape != ref:
+            elif t.shape != ref:
                 return False, None
             if want is None:
                 if dtype is None:
@@ -125,8 +125,24 @@ def check_devices(op: str, plan: KernelPlan, tensors: Sequence[torch.Tensor]) ->
 
 
 
+def check_ranks(op: str, plan: KernelPlan, tensors: Sequence[torch.Tensor]) -> None:
+    """Each tensor input has the axes the spec's extras, output shapes and geometry read."""
+    for decl, t, need in zip(plan.tensor_decls, tensors, plan.input_ranks):
+        if need is not None and t.dim() < need[0]:
+            raise KernelInputError(
+                f"{op}: input {decl.name!r} has {_axes(t.dim())} (shape {tuple(t.shape)}), but {need[1]} reads "
+                f"{_axes(need[0])}; give it at least {_axes(need[0])} (a reshape adding leading 1s keeps its values)"
+            )
+
+
+def _axes(n: int) -> str:
+    return f"{n} axis" if n == 1 else f"{n} axes"
+
+
 def check_shapes(op: str, plan: KernelPlan, tensors: Sequence[torch.Tensor], out_shape0: Optional[Sequence[Any]]) -> None:
-    """Elementwise inputs must have output 0's shape; a broadcast input (any geometry) must be the
+    """Elementwise inputs must have output 0's shape; Reduction and Custom inputs the shape of the first
+    input that is not broadcast, as the kernel reads them alongside it (a kernel reading inputs of other
+    shapes gets a ``meta_fn``, which owns the checks); a broadcast input (any geometry) must be the
     trailing axes of the shape it is read against, leading 1s allowed.
 
     That is the broadcast a kernel can index from its sizes alone (``b[i % numel(b)]``); a
@@ -142,12 +158,13 @@ def check_shapes(op: str, plan: KernelPlan, tensors: Sequence[torch.Tensor], out
     if plan.elementwise:
         if out_shape0 is None:
             return
-        out, against = list(out_shape0), "the output shape"
+        out, against, ref_name = list(out_shape0), "the output shape", None
     else:
         ref = next((t for d, t in zip(plan.tensor_decls, tensors) if not d.broadcast), None)
         if ref is None:
             return
-        out, against = list(ref.shape), f"the shape of {next(d.name for d in plan.tensor_decls if not d.broadcast)!r}"
+        ref_name = repr(next(d.name for d in plan.tensor_decls if not d.broadcast))
+        out, against = list(ref.shape), f"the shape of {ref_name}"
     for decl, t in zip(plan.tensor_decls, tensors):
         shape = list(t.shape)
         if decl.broadcast:
@@ -160,13 +177,18 @@ def check_shapes(op: str, plan: KernelPlan, tensors: Sequence[torch.Tensor], out
                     f"to {against} {tuple(out)} as the kernel reads it: a broadcast input must equal the "
                     f"trailing axes (leading 1s allowed); expand it with .expand({tuple(out)}).contiguous()"
                 )
-        elif not plan.elementwise:
-            continue
         elif len(shape) != len(out) or not all(_eq(s, o) for s, o in zip(shape, out)):
+            if plan.elementwise:
+                raise KernelInputError(
+                    f"{op}: input {decl.name!r} has shape {tuple(shape)} but the output has shape "
+                    f"{tuple(out)}; an Elementwise kernel needs equal shapes (declare "
+                    f"InputDecl({decl.name!r}, broadcast=True) for an input it broadcasts)"
+                )
             raise KernelInputError(
-                f"{op}: input {decl.name!r} has shape {tuple(shape)} but the output has shape "
-                f"{tuple(out)}; an Elementwise kernel needs equal shapes (declare "
-                f"InputDecl({decl.name!r}, broadcast=True) for an input it broadcasts)"
+                f"{op}: input {decl.name!r} has shape {tuple(shape)} but {ref_name} has "
+                f"{tuple(out)}; the kernel reads its inputs alongside {ref_name}, so they "
+                f"need one shape: declare InputDecl({decl.name!r}, broadcast=True) for an operand it indexes by "
+                f"trailing axes (a (D,) weight), or give the op a meta_fn that checks the shapes its kernel reads"
             )
 
 

@@ -191,6 +191,21 @@ def test_arch_names():
         compiler.normalize_arch("hopper")
 
 
+@pytest.mark.parametrize("override, capability, arch", [
+    (None, (9, 0), "sm_90"),
+    ("sm_90a", (9, 0), "sm_90a"),     # arch-specific: its own arch only
+    ("sm_90a", (10, 0), "sm_100"),
+    ("sm_100a", (10, 3), "sm_103"),
+    ("sm_100f", (10, 3), "sm_100f"),  # family: sm_100f runs on sm_103 (found by a review: it compiled sm_103)
+    ("sm_100f", (10, 0), "sm_100f"),
+    ("sm_103f", (10, 0), "sm_100"),   # a family target above the device's minor does not run there
+    ("sm_100f", (12, 0), "sm_120"),
+    ("sm_80", (9, 0), "sm_90"),       # a plain arch of another GPU: the device's own
+])
+def test_the_arch_a_device_compiles_for(override, capability, arch):
+    assert compiler.device_arch(override, *capability) == arch
+
+
 def test_compile_leaves_interned_bytes_alone(fresh_cache):
     """NVRTC writes into the buffers fxkern hands it; they must never be CPython's shared
     one-byte object (an empty build log has size 1), or every b" " in the process changes."""

@@ -175,7 +175,7 @@ def test_fake_impl_checks_dtype_and_shape():
         (lambda o: o["scale"](torch.randn(3, dtype=torch.float16), 1.0), "convert the input, or add torch.float16 to KernelSpec.dtypes"),
         (lambda o: o["add"](torch.randn(3, 4), torch.randn(4, 3)), "an Elementwise kernel needs equal shapes"),
         (lambda o: o["add"](torch.randn(3, 4), torch.randn(4)), "declare InputDecl('b', broadcast=True)"),
-        (lambda o: o["relu_2d"](torch.randn(7)), "tiles the last 2 axes of the output, which has rank 1"),
+        (lambda o: o["relu_2d"](torch.randn(7)), "the 'nd' launch, which tiles the output's last 2 axes, reads 2 axes"),
     ],
 )
 def test_bad_calls_are_clear_errors(call, words):
@@ -226,6 +226,108 @@ def test_broadcast_input_checked_on_the_cuda_fast_path(op_name):
     for bad in (torch.randn(5, device="cuda"), torch.randn(4, 1, device="cuda")):
         with pytest.raises(KernelInputError, match="does not broadcast"):
             op(x, bad)
+
+
+ROWS_SRC = 'extern "C" __global__ void rows(const float* x, const float* r, int d, float* y) {}'
+
+
+def _rows_op(op_name, geometry, **kw):
+    """A row kernel reading x and r alongside it (a residual), r declared without broadcast."""
+    spec = KernelSpec(ROWS_SRC, "rows", inputs=[InputDecl("x"), InputDecl("r")], outputs=[OutputDecl("y", SameAs("x"))],
+                      extras=[fxkern.DimSize("x", -1)], geometry=geometry)
+    return fxkern.cuda_kernel_op(op_name, spec, reference=lambda x, r: x + r, **kw)
+
+
+ROW_GEOMETRIES = [fxkern.Reduction(reduce_dims=(-1,)),
+                  fxkern.Custom(lambda ins, outs: ((ins[0].numel((-1,)),), (128,)))]
+
+
+@pytest.mark.parametrize("geometry", ROW_GEOMETRIES, ids=["Reduction", "Custom"])
+def test_row_kernel_inputs_must_share_a_shape(op_name, geometry):
+    """The kernel reads r row by row with x: an r of another shape would be read out of bounds, so the
+    call is refused, on CPU, under fake tensors (export, compile) and on CUDA alike."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    op = _rows_op(op_name, geometry)
+    x = torch.randn(4, 6)
+    torch.testing.assert_close(op(x, x), x + x)
+    for bad in (torch.randn(6), torch.randn(4, 5), torch.randn(1, 4, 6)):
+        with pytest.raises(KernelInputError, match=r"input 'r' has shape .* but 'x' has \(4, 6\).*broadcast=True"):
+            op(x, bad)
+        with FakeTensorMode() as mode, pytest.raises(KernelInputError, match="need one shape"):
+            op(mode.from_tensor(x), mode.from_tensor(bad))
+
+
+def test_a_meta_fn_owns_the_shape_checks(op_name):
+    """A kernel reading inputs of unrelated shapes gives a meta_fn; fxkern then checks no shapes itself."""
+    op = _rows_op(op_name, ROW_GEOMETRIES[0], meta_fn=lambda x, r: x.new_empty(x.shape))
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        assert op(torch.empty(4, 6), torch.empty(3)).shape == (4, 6)
+
+
+@pytest.mark.parametrize("call, words", [
+    (lambda o: o["row_sum"](torch.tensor(1.0)), "input 'x' has 0 axes (shape ()), but Reduction(reduce_dims=(-1,)) reads 1 axis"),
+    (lambda o: o["relu_2d"](torch.tensor(1.0)), "the 'nd' launch, which tiles the output's last 2 axes, reads 2 axes"),
+])
+def test_too_few_axes_is_an_error_naming_the_input(call, words):
+    """A 0-d tensor failed with an IndexError about "input 0"; now the input and what reads it are named."""
+    with pytest.raises(KernelInputError) as info:
+        call(seven_cases.register_all())
+    assert words in str(info.value)
+
+
+def test_too_few_axes_for_an_extra_or_custom_geometry(op_name):
+    src = 'extern "C" __global__ void k(const float* x, const float* w, int d, float* y) {}'
+    spec = KernelSpec(src, "k", inputs=[InputDecl("x"), InputDecl("w", broadcast=True)],
+                      outputs=[OutputDecl("y", SameAs("x"))], extras=[fxkern.DimSize("w", -2)],
+                      geometry=fxkern.Custom(lambda ins, outs: ((ins[0][-3],), (32,))))
+    op = fxkern.cuda_kernel_op(op_name, spec, reference=lambda x, w: x * w)
+    with pytest.raises(KernelInputError, match=r"input 'x' has 2 axes .* the launch geometry reads 3 axes"):
+        op(torch.randn(4, 6), torch.randn(2, 6))
+    with pytest.raises(KernelInputError, match=r"input 'w' has 1 axis .* extra DimSize\('w', -2\) reads 2 axes"):
+        op(torch.randn(3, 4, 6), torch.randn(6))
+    assert op(torch.randn(3, 4, 6), torch.randn(1, 6)).shape == (3, 4, 6)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("geometry", ROW_GEOMETRIES, ids=["Reduction", "Custom"])
+def test_row_kernel_inputs_checked_on_the_cuda_fast_path(op_name, geometry):
+    op = _rows_op(op_name, geometry)
+    x = torch.randn(4, 6, device="cuda")
+    op(x, x)  # a good signature first: the next calls differ from it
+    for bad in (torch.randn(6, device="cuda"), torch.randn(4, 5, device="cuda"), torch.tensor(1.0, device="cuda")):
+        with pytest.raises(KernelInputError, match="input 'r' has"):
+            op(x, bad)
+    with pytest.raises(KernelInputError, match="input 'x' has 0 axes"):
+        op(torch.tensor(1.0, device="cuda"), torch.tensor(1.0, device="cuda"))
+    torch.cuda.synchronize()
+
+
+SIGMOID_FLAT = r"""
+extern "C" __global__ void sig(const float* x, int n, float* y) {
+    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) y[i] = 1.0f / (1.0f + expf(-x[i]));
+}
+"""
+
+
+@pytest.mark.gpu
+def test_a_meta_fn_layout_gets_the_values_of_a_row_major_kernel(op_name, caplog):
+    """``torch.empty_like(x)`` in a meta_fn keeps a permuted x's strides; the kernel writes row-major, so
+    the result is copied into that layout (it came back permuted), with one warning saying so."""
+    spec = KernelSpec(SIGMOID_FLAT, "sig", inputs=[InputDecl("x")], extras=[Numel("x")],
+                      geometry=fxkern.Custom(lambda ins, outs: ((fxkern.cdiv(ins[0].numel(), 256),), (256,))))
+    op = fxkern.cuda_kernel_op(op_name, spec, meta_fn=lambda x: torch.empty_like(x), schema="(Tensor x) -> Tensor")
+    x = torch.randn(300, 200, device="cuda").t()
+    with caplog.at_level("WARNING", logger="fxkern"):
+        for _ in range(3):  # the first call decides, the repeats take the remembered launch
+            y = op(x)
+            assert y.stride() == torch.empty_like(x).stride() == (1, 200)
+            torch.testing.assert_close(y, torch.sigmoid(x))
+    assert sum("copies its result into that layout" in r.getMessage() for r in caplog.records) == 1
+    torch.testing.assert_close(op(x.contiguous()), torch.sigmoid(x))  # contiguous: no copy, same values
 
 
 @pytest.mark.parametrize("name", ["sigmoid", "add", "scale", "row_sum", "sin_cos", "relu_2d"])

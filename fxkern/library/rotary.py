@@ -826,7 +826,7 @@ _PARTIAL_REPEAT_EXAMPLE = (torch.zeros(13, 5, 11, 90), *_KV_TABLES, 37, 74, 13, 
 def launchers(ops, reference, meta_fn, schema):
     """Registers private ops ((qualname, spec) each) of one schema and CPU reference; returns their launchers."""
     for qualname, spec in ops:
-        cuda_kernel_op(qualname, spec, reference=reference, meta_fn=meta_fn, schema=schema)
+        cuda_kernel_op(qualname, spec, reference=reference, meta_fn=meta_fn, schema=schema, strided_outputs=True)
     return tuple(kernel_op(qualname).cuda_impl for qualname, _ in ops)
 
 
