@@ -74,6 +74,9 @@ def cases():
     return [
         ("RMSNorm (Llama)", "rms_norm", rmsnorm.llama_rmsnorm,
          lambda dt: (t(rows, d, dtype=dt), t(d, dtype=dt), 1e-6)),
+        # nn.RMSNorm / F.rms_norm (torchtitan): eager runs PyTorch's fused kernel
+        ("F.rms_norm (nn.RMSNorm, torchtitan)", "torch_rms_norm", rmsnorm.torch_rms_norm,
+         lambda dt: (t(rows, d, dtype=dt), t(d, dtype=dt), d, 1e-6)),
         ("residual add + RMSNorm (Llama)", "add_rms_norm", rmsnorm.add_llama_rmsnorm,
          lambda dt: (t(rows, d, dtype=dt), t(rows, d, dtype=dt), t(d, dtype=dt), 1e-6)),
         ("residual add + LayerNorm (BERT, GPT-2)", "add_layer_norm", layernorm.add_layer_norm,

@@ -110,11 +110,12 @@ TWO_READ_DEFAULTS = TWO_READ[0].macros("#ifndef {k}\n#define {k} {v}\n#endif\n")
 NORM_MATH = r"""
 namespace fxk {
 
-enum { RMS_LLAMA = 0, RMS_GEMMA = 1 };
+enum { RMS_LLAMA = 0, RMS_GEMMA = 1, RMS_TORCH = 2 };
 
 // A pack of outputs from a pack of the row and of the weight, r = rsqrt(mean(x^2) + eps); 16-bit
 // values convert in pairs.
 //   Llama: weight * (x * r).to(input_dtype)       Gemma: ((x * r) * (1 + weight)).type_as(x)
+//   Torch (F.rms_norm): (x * r * weight) in float32, rounded to the dtype once
 template <typename T, int MODE, int V>
 __device__ __forceinline__ Pack<T, V> rms_pack(const Pack<T, V>& c, const Pack<T, V>& w, float r) {
     float x[V];
@@ -140,7 +141,7 @@ __device__ __forceinline__ Pack<T, V> rms_pack(const Pack<T, V>& c, const Pack<T
     for (int j = 0; j < V; ++j) x[j] *= r;
     if (MODE == RMS_LLAMA) to_floats(from_floats<T, V>(x), x);  // the cast to the input dtype
 #pragma unroll
-    for (int j = 0; j < V; ++j) x[j] = MODE == RMS_LLAMA ? wf[j] * x[j] : x[j] * (1.0f + wf[j]);
+    for (int j = 0; j < V; ++j) x[j] = MODE == RMS_GEMMA ? x[j] * (1.0f + wf[j]) : wf[j] * x[j];
     return from_floats<T, V>(x);
 }
 
@@ -387,6 +388,11 @@ __global__ void FXK_TWO_READ_BOUNDS rms_norm_two_read(const T* x, const T* weigh
     fxk::rmsnorm_two_read<T, fxk::RMS_LLAMA>(x, weight, eps, D, n, nw, y);
 }
 template <typename T>
+__global__ void FXK_TWO_READ_BOUNDS rms_norm_torch_two_read(const T* x, const T* weight, float eps, int D, int n,
+                                                            int nw, T* y) {
+    fxk::rmsnorm_two_read<T, fxk::RMS_TORCH>(x, weight, eps, D, n, nw, y);
+}
+template <typename T>
 __global__ void FXK_TWO_READ_BOUNDS gemma_rms_norm_two_read(const T* x, const T* weight, float eps, int D, int n,
                                                             int nw, T* y) {
     fxk::rmsnorm_two_read<T, fxk::RMS_GEMMA>(x, weight, eps, D, n, nw, y);
@@ -406,31 +412,42 @@ __global__ void FXK_RMS_BOUNDS gemma_rms_norm(const T* x, const T* weight, float
 template <typename T>
 __global__ void FXK_RMS_BOUNDS torch_rms_norm(const T* x, const T* weight, int normalized_size, float eps, int D,
                                               int n, int nw, T* y) {
-    fxk::rmsnorm<T, fxk::RMS_LLAMA, false>(x, nullptr, 0, weight, eps, D, n, nw, nullptr, y);
+    fxk::rmsnorm<T, fxk::RMS_TORCH, false>(x, nullptr, 0, weight, eps, D, n, nw, nullptr, y);
 }
 // eps=None: PyTorch takes float32's machine epsilon (its opmath type's) for every input dtype.
 template <typename T>
 __global__ void FXK_RMS_BOUNDS torch_rms_norm_default_eps(const T* x, const T* weight, int normalized_size, int D,
                                                           int n, int nw, T* y) {
-    fxk::rmsnorm<T, fxk::RMS_LLAMA, false>(x, nullptr, 0, weight, 1.1920928955078125e-07f, D, n, nw, nullptr, y);
+    fxk::rmsnorm<T, fxk::RMS_TORCH, false>(x, nullptr, 0, weight, 1.1920928955078125e-07f, D, n, nw, nullptr, y);
+}
+// torch_rms_norm's numbers in rms_norm's call (x, weight, eps), for the eager path's private op
+template <typename T>
+__global__ void FXK_RMS_BOUNDS rms_norm_torch(const T* x, const T* weight, float eps, int D, int n, int nw, T* y) {
+    fxk::rmsnorm<T, fxk::RMS_TORCH, false>(x, nullptr, 0, weight, eps, D, n, nw, nullptr, y);
 }
 template <typename T>
 __global__ void FXK_RMS_BOUNDS add_rms_norm(const T* x, const T* residual, const T* weight, float eps, int D, int n,
                                             int nr, int nw, T* y, T* h) {
     fxk::rmsnorm<T, fxk::RMS_LLAMA, true>(x, residual, nr, weight, eps, D, n, nw, h, y);
 }
-// x + residual, then F.rms_norm(.., [normalized_size], ...): add_rms_norm's numbers (the op checks
-// normalized_size before launch, as for torch_rms_norm).
+// x + residual, then F.rms_norm(.., [normalized_size], ...) (the op checks normalized_size before
+// launch, as for torch_rms_norm).
 template <typename T>
 __global__ void FXK_RMS_BOUNDS add_torch_rms_norm(const T* x, const T* residual, const T* weight, int normalized_size,
                                                   float eps, int D, int n, int nr, int nw, T* y, T* h) {
-    fxk::rmsnorm<T, fxk::RMS_LLAMA, true>(x, residual, nr, weight, eps, D, n, nw, h, y);
+    fxk::rmsnorm<T, fxk::RMS_TORCH, true>(x, residual, nr, weight, eps, D, n, nw, h, y);
 }
 template <typename T>
 __global__ void FXK_RMS_BOUNDS add_torch_rms_norm_default_eps(const T* x, const T* residual, const T* weight,
                                                               int normalized_size, int D, int n, int nr, int nw, T* y,
                                                               T* h) {
-    fxk::rmsnorm<T, fxk::RMS_LLAMA, true>(x, residual, nr, weight, 1.1920928955078125e-07f, D, n, nw, h, y);
+    fxk::rmsnorm<T, fxk::RMS_TORCH, true>(x, residual, nr, weight, 1.1920928955078125e-07f, D, n, nw, h, y);
+}
+// add_torch_rms_norm's numbers in add_rms_norm's call, for the eager path's private op
+template <typename T>
+__global__ void FXK_RMS_BOUNDS add_rms_norm_torch(const T* x, const T* residual, const T* weight, float eps, int D,
+                                                  int n, int nr, int nw, T* y, T* h) {
+    fxk::rmsnorm<T, fxk::RMS_TORCH, true>(x, residual, nr, weight, eps, D, n, nw, h, y);
 }
 template <typename T>
 __global__ void FXK_RMS_BOUNDS add_gemma_rms_norm(const T* x, const T* residual, const T* weight, float eps, int D,
@@ -488,6 +505,25 @@ def two_read_tuning(x: torch.Tensor, weight: torch.Tensor) -> TwoRead | None:
             or weight.numel() != d or not aligned_at_launch(x) or not aligned_at_launch(weight)):
         return None
     return tuning
+
+
+def _two_read_ops(name: str, x: str, reference) -> dict[TwoRead, str]:
+    """Registers the two-read kernel ``<name>_two_read`` once per tuning, a private op each; their names."""
+    ops = {}
+    for tuning in TWO_READ:
+        ops[tuning] = f"{NAMESPACE}::_{name}_two_read_{tuning.name}"
+        cuda_kernel_op(ops[tuning], _two_read_spec(f"{name}_two_read", x, tuning), reference=reference)
+    return ops
+
+
+def _rms_norm_torch(x, weight, eps: float):
+    """The torch forms' private ops in PyTorch (their CPU impl): F.rms_norm over the last axis."""
+    return F.rms_norm(x, [x.shape[-1]], weight, eps)
+
+
+def _add_rms_norm_torch(x, residual, weight, eps: float):
+    h = x + residual
+    return _rms_norm_torch(h, weight, eps), h
 
 
 def _pick_kernel(rows: str, two_read: dict[TwoRead, str]):
@@ -549,10 +585,10 @@ def gemma_rmsnorm(x, weight, eps: float):
 
 def torch_rms_norm(x, weight, normalized_size: int, eps: float):
     """``torch.nn.RMSNorm(D, eps=...)`` / ``F.rms_norm(x, [D], weight, eps)`` (torchtitan, timm's fast
-    norm...). The op runs Llama's numbers (float32, the normalised row rounded, then the weight). PyTorch
-    2.11's fused kernel rounds ``x * r * weight`` once, so in float16/bfloat16 a quarter of the op's
-    outputs are a unit in the last place from eager's (a review's probe, H100, 2026-11-26; float32 is
-    the same to the bit). A kernel of F.rms_norm's own numbers is not written yet."""
+    norm...). F.rms_norm rounds ``x * r * weight`` to the dtype once (its fused CUDA kernel and its CPU
+    kernel alike), where Llama's form rounds the normalised row first: in float16/bfloat16 a quarter of
+    the outputs differ by a unit in the last place. The op's kernels compute F.rms_norm's numbers
+    (RMS_TORCH)."""
     return F.rms_norm(x, [normalized_size], weight, eps)
 
 
@@ -569,18 +605,26 @@ def _check_row_length(op: str, x, normalized_size) -> None:
             f"{tuple(x.shape)}: the kernel normalises over the last axis only (F.rms_norm(x, [x.shape[-1]], ...))")
 
 
+# Private ops of F.rms_norm's numbers, registered in register(): the register-resident kernel, the op that
+# picks it or a two-read one by row length, and the add + norm kernel.
+TORCH_ROWS = f"{NAMESPACE}::_torch_rms_norm_rows"
+TORCH_NORM = f"{NAMESPACE}::_torch_rms_norm"
+ADD_TORCH_ROWS = f"{NAMESPACE}::_add_torch_rms_norm_rows"
+
+
 def _torch_rms_norm_on_cuda(x, weight, normalized_size, eps=FLOAT32_EPS):
-    """The op on CUDA: F.rms_norm's check, then the RMSNorm kernels."""
+    """The op on CUDA: F.rms_norm's check, then its kernels (register-resident or two-read, by row length).
+    Already inside an op, it runs their launcher directly, not through the dispatcher; x contiguous, for
+    aten.rms_norm's contiguous result."""
     _check_row_length("torch_rms_norm", x, normalized_size)
-    # Already inside an op: run rms_norm's CUDA implementation directly, not through the dispatcher;
-    # x contiguous, for aten.rms_norm's contiguous result (rms_norm's keeps a permuted x's layout).
-    return kernel_op(f"{NAMESPACE}::rms_norm").cuda_impl(x.contiguous(), weight, eps)
+    return kernel_op(TORCH_NORM).cuda_impl(x.contiguous(), weight, eps)
 
 
 def _add_torch_rms_norm_on_cuda(x, residual, weight, normalized_size, eps=FLOAT32_EPS):
-    """The op on CUDA: F.rms_norm's check, then the add + RMSNorm kernel."""
+    """The op on CUDA: F.rms_norm's check, then the add + RMSNorm kernel of F.rms_norm's numbers."""
     _check_row_length("add_torch_rms_norm", x, normalized_size)
-    return kernel_op(f"{NAMESPACE}::add_rms_norm").cuda_impl(x, residual, weight, eps)
+    return kernel_op(ADD_TORCH_ROWS).cuda_impl(x, residual, weight, eps)
+
 
 
 def add_llama_rmsnorm(x, residual, weight, eps: float):
@@ -655,15 +699,16 @@ def register(rules) -> None:
                                    ("rms_norm", "hidden_states", llama_rmsnorm, RMS_NORM)):
         rows = f"{NAMESPACE}::_{name}_rows"
         cuda_kernel_op(rows, spec, reference=pattern)
-        two_read = {}
-        for tuning in TWO_READ:
-            two_read[tuning] = f"{NAMESPACE}::_{name}_two_read_{tuning.name}"
-            cuda_kernel_op(two_read[tuning], _two_read_spec(f"{name}_two_read", x, tuning), reference=pattern)
         # x laid out as eager's ops leave it, read in place (Gemma 3 norms the queries and keys of
         # attention's (B, H, S, D) view of the projection), the result in x's layout as eager's
         plain[name] = cuda_kernel_op(f"{NAMESPACE}::{name}", spec, reference=pattern,
                                      meta_fn=keeps_row_layout(kernel_op(rows).fake_impl),
-                                     eager_fn=rows_in_place(_pick_kernel(rows, two_read)))
+                                     eager_fn=rows_in_place(_pick_kernel(rows, _two_read_ops(name, x, pattern))))
+    # F.rms_norm's numbers for the torch forms' eager path: the same kernels in RMS_TORCH
+    cuda_kernel_op(TORCH_ROWS, _spec("rms_norm_torch", "x"), reference=_rms_norm_torch)
+    cuda_kernel_op(TORCH_NORM, _spec("rms_norm_torch", "x"), reference=_rms_norm_torch,
+                   eager_fn=_pick_kernel(TORCH_ROWS, _two_read_ops("rms_norm_torch", "x", _rms_norm_torch)))
+    cuda_kernel_op(ADD_TORCH_ROWS, _add_spec("add_rms_norm_torch"), reference=_add_rms_norm_torch)
     add_rule(rules, gemma_rmsnorm, plain["gemma_rms_norm"], "gemma_rms_norm", filter=row_param("x", "weight"), irs=irs)
     llama = add_rule(rules, llama_rmsnorm, plain["rms_norm"], "rms_norm", filter=row_param("hidden_states", "weight"),
                      irs=irs)
