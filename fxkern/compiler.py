@@ -406,7 +406,12 @@ def _write_entry(path: Path, c: CompiledKernel) -> None:
 # ---- the signature check -------------------------------------------------------
 
 _ENTRY = re.compile(r"\.entry\s+([\w$]+)\s*\(([^)]*)\)", re.S)
-_PARAM = re.compile(r"\.param\s+(?:\.align\s+\d+\s+)?\.(\w+)\s+[\w$]+(?:\[(\d+)\])?")
+# A parameter: ``.param .u64 x``, ``.param .align 8 .b8 s[16]``, or with a pointer's attributes after the
+# type, as NVRTC writes them for sm_100 and later: ``.param .u64 .ptr .align 1 x`` (PTX ISA: .ptr
+# .space .align), which the signature check once skipped, refusing every Blackwell kernel.
+_PARAM = re.compile(r"\.param\s+(?:\.align\s+\d+\s+)?\.(\w+)"
+                    r"(?:\s+\.ptr(?:\s+\.(?:global|const|local|shared))?(?:\s+\.align\s+\d+)?)?"
+                    r"\s+[\w$]+(?:\[(\d+)\])?")
 _SIZES = {"u8": 1, "s8": 1, "b8": 1, "u16": 2, "s16": 2, "b16": 2, "f16": 2, "u32": 4, "s32": 4,
           "b32": 4, "f32": 4, "u64": 8, "s64": 8, "b64": 8, "f64": 8}
 

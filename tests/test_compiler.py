@@ -183,6 +183,18 @@ def test_signature_scalar_and_extra_types():
         compile_plan(plan, src, "sm_90")
 
 
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90a", "sm_100", "sm_100f", "sm_120"])
+def test_every_example_kernel_passes_the_signature_check_on_newer_archs(arch):
+    """NVRTC writes Blackwell's pointer parameters as ``.param .u64 .ptr .align 1 x``; the check read
+    past them and refused every kernel taking a pointer for sm_100 and later (found by a review)."""
+    seven_cases.register_all()
+    entries = [fxkern.kernel_op(f"{seven_cases.NS}::{case.name}") for case in seven_cases.CASES]
+    for entry in entries:
+        compiled = compile_plan(entry.plan, entry.source, arch)  # the signature check runs in here
+        params = compiler.ptx_entries(compiled.ptx)[compiled.entry(entry.plan.name_expressions()[0])]
+        assert len(params) == len(entry.plan.params), (entry.qualname, params)
+
+
 def test_arch_names():
     assert compiler.normalize_arch("90") == "sm_90"
     assert compiler.normalize_arch("compute_90a") == "sm_90a"
