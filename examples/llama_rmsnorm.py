@@ -45,8 +45,9 @@ __global__ void rmsnorm(const T* __restrict__ x, const T* __restrict__ w, float 
     float r = partial[0];
     for (long long c = threadIdx.x; c < cols; c += blockDim.x) {
         T normed = static_cast<T>(static_cast<float>(row[c]) * r);   // hidden.to(input_dtype)
-        // the weight is declared broadcast: (cols,) as Llama's, or any trailing-axes broadcast, (1,) included
-        float wc = static_cast<float>(w[w_numel == cols ? c : c % w_numel]);
+        // the weight is declared broadcast: (cols,) as Llama's, or any trailing-axes broadcast of x ((1,),
+        // (S, cols)...), read at x's flat index modulo its size
+        float wc = static_cast<float>(w[w_numel == cols ? c : ((long long)blockIdx.x * cols + c) % w_numel]);
         out[c] = static_cast<T>(wc * static_cast<float>(normed));
     }
 }

@@ -12,6 +12,7 @@ from typing import Any, List, Optional, Sequence
 import torch
 
 from fxkern.derive import INT32_MAX, KernelPlan
+from fxkern.symbolic import ShapeOf
 from fxkern.errors import KernelInputError
 
 
@@ -26,8 +27,14 @@ def fast_checker(plan: KernelPlan):
     allowed = frozenset(plan.dtypes or (torch.float32,))
     ranks = [0 if need is None else need[0] for need in plan.input_ranks]
     bcast = [d.broadcast for d in plan.tensor_decls]
-    # the shape broadcast inputs are checked against: the first input that is not broadcast
-    ref_index = next((k for k, b in enumerate(bcast) if not b), None)
+    # the shape inputs are checked against, as check_shapes takes it: an Elementwise kernel's output
+    # 0 (the input it has the shape of; without one, calls take the full checks), else the first
+    # input that is not broadcast
+    if plan.elementwise:
+        out0 = plan.output_shapes[0] if plan.output_shapes else None
+        ref_index = out0.index if isinstance(out0, ShapeOf) else -1
+    else:
+        ref_index = next((k for k, b in enumerate(bcast) if not b), None)
     min_rank = plan.min_out_rank
 
     def fast(tensors: Sequence[torch.Tensor]):
@@ -36,7 +43,7 @@ def fast_checker(plan: KernelPlan):
         if device.type != "cuda":
             return False, None
         shape = first.shape
-        if len(shape) < min_rank:
+        if len(shape) < min_rank or ref_index == -1:
             return False, None
         ref = tensors[ref_index].shape if ref_index is not None else shape
         dtype = None

@@ -305,6 +305,20 @@ def test_row_kernel_inputs_checked_on_the_cuda_fast_path(op_name, geometry):
     torch.cuda.synchronize()
 
 
+@pytest.mark.gpu
+def test_elementwise_inputs_are_checked_against_output_0_on_the_cuda_fast_path(op_name):
+    """Output 0 shaped like a broadcast input: the fast path compared the inputs with the first
+    non-broadcast one and let through calls the CPU and fake paths refuse (found by a review)."""
+    src = 'extern "C" __global__ void k(const float* a, const float* b, int n, float* y) {}'
+    spec = KernelSpec(src, "k", inputs=[InputDecl("a"), InputDecl("b", broadcast=True)],
+                      outputs=[OutputDecl("y", SameAs("b"))], extras=[Numel("b")], geometry=Elementwise())
+    op = fxkern.cuda_kernel_op(op_name, spec, reference=lambda a, b: a + b)
+    for device in ("cpu", "cuda"):
+        with pytest.raises(KernelInputError, match="input 'a' has shape"):
+            op(torch.randn(2, 3, 4, device=device), torch.randn(3, 4, device=device))
+    torch.cuda.synchronize()
+
+
 SIGMOID_FLAT = r"""
 extern "C" __global__ void sig(const float* x, int n, float* y) {
     long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
