@@ -54,6 +54,8 @@ def load_rules(ref: str | None, default: str = "library") -> Any:
     except ImportError as exc:
         raise CliError(f"--rules {ref!r}: cannot import module {module_name!r} ({exc}); "
                        f"is it installed, or on PYTHONPATH?") from None
+    except Exception as exc:  # noqa: BLE001  (the module's own code failed: a SyntaxError, a bad import time call)
+        raise CliError(f"--rules {ref!r}: importing {module_name!r} raised {type(exc).__name__}: {exc}") from None
     obj: Any = module
     for part in attr.split("."):
         if not hasattr(obj, part):
@@ -65,6 +67,8 @@ def load_rules(ref: str | None, default: str = "library") -> Any:
         except TypeError as exc:
             raise CliError(f"--rules {ref!r}: calling it without arguments failed ({exc}); "
                            f"name a RuleSet or a zero-argument function returning one") from None
+        except Exception as exc:  # noqa: BLE001  (the user's function failed)
+            raise CliError(f"--rules {ref!r}: calling it raised {type(exc).__name__}: {exc}") from None
     if not isinstance(obj, RuleSet):
         raise CliError(f"--rules {ref!r} is a {type(obj).__name__}, not a fxkern.RuleSet "
                        f"(nor a zero-argument callable returning one)")
@@ -95,8 +99,8 @@ def _explain(args: argparse.Namespace) -> int:
     for name in args.imports:
         try:
             importlib.import_module(name)
-        except ImportError as exc:
-            raise CliError(f"--import {name!r}: {exc}") from None
+        except Exception as exc:  # noqa: BLE001  (not found, or the module's own code failed)
+            raise CliError(f"--import {name!r}: {type(exc).__name__}: {exc}") from None
     rules = load_rules(args.rules, default="library+default")
     ep = load_program(path)
     report = fxkern.explain(ep, rules)
@@ -135,7 +139,8 @@ def load_program(path: str) -> Any:
             raise CliError(f"{path} calls {unresolved.group(1)}, which no module imported here registers; "
                            f"pass --import MODULE for the module that defines it") from None
         # torch's own exception says "see the warnings above"; the cause is the logged traceback's last line
-        causes = [ln for ln in logged.splitlines() if re.match(r"\w+(Error|Exception): ", ln)]
+        causes = [ln for ln in logged.splitlines() if re.match(r"[\w.]+(Error|Exception): ", ln)]  # dotted too:
+        # torch._export.serde.serialize.SerializeError: Serialized schema version ... does not match ...
         cause = causes[-1] if causes else f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0]}"
         raise CliError(f"{path}: cannot load it as an ExportedProgram saved by torch.export.save ({cause})") from None
     finally:

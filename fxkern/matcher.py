@@ -230,6 +230,9 @@ class Match:
     keep: Set[fx.Node]  # value-preserving edge ops that stay for their other users
     outputs: List[fx.Node]
     bindings: Dict[str, Any]
+    # copies (clones, same-dtype casts) the bindings read through, and kept ones: the op reads their
+    # sources where it runs, which is only the same while nothing writes in place in between
+    copies: List[fx.Node] = field(default_factory=list)
 
     @functools.cached_property
     def node_set(self) -> Set[fx.Node]:
@@ -245,7 +248,7 @@ class Failure:
 
 
 class _State:
-    __slots__ = ("p2g", "used", "bind", "absorbed", "depth", "fail", "prefs", "choices")
+    __slots__ = ("p2g", "used", "bind", "absorbed", "copies", "depth", "fail", "prefs", "choices")
 
     def __init__(self, prefs: Sequence[int] = ()):
         self.prefs = prefs  # preferred operand order at each commutative op, in visiting order
@@ -254,15 +257,17 @@ class _State:
         self.used: Set[fx.Node] = set()
         self.bind: Dict[str, Any] = {}
         self.absorbed: List[fx.Node] = []
+        self.copies: List[fx.Node] = []
         self.depth = 0
         self.fail: Tuple[int, Any, List[fx.Node]] = (-1, "", [])
 
     def snapshot(self):
-        return dict(self.p2g), set(self.used), dict(self.bind), len(self.absorbed)
+        return dict(self.p2g), set(self.used), dict(self.bind), len(self.absorbed), len(self.copies)
 
     def restore(self, snap):
         self.p2g, self.used, self.bind = snap[0], snap[1], snap[2]
         del self.absorbed[snap[3]:]
+        del self.copies[snap[4]:]
 
     def failed(self, reason: Any) -> bool:
         """Record why the walk stopped (a lambda: most candidates fail, few reasons are read)."""
@@ -359,7 +364,8 @@ class Matcher:
         preserving = self.noise(ALL_NOISE)
         keep = {st.p2g[i] for i in pattern.leaves if st.p2g[i] in preserving}
         nodes = [st.p2g[i] for i in range(len(pattern.nodes)) if st.p2g[i] not in keep] + st.absorbed
-        return Match(anchor, nodes, keep, [st.p2g[i] for i in pattern.outputs], dict(st.bind)), None
+        copies = st.copies + [k for k in keep if k.target not in VIEW_OPS]
+        return Match(anchor, nodes, keep, [st.p2g[i] for i in pattern.outputs], dict(st.bind), copies), None
 
     # -- the walk --
 
@@ -420,12 +426,13 @@ class Matcher:
             if not isinstance(ga, fx.Node):
                 return st.failed(lambda: f"{where.name!r} has the literal {ga!r} where the pattern has tensor {pa.name!r}")
             noise = self.noise(pat.policy)
-            target = self._skip(ga, noise)[0]
+            target, skipped = self._skip(ga, noise)
             bound = st.bind.get(pa.name)
-            if bound is None:
-                st.bind[pa.name] = target
-                return True
-            return bound is target or st.failed(lambda: f"parameter {pa.name!r} would be both {bound.name!r} and {target.name!r}")
+            if bound is not None and bound is not target:
+                return st.failed(lambda: f"parameter {pa.name!r} would be both {bound.name!r} and {target.name!r}")
+            st.bind[pa.name] = target
+            st.copies.extend(n for n in skipped if n.target not in VIEW_OPS)
+            return True
         if kind is Capture:
             ok = isinstance(ga, (int, float)) and not isinstance(ga, bool) and (pa.py_type is float or isinstance(ga, int))
             if not ok:

@@ -2,12 +2,17 @@
 
 The mark is the block's place in the source: entering the context records
 the file and the line span of the ``with`` statement (read with ``ast``).
-torch.export and dynamo keep each node's ``stack_trace``, so the nodes
-traced inside the block are found again in any exported or compiled graph
-without the user doing anything else. Under dynamo the context is skipped
-(frame inspection cannot be traced): the site is the one recorded when the
-block last ran outside the compiler, in eager or under torch.export. At run
-time the context does nothing.
+Under torch.export's default (non-strict) tracing, the block runs in Python
+and the nodes it traces are tagged with their run of the block
+(``node.meta["custom"]``, which decompositions keep): a region in a helper
+function, whose frame non-strict export leaves out of stack traces, is found
+as well as one in ``forward``. Elsewhere (dynamo graphs, strict export) the
+nodes are found by their ``stack_trace`` lines, each mapped to the top-level
+statement of the block holding it, so a call written over several lines is
+one piece. Under dynamo the context is skipped (frame inspection cannot be
+traced): the site is the one recorded when the block last ran outside the
+compiler, in eager or under torch.export. At run time the context does
+nothing.
 
 ``apply`` replaces every region it finds, whatever rule set it is given: the
 region's inputs (values made outside and used inside, in order of first use)
@@ -18,6 +23,9 @@ the op's tensor arguments and returns by position.
 from __future__ import annotations
 
 import ast
+import bisect
+import contextlib
+import itertools
 import linecache
 import logging
 import re
@@ -39,39 +47,74 @@ class RegionSite:
     first: int  # the `with` line
     last: int  # the block's last line
     op: Any
+    statements: Tuple[int, ...] = ()  # first line of each top-level statement of the block
+    uid: int = 0  # tells apart sites of one line with different targets (a module class used with several ops)
 
     @property
     def label(self) -> str:
         return f"region@{self.filename.rsplit('/', 1)[-1]}:{self.first}"
 
+    def statement(self, line: int) -> int:
+        """The index of the block's top-level statement holding ``line``."""
+        return max(bisect.bisect_right(self.statements, line) - 1, 0)
 
-_SITES: Dict[Tuple[str, int], RegionSite] = {}
+
+_SITES: Dict[Tuple[str, int, Any], RegionSite] = {}
+_RUNS = itertools.count()
+TAG = "fxkern_region"  # node.meta["custom"][TAG]: "<site uid>#<run>"
 
 
 def sites() -> List[RegionSite]:
     return list(_SITES.values())
 
 
-class region:
+def region(target: Any, *, name: Optional[str] = None, reference: Any = None) -> Any:
     """Mark the code inside the ``with`` block as one call of ``target`` (an op, or a KernelSpec
-    registered as ``fxkern::<name>``; ``reference`` becomes its CPU impl)."""
+    registered as ``fxkern::<name>``; ``reference`` becomes its CPU impl).
 
-    def __init__(self, target: Any, *, name: Optional[str] = None, reference: Any = None):
+    Under dynamo it is ``contextlib.nullcontext()``, which dynamo traces through, graph breaks
+    included (a context object of its own made dynamo skip the whole frame at a graph break inside
+    it; found by a review); the site is the one recorded when the block last ran outside dynamo."""
+    import torch
+
+    if not isinstance(target, (KernelSpec, torch._ops.OpOverloadPacket, torch._ops.OpOverload)):
+        raise SpecError(f"fxkern.region: the target must be a torch op (torch.ops.ns.name) or a KernelSpec, "
+                        f"not {target!r}")
+    if torch.compiler.is_dynamo_compiling():
+        return contextlib.nullcontext()
+    return _Region(target, name, reference)
+
+
+class _Region:
+    """The context ``region`` returns outside dynamo: records the site, and tags what a tracer traces."""
+
+    def __init__(self, target: Any, name: Optional[str], reference: Any):
         self.target, self.name, self.reference = target, name, reference
 
-    def __enter__(self) -> "region":
-        import torch
-
-        if torch.compiler.is_dynamo_compiling():  # the site was recorded when the block last ran outside dynamo
-            return self
+    def __enter__(self) -> "_Region":
         frame = sys._getframe(1)
         filename, line = frame.f_code.co_filename, frame.f_lineno
-        key = (filename, line)
-        if key not in _SITES:
-            _SITES[key] = RegionSite(filename, line, _block_end(filename, line), self._op(filename, line))
+        key = (filename, line, self.target if not isinstance(self.target, KernelSpec) else None)
+        site = _SITES.get(key)
+        if site is None:
+            last, statements = _block(filename, line)
+            site = _SITES[key] = RegionSite(filename, line, last, self._op(filename, line), statements, len(_SITES))
+        self._graph = _tracing_graph()
+        if self._graph is not None:
+            self._tag = f"{site.uid}#{next(_RUNS)}"
+            self._last = next(reversed(self._graph.nodes), None)
         return self
 
     def __exit__(self, *exc: Any) -> None:
+        graph = getattr(self, "_graph", None)
+        if graph is None:
+            return None
+        self._graph = None
+        for node in reversed(graph.nodes):  # the nodes this run of the block traced
+            if node is self._last:
+                break
+            if node.op == "call_function":
+                node.meta["custom"] = {**(node.meta.get("custom") or {}), TAG: self._tag}
         return None
 
     def _op(self, filename: str, line: int) -> Any:
@@ -83,16 +126,33 @@ class region:
         return self.target
 
 
-def _block_end(filename: str, line: int) -> int:
-    """Last line of the ``with`` statement that starts at ``line``."""
+def _tracing_graph() -> Optional[fx.Graph]:
+    """The graph torch.export's non-strict tracing is building, or None (eager, or no tracer)."""
+    try:
+        from torch.fx.experimental.proxy_tensor import get_proxy_mode
+    except ImportError:  # pragma: no cover - every supported torch has it
+        return None
+    mode = get_proxy_mode()
+    tracer = getattr(mode, "tracer", None)
+    return getattr(tracer, "graph", None)
+
+
+def _block(filename: str, line: int) -> Tuple[int, Tuple[int, ...]]:
+    """Last line of the ``with`` statement that starts at ``line``, and the first line of each
+    top-level statement of its body."""
     source = "".join(linecache.getlines(filename))
+    if not source:
+        raise SpecError(f"fxkern.region at {filename}:{line}: the source is not readable (code run through exec, "
+                        f"or a .pyc without its .py); the region is found by its place in the source")
     try:
         tree = ast.parse(source)
     except SyntaxError as exc:
         raise SpecError(f"fxkern.region at {filename}:{line}: cannot read the source ({exc})") from exc
     for node in ast.walk(tree):
-        if isinstance(node, (ast.With, ast.AsyncWith)) and node.lineno <= line < node.body[0].lineno:
-            return node.end_lineno
+        # the with's own lines, or its one line when the block is on it (`with fxkern.region(op): y = f(x)`)
+        if isinstance(node, (ast.With, ast.AsyncWith)) and node.lineno <= line and (
+                line < node.body[0].lineno or line == node.lineno == node.body[0].lineno):
+            return node.end_lineno, tuple(stmt.lineno for stmt in node.body)
     raise SpecError(f"fxkern.region at {filename}:{line}: use it as `with fxkern.region(...):`")
 
 
@@ -108,33 +168,67 @@ def _line_in_site(node: fx.Node, site: RegionSite) -> Optional[int]:
     return lines[-1] if lines else None
 
 
-def find(graph: fx.Graph) -> List[Tuple[RegionSite, List[fx.Node]]]:
-    """Each region instance in ``graph``: its site and its nodes in graph order.
+def find(graph: fx.Graph) -> List[Tuple[RegionSite, List[fx.Node], bool]]:
+    """Each region instance in ``graph``: its site, its nodes in graph order, and whether they are
+    exactly one run of the block (tagged while non-strict export traced it).
 
-    A site's nodes split into instances by the module that runs the block
-    (one instance per layer) and by data flow that goes forward in the
-    block's source: a value flowing from a later line to an earlier one
-    crosses from one run of the block to the next (a loop, or a helper
-    called twice in a row).
+    Without tags, a site's nodes split into instances by the module that runs
+    the block (one instance per layer) and by data flow between the block's
+    top-level statements: a value flowing from a later statement to an earlier
+    one crosses from one run of the block to the next (a loop, or a helper
+    called twice in a row). Pieces of one run that share no data (statements
+    of no common operand) are put back together in graph order.
     """
     found = []
+    tagged: Dict[str, List[fx.Node]] = {}
+    for n in graph.nodes:
+        tag = (n.meta.get("custom") or {}).get(TAG) if n.op == "call_function" else None
+        if isinstance(tag, str):
+            tagged.setdefault(tag, []).append(n)
     for site in sites():
-        lines: Dict[fx.Node, int] = {}
+        prefix = f"{site.uid}#"
+        runs = [nodes for tag, nodes in tagged.items() if tag.startswith(prefix)]
+        if runs:
+            found.extend((site, nodes, True) for nodes in runs)
+            continue
+        stmts: Dict[fx.Node, int] = {}
         for n in graph.nodes:
             if n.op == "call_function":
                 line = _line_in_site(n, site)
                 if line is not None:
-                    lines[n] = line
-        if not lines:
+                    stmts[n] = site.statement(line)
+        if not stmts:
             continue
-        paths = {n: tuple((n.meta.get("nn_module_stack") or {}).keys()) for n in lines}
+        paths = {n: tuple((n.meta.get("nn_module_stack") or {}).keys()) for n in stmts}
         owner_depth = min(len(p) for p in paths.values())  # calls into submodules stay in the region
         groups: Dict[Any, List[fx.Node]] = {}
-        for n in lines:
+        for n in stmts:
             groups.setdefault(paths[n][:owner_depth], []).append(n)
+        order = {n: i for i, n in enumerate(graph.nodes)}
         for members in groups.values():
-            found.extend((site, comp) for comp in _components(members, lines))
+            found.extend((site, run, False) for run in _runs(_components(members, stmts), stmts, order))
     return found
+
+
+def shares_its_line(site: RegionSite) -> bool:
+    """Whether another site is the same ``with`` line with another target: stack traces cannot tell
+    their nodes apart (the line took the first target it ran with; found by a review)."""
+    return any(other is not site and (other.filename, other.first) == (site.filename, site.first) for other in sites())
+
+
+def _runs(comps: List[List[fx.Node]], stmts: Dict[fx.Node, int], order: Dict[fx.Node, int]) -> List[List[fx.Node]]:
+    """Connected pieces joined into runs of the block, in graph order: a piece joins the run before it
+    while their statements differ (two statements sharing no data are one run in two pieces, which
+    would each be taken for the whole block); one repeating a statement starts a new run."""
+    runs: List[Tuple[set, List[fx.Node]]] = []
+    for comp in sorted(comps, key=lambda c: order[c[0]]):
+        covered = {stmts[n] for n in comp}
+        if runs and not (runs[-1][0] & covered):
+            runs[-1][0].update(covered)
+            runs[-1][1].extend(comp)
+        else:
+            runs.append((covered, list(comp)))
+    return [sorted(nodes, key=order.__getitem__) for _, nodes in runs]
 
 
 def repeated_run(nodes: List[fx.Node], site: RegionSite) -> Optional[fx.Node]:
@@ -150,7 +244,7 @@ def repeated_run(nodes: List[fx.Node], site: RegionSite) -> Optional[fx.Node]:
     return None
 
 
-def _components(nodes: List[fx.Node], lines: Dict[fx.Node, int]) -> List[List[fx.Node]]:
+def _components(nodes: List[fx.Node], stmts: Dict[fx.Node, int]) -> List[List[fx.Node]]:
     parent = {n: n for n in nodes}
 
     def root(n):
@@ -161,7 +255,7 @@ def _components(nodes: List[fx.Node], lines: Dict[fx.Node, int]) -> List[List[fx
 
     for n in nodes:
         for a in n.all_input_nodes:
-            if a in parent and lines[a] <= lines[n]:
+            if a in parent and stmts[a] <= stmts[n]:
                 parent[root(a)] = root(n)
     comps: Dict[fx.Node, List[fx.Node]] = {}
     for n in nodes:

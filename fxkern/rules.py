@@ -150,7 +150,7 @@ def replace(
         from fxkern.ops import cuda_kernel_op
 
         op_name = name if name and "::" in name else f"fxkern::{rule_name}"
-        op = cuda_kernel_op(op_name, target, reference=pattern)
+        op = cuda_kernel_op(op_name, target, reference=_reference(pattern, target))
     else:
         op = target
     overload = op.default if hasattr(op, "default") else op
@@ -178,6 +178,22 @@ def rule(target: Any, **options: Any) -> Callable[[Callable[..., Any]], Callable
         return pattern
 
     return register
+
+
+def _reference(pattern: Callable[..., Any], spec: KernelSpec) -> Callable[..., Any]:
+    """The pattern as its op's reference (the CPU impl), called in the op's argument order. A spec may
+    declare the pattern's parameters in another order: the rule maps them by name, and the reference
+    must too (it computed pattern(x=y, y=x) on CPU; found by a review)."""
+    names = tuple(d.name for d in spec.inputs or ())
+    pnames = tuple(p.name for p in patterns.pattern_params(pattern))
+    if names == pnames or sorted(names) != sorted(pnames):
+        return pattern
+
+    def reference(*args: Any) -> Any:
+        return pattern(**dict(zip(names, args)))
+
+    reference.__qualname__ = reference.__name__ = pattern.__name__
+    return reference
 
 
 def _map_params(pattern: Callable[..., Any], params: Sequence[patterns.Param], overload: Any) -> Tuple[str, ...]:

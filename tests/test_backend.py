@@ -202,3 +202,65 @@ def test_real_model_dynamic_shapes_with_captured_scalars():
             torch.testing.assert_close(compiled(ids, use_cache=False).logits, model(ids, use_cache=False).logits)
     assert counters["stats"]["unique_graphs"] == 1
     assert [len(r.matches) for r in be.reports] == [5]
+
+
+def test_the_cache_key_tells_apart_rules_that_differ_only_in_names_filters_or_kernels(monkeypatch):
+    """Inductor's FX graph cache is keyed by the pass's uuid, which holds this key: a pattern edited from
+    sin to cos (same bytecode, other names), a rule set differing only in its filter, and an op whose
+    spec changed (another process's kernel source) each get another key (the first two reused a cached
+    graph; found by a review)."""
+    from fxkern.backends.torch_compile import _rule_key
+    from fxkern.ops import kernel_op
+
+    def pattern(fn):
+        def pat(x, y):
+            return fn(x) * y
+        return pat
+
+    op = fxkern.cuda_kernel_op("fxkern_test::cache_key_op", spec_like(pattern(torch.sin)))
+
+    def key(fn, filter=None):
+        rs = RuleSet("k")
+        fxkern.replace(pattern(fn), op, rules=rs, filter=filter)
+        return _rule_key(list(rs))
+
+    base = key(torch.sin)
+    assert key(torch.sin) == base
+    assert len({base, key(torch.cos), key(torch.sin, filter=lambda m: False)}) == 3
+    monkeypatch.setattr(kernel_op("fxkern_test::cache_key_op"), "identity", ("another kernel source",))
+    assert key(torch.sin) != base
+
+
+@pytest.mark.parametrize("kwargs, words", [
+    (dict(rules="mine"), "rules must be a fxkern.RuleSet"),
+    (dict(rules=RuleSet), "rules must be a fxkern.RuleSet"),
+    (dict(inner="cudagraphs"), "inner='cudagraphs' is not supported"),
+    (dict(inner=3), "inner must be a backend name or a callable"),
+    (dict(report="yes"), "report must be a callable"),
+    (dict(mode="reduce-overhead"), "unknown option(s) ['mode']"),
+    (dict(config_patch={}), "unknown option(s) ['config_patch']"),
+])
+def test_bad_backend_arguments_are_refused_when_the_backend_is_made(kwargs, words):
+    """They surfaced at the first compile as AttributeError/TypeError inside BackendCompilerFailed, or
+    were ignored (a misspelt config_patches; found by a review)."""
+    with pytest.raises(fxkern.SpecError) as info:
+        fxkern.backend(**kwargs)
+    assert words in str(info.value)
+
+
+def test_inductor_rewrites_backward_graphs_too():
+    """The rules reach inductor's backward graphs (compiled after the forward's compile returned, where
+    a config.patch around it had ended; found by a review): g * cos(x) is sin's backward."""
+    def cos_mul(g, x):
+        return g * torch.cos(x)
+
+    rules = RuleSet("bwd")
+    fxkern.replace(cos_mul, spec_like(cos_mul), name="test_backend::cos_mul", rules=rules)
+    counts = []
+    be = fxkern.backend(rules, inner="inductor", report=lambda r: counts.append(len(r.matches)),
+                        config_patches={"fx_graph_cache": False})
+    x = torch.randn(16, requires_grad=True)
+    torch.compile(lambda t: torch.sin(t) * 2, backend=be)(x).sum().backward()
+    torch._dynamo.reset()
+    assert counts == [0, 1]
+    torch.testing.assert_close(x.grad, 2 * torch.cos(x))

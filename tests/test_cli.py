@@ -186,6 +186,17 @@ def test_explain_with_the_default_rules(saved_tiny):
     assert "replaceable" in proc.stdout
 
 
+def raising_rules():
+    raise RuntimeError("the rules need a GPU")
+
+
+@pytest.fixture
+def broken_module(tmp_path, monkeypatch):
+    """A --rules or --import module whose own code fails at import."""
+    (tmp_path / "cli_broken_module_xyz.py").write_text("RULES = 1 / 0\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+
+
 @pytest.mark.parametrize(
     ("rules", "message"),
     [
@@ -195,13 +206,21 @@ def test_explain_with_the_default_rules(saved_tiny):
         ("test_cli:ROOT", "is a PosixPath, not a fxkern.RuleSet"),
         ("test_cli:not_rules", "is a list, not a fxkern.RuleSet"),
         ("test_cli:swiglu", "calling it without arguments failed"),
+        ("test_cli:raising_rules", "calling it raised RuntimeError: the rules need a GPU"),  # was a traceback
+        ("cli_broken_module_xyz:RULES", "importing 'cli_broken_module_xyz' raised ZeroDivisionError"),
     ],
 )
-def test_explain_bad_rules_is_a_clear_error(saved_tiny, capsys, rules, message):
+def test_explain_bad_rules_is_a_clear_error(saved_tiny, capsys, rules, message, broken_module):
     assert cli.main(["explain", str(saved_tiny), "--rules", rules]) == 2
     err = capsys.readouterr().err
     assert err.startswith("fxkern explain: error: ") and message in err
     assert "Traceback" not in err
+
+
+def test_explain_import_that_fails_is_a_clear_error(saved_tiny, capsys, broken_module):
+    assert cli.main(["explain", str(saved_tiny), "--import", "cli_broken_module_xyz", "--rules", "test_cli:RULES"]) == 2
+    err = capsys.readouterr().err
+    assert "--import 'cli_broken_module_xyz': ZeroDivisionError" in err and "Traceback" not in err
 
 
 def test_explain_missing_or_bad_file(tmp_path, capsys):

@@ -95,18 +95,35 @@ def test_region_survives_dynamo_and_aot_autograd():
 
 
 class Looped(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.b = torch.nn.Parameter(torch.randn(8))
+
     def forward(self, x):
         for _ in range(2):
             with fxkern.region(GELU_BIAS):
-                x = F.gelu(x + 1.0, approximate="tanh")
+                x = F.gelu(x + self.b, approximate="tanh")
         return x
 
 
-def test_a_block_run_twice_in_a_chain_is_refused_not_merged():
+def test_a_block_run_twice_in_a_chain_is_one_op_call_a_run():
+    """torch.export's default tracing runs the block in Python: each run's nodes are tagged, so each
+    run becomes its own op call."""
+    model = Looped()
+    x = torch.randn(4, 8)
+    ep = torch.export.export(model, (x,))
+    new = fxkern.apply(ep, RuleSet("empty"))
+    assert count_target(new.graph_module, GELU_BIAS) == 2
+    torch.testing.assert_close(new.module()(x), model(x))
+
+
+def test_a_block_run_twice_in_a_chain_is_refused_not_merged_where_only_stack_traces_tell():
+    """Strict export (dynamo) leaves no tags: runs on one line cannot be told apart by stack traces,
+    so the instance is refused rather than merged."""
     model = Looped()
     x = torch.randn(4, 8)
     model(x)
-    ep = torch.export.export(model, (x,))
+    ep = torch.export.export(model, (x,), strict=True)
     report = fxkern.explain(ep, RuleSet("empty"))
     assert any("more than once" in nm.reason for nm in report.near_misses)
     torch.testing.assert_close(fxkern.apply(ep, RuleSet("empty")).module()(x), model(x))
@@ -147,3 +164,177 @@ def test_a_region_calling_a_submodule_stays_one_region():
     (rr,) = [r for name, r in report.rules.items() if name.startswith("region@")]
     assert not rr.matches  # four inputs (weight, x, bias, b) do not fit a two-argument op
     assert rr.candidates == 1 and "takes 2 arguments" in rr.near_misses[0].reason
+
+
+class MultiLine(torch.nn.Module):
+    """The block's one statement written over several lines, as black formats a long call."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(8, 8)
+        self.b = torch.nn.Parameter(torch.randn(8))
+
+    def forward(self, x):
+        h = self.lin(x)
+        with fxkern.region(GELU_BIAS):
+            y = F.gelu(
+                h + self.b,
+                approximate="tanh",
+            )
+        return y * 2
+
+
+def test_a_statement_over_several_lines_is_one_region():
+    """Its add is on a later line than the gelu that uses it: the block was cut in two there, the add
+    alone replaced by the op and GELU applied twice (found by a review). Strict export (stack traces)
+    and the default export (tags) alike."""
+    model = MultiLine()
+    x = torch.randn(4, 8)
+    model(x)
+    for strict in (False, True):
+        ep = torch.export.export(model, (x,), strict=strict)
+        new = fxkern.apply(ep, RuleSet("empty"), verify=True)
+        assert count_target(new, GELU_BIAS) == 1
+        assert not any(n.target == torch.ops.aten.gelu.default for n in new.graph.nodes)
+        torch.testing.assert_close(new.module()(x), model(x))
+
+
+def gelu_bias_helper(x, b):
+    with fxkern.region(GELU_BIAS):
+        y = F.gelu(x + b, approximate="tanh")
+    return y
+
+
+class ViaHelper(torch.nn.Module):
+    def forward(self, x, b):
+        return gelu_bias_helper(x, b) * 2
+
+
+def test_a_region_in_a_helper_function_is_found():
+    """torch.export's default tracing keeps only forward's frame in stack traces; the block's nodes
+    are tagged while it runs, so a region in a helper (transformers' eager_attention_forward) is found."""
+    x, b = torch.randn(4, 8), torch.randn(8)
+    ep = torch.export.export(ViaHelper(), (x, b))
+    new = fxkern.apply(ep, RuleSet("empty"), verify=True)
+    assert count_target(new, GELU_BIAS) == 1
+    torch.testing.assert_close(new.module()(x, b), ViaHelper()(x, b))
+    decomposed = fxkern.apply(ep.run_decompositions(), RuleSet("empty"))  # the tags survive decompositions
+    assert count_target(decomposed, GELU_BIAS) == 1
+
+
+def two_sums(x, b):
+    return x + b, x * b
+
+
+TWO_SUMS = fxkern.cuda_kernel_op("fxkern_test::region_two_sums", spec_like(two_sums, n_out=2), reference=two_sums)
+
+
+class Independent(torch.nn.Module):
+    """Two statements with no data between them: one run of the block in two pieces."""
+
+    def forward(self, x, b):
+        with fxkern.region(TWO_SUMS):
+            s = x + b
+            p = x * b
+        return s - p
+
+
+def test_statements_sharing_no_data_are_one_run():
+    x, b = torch.randn(4, 8), torch.randn(4, 8)
+    model = Independent()
+    model(x, b)
+    for strict in (False, True):
+        ep = torch.export.export(model, (x, b), strict=strict)
+        new = fxkern.apply(ep, RuleSet("empty"), verify=True)
+        assert count_target(new, TWO_SUMS) == 1, strict
+        torch.testing.assert_close(new.module()(x, b), model(x, b))
+
+
+def add_relu(x, b):
+    return torch.relu(x + b)
+
+
+ADD_RELU = fxkern.cuda_kernel_op("fxkern_test::region_add_relu", spec_like(add_relu), reference=add_relu)
+
+
+class ByTarget(torch.nn.Module):
+    """One ``with fxkern.region(self.op)`` line, run with the target its instance was built with."""
+
+    def __init__(self, op, fn):
+        super().__init__()
+        self.op, self.fn = op, fn
+        self.b = torch.nn.Parameter(torch.randn(8))
+
+    def forward(self, x):
+        with fxkern.region(self.op):
+            y = self.fn(x, self.b)
+        return y * 2
+
+
+class TwoTargets(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.g, self.r = ByTarget(GELU_BIAS, gelu_bias_ref), ByTarget(ADD_RELU, add_relu)
+
+    def forward(self, x):
+        return self.r(self.g(x))
+
+
+def test_one_region_line_with_two_targets_calls_each_its_own():
+    """The line took the first target it ran with for both blocks, GELU where the code had ReLU (found
+    by a review). The default export tags each run with its target; stack traces (strict export)
+    cannot tell the blocks apart, which is a near-miss."""
+    model, x = TwoTargets(), torch.randn(4, 8)
+    new = fxkern.apply(torch.export.export(model, (x,)), RuleSet("empty"), verify=True)
+    assert count_target(new, GELU_BIAS) == 1 and count_target(new, ADD_RELU) == 1
+    torch.testing.assert_close(new.module()(x), model(x))
+    strict = torch.export.export(model, (x,), strict=True)
+    report = fxkern.explain(strict, RuleSet("empty"))
+    assert not report.matches and any("several targets" in nm.reason for nm in report.near_misses)
+    torch.testing.assert_close(fxkern.apply(strict, RuleSet("empty")).module()(x), model(x))
+
+
+def test_a_bad_target_is_refused_where_the_region_is_written():
+    """A string or a function failed at apply time with AttributeError: '_schema' (found by a review)."""
+    import pytest
+
+    for bad in ("fxkern_test::region_gelu_bias", gelu_bias_ref):
+        with pytest.raises(fxkern.SpecError, match="must be a torch op"):
+            fxkern.region(bad)
+
+
+class OneLine(torch.nn.Module):
+    def forward(self, x, b):
+        with fxkern.region(GELU_BIAS): y = F.gelu(x + b, approximate="tanh")  # noqa: E701
+        return y * 2
+
+
+def test_a_one_line_region_is_read():
+    """`with fxkern.region(op): y = f(x)` was refused as not written as a with statement."""
+    x, b = torch.randn(4, 8), torch.randn(8)
+    new = fxkern.apply(torch.export.export(OneLine(), (x, b)), RuleSet("empty"), verify=True)
+    assert count_target(new, GELU_BIAS) == 1
+
+
+class Breaks(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.b = torch.nn.Parameter(torch.randn(8))
+
+    def forward(self, x):
+        with fxkern.region(GELU_BIAS):
+            y = F.gelu(x + self.b, approximate="tanh")
+            torch._dynamo.graph_break()
+        return y * 2
+
+
+def test_a_graph_break_inside_a_region_keeps_the_frame_compiled():
+    """Dynamo cannot break a graph inside a context object it does not know, so it ran the whole
+    forward in eager, silently; under dynamo the region is a nullcontext (found by a review)."""
+    model, x = Breaks(), torch.randn(4, 8)
+    model(x)  # records the site
+    be = fxkern.backend(RuleSet("empty"), inner="aot_eager")
+    with torch.no_grad():
+        torch.testing.assert_close(torch.compile(model, backend=be)(x), model(x))
+    torch._dynamo.reset()
+    assert any(m.rule.startswith("region@") for r in be.reports for m in r.matches)

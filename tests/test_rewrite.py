@@ -124,6 +124,108 @@ def test_noise_ops_inside_a_match(bgr):
     assert not any(n.target == torch.ops.aten.clone.default for n in new.graph.nodes)
 
 
+def test_a_copy_read_through_is_not_moved_past_an_in_place_write(bgr):
+    """A parameter bound through a clone reads the clone's source where the op runs: an in-place write
+    to either between the clone and the match would change what it reads, so the match is refused
+    (the op read the updated tensor, or lost the write to the clone; found by a review)."""
+    rs, rule = bgr
+
+    def saved_then_updated(x, b, r):
+        h = x * 1.5
+        saved = h.clone()
+        h.add_(100.0)
+        return F.gelu(saved + b, approximate="tanh") + r, h
+
+    def clone_then_masked(x, b, r):
+        h = (x * 1.5).clone()
+        h[:, 0] = 0.0
+        return F.gelu(h + b, approximate="tanh") + r
+
+    for fn in (saved_then_updated, clone_then_masked):
+        args = (torch.randn(4, 8), torch.randn(8), torch.randn(4, 8))
+        ep = export(Fn(fn), *args)
+        report = fxkern.explain(ep, rs)
+        assert any("in-place op" in nm.reason for nm in report.near_misses), (fn.__name__, report)
+        new = fxkern.apply(ep, rs)
+        run_both(ep, new, *[a.clone() for a in args])
+
+    def unwritten(x, b, r):  # the same clone with no write: still matched, the clone left out
+        return F.gelu((x * 1.5).clone() + b, approximate="tanh") + r
+
+    ep = export(Fn(unwritten), torch.randn(4, 8), torch.randn(8), torch.randn(4, 8))
+    assert count_target(fxkern.apply(ep, rs, verify=True), rule.op) == 1
+
+
+def test_an_in_place_write_before_a_later_output_refuses_a_multi_output_match():
+    """The anchor is the first output; a second output computed after an in-place write would be
+    computed before it by the op (found by a review)."""
+    def two(x, y):
+        return x * 2.0, x + y
+
+    rs = RuleSet("two")
+    rule = fxkern.replace(two, spec_like(two, n_out=2), rules=rs)
+
+    def fn(x, y):
+        h = x * 1.0
+        a = h * 2.0
+        h[0].add_(5.0)
+        return a, h + y
+
+    args = (torch.randn(4, 8), torch.randn(4, 8))
+    ep = export(Fn(fn), *args)
+    assert any("in-place op" in nm.reason for nm in fxkern.explain(ep, rs).near_misses)
+    new = fxkern.apply(ep, rs)
+    assert count_target(new, rule.op) == 0
+    run_both(ep, new, *args)
+
+
+def test_a_spec_may_declare_the_patterns_parameters_in_another_order():
+    """The rule maps arguments by name; the op's CPU reference (the pattern) is called by name too (it
+    computed pattern(x=y, y=x); found by a review)."""
+    def sub_scale(x, y):
+        return (x - y) * 2.0
+
+    src = 'extern "C" __global__ void ksub_yx(const float* y, const float* x, int n, float* out) {}'
+    spec = fxkern.KernelSpec(src, "ksub_yx", inputs=[fxkern.InputDecl("y"), fxkern.InputDecl("x")],
+                             outputs=[fxkern.OutputDecl("out", fxkern.SameAs("x"))], extras=[fxkern.Numel("x")],
+                             geometry=fxkern.Elementwise())
+    rs = RuleSet("yx")
+    rule = fxkern.replace(sub_scale, spec, rules=rs, name="fxkern_test::sub_scale_yx")
+    x, y = torch.randn(4, 8), torch.randn(4, 8)
+    torch.testing.assert_close(rule.op(y, x), (x - y) * 2.0)
+    ep = export(Fn(lambda x, y: (x - y) * 2.0), x, y)
+    new = fxkern.apply(ep, rs, verify=True)
+    assert count_target(new, rule.op) == 1
+    run_both(ep, new, x, y)
+
+
+def test_a_match_inside_a_no_grad_or_autocast_block_is_reported(bgr):
+    """torch.export keeps such blocks as higher-order ops over a submodule; fxkern does not rewrite
+    inside them, and said nothing about it (found by a review). After run_decompositions() they are
+    inlined and the rule applies."""
+    rs, rule = bgr
+
+    class NoGrad(torch.nn.Module):
+        def forward(self, x, b, r):
+            with torch.no_grad():
+                y = F.gelu(x + b, approximate="tanh") + r
+            return y * 2
+
+    class Autocast(torch.nn.Module):
+        def forward(self, x, b, r):
+            with torch.autocast("cpu", enabled=False):
+                y = F.gelu(x + b, approximate="tanh") + r
+            return y * 2
+
+    args = (torch.randn(4, 8), torch.randn(8), torch.randn(4, 8))
+    for model in (NoGrad(), Autocast()):
+        ep = torch.export.export(model, args)
+        report = fxkern.explain(ep, rs)
+        assert not report.matches
+        assert any("higher-order op" in nm.reason and "run_decompositions" in nm.reason for nm in report.near_misses)
+        assert count_target(fxkern.apply(ep.run_decompositions(), rs, verify=True), rule.op) == 1
+
+
 def test_casts_are_not_noise_by_default_but_can_be():
     def gelu_res(x, r):
         return F.gelu(x) + r

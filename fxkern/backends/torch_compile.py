@@ -32,21 +32,31 @@ from typing import Any, Callable, List, Optional, Sequence, Union
 
 import torch.fx as fx
 
+from fxkern.errors import SpecError
 from fxkern.rewrite import Report, rewrite_graph
 from fxkern.rules import Rule, RuleSet, default_rules
 
 log = logging.getLogger("fxkern")
 
+INNER_NAMES = ("inductor", "aot_eager", "eager", "tensorrt", "torch_tensorrt")
 _SOURCES = sorted(str(p) for p in Path(__file__).resolve().parents[1].rglob("*.py"))
 
 
 def _rule_key(rules: Sequence[Rule]) -> str:
-    """What decides the rewrite: rule order and names, pattern code, target ops, options."""
+    """What decides the rewrite: rule order and names, options, the pattern and the filter as
+    re-registration compares functions (code, the names it loads, constants, closures), and the
+    target op with its schema and, for an fxkern op, its spec. Bytecode alone let a pattern edited
+    from sin to cos, or a rule set differing only in its filter, reuse a cached graph (found by a
+    review)."""
+    from fxkern.ops import _REGISTRY, _fn_id
+
     h = hashlib.sha256()
     for r in rules:
-        code = getattr(r.pattern, "__code__", None)
-        h.update(repr((r.name, str(r.overload), r.priority, sorted(r.noise), r.arg_params,
-                       code.co_code if code else None, code.co_consts if code else None)).encode())
+        schema = getattr(r.overload, "_schema", None)
+        entry = _REGISTRY.get(schema.name) if schema is not None else None
+        op = (str(r.overload), str(schema), entry.identity if entry is not None else None)
+        h.update(repr((r.name, r.priority, sorted(r.noise), r.arg_params, r.irs, _fn_id(r.pattern), _fn_id(r.filter),
+                       op)).encode())
     return h.hexdigest()
 
 
@@ -125,11 +135,13 @@ class FxkernBackend:
     def _compile(self, gm: fx.GraphModule, example_inputs: List[Any]) -> Callable[..., Any]:
         inner = self.inner
         if inner == "inductor":
-            from torch._inductor import config
             from torch._inductor.compile_fx import compile_fx
 
-            with config.patch(post_grad_custom_pre_pass=_Pass(self)):
-                return compile_fx(gm, example_inputs, config_patches=self.options.get("config_patches"))
+            # through config_patches, which compile_fx applies to each graph's compile, the backward's
+            # too: a config.patch around this call has ended by the time inductor compiles the
+            # backward, whose graphs went without the rules (found by a review)
+            patches = {**(self.options.get("config_patches") or {}), "post_grad_custom_pre_pass": _Pass(self)}
+            return compile_fx(gm, example_inputs, config_patches=patches)
         if inner in ("tensorrt", "torch_tensorrt"):
             return self._compile_tensorrt(gm, example_inputs)
         from torch._dynamo.backends.common import aot_autograd
@@ -137,15 +149,8 @@ class FxkernBackend:
         if inner in ("eager", "aot_eager"):
             def finish(g: fx.GraphModule, ex: List[Any]) -> Callable[..., Any]:
                 return g.forward
-        elif callable(inner):
+        else:  # a callable: backend() checked the name
             finish = inner
-        elif isinstance(inner, str):
-            raise ValueError(
-                f"fxkern.backend: inner={inner!r} is not supported; use 'inductor', 'aot_eager', 'eager', "
-                f"'tensorrt' or a callable (gm, example_inputs) -> callable"
-            )
-        else:
-            raise TypeError(f"fxkern.backend: inner must be a backend name or a callable, not {type(inner).__name__}")
 
         from torch._functorch.aot_autograd import make_boxed_func
 
@@ -178,7 +183,23 @@ def backend(rules: Union[RuleSet, Sequence[Rule], None] = None, inner: Any = "in
             report: Optional[Callable[[Report], None]] = None, **options: Any) -> FxkernBackend:
     """A torch.compile backend that applies ``rules`` (default: the default rule set, read at
     each compile) and then compiles with ``inner``. ``report(r)`` is called with the
-    :class:`~fxkern.Report` of every graph rewritten; ``backend.reports`` keeps them too."""
+    :class:`~fxkern.Report` of every graph rewritten; ``backend.reports`` keeps them too.
+    ``options``: ``config_patches`` and ``decompositions`` (inductor), ``options`` (Torch-TensorRT).
+    Arguments are checked here, not at the first compile, where dynamo would wrap the error."""
+    if rules is not None and not isinstance(rules, RuleSet) and not (
+            isinstance(rules, (list, tuple)) and all(isinstance(r, Rule) for r in rules)):
+        raise SpecError(f"fxkern.backend: rules must be a fxkern.RuleSet or a list of Rules, not {rules!r}")
+    if isinstance(inner, str) and inner not in INNER_NAMES:
+        raise SpecError(f"fxkern.backend: inner={inner!r} is not supported; use one of {', '.join(map(repr, INNER_NAMES))} "
+                        f"or a callable (gm, example_inputs) -> callable")
+    if not isinstance(inner, str) and not callable(inner):
+        raise SpecError(f"fxkern.backend: inner must be a backend name or a callable, not {type(inner).__name__}")
+    if report is not None and not callable(report):
+        raise SpecError(f"fxkern.backend: report must be a callable taking a fxkern.Report, not {report!r}")
+    unknown = sorted(set(options) - {"config_patches", "decompositions", "options"})
+    if unknown:
+        raise SpecError(f"fxkern.backend: unknown option(s) {unknown}; it takes config_patches=, decompositions= "
+                        f"(inductor) and options= (Torch-TensorRT)")
     return FxkernBackend(rules, inner, report, options)
 
 
