@@ -102,7 +102,7 @@ class _Region:
         self._graph = _tracing_graph()
         if self._graph is not None:
             self._tag = f"{site.uid}#{next(_RUNS)}"
-            self._last = next(reversed(self._graph.nodes), None)
+            self._last = next(iter(reversed(self._graph.nodes)), None)  # torch 2.11: an iterable, not an iterator
         return self
 
     def __exit__(self, *exc: Any) -> None:
