@@ -133,6 +133,34 @@ def test_changing_the_rule_set_recompiles():
     assert sum(len(r.matches) for r in be.reports) == 1
 
 
+@pytest.mark.parametrize("inner, train", [("aot_eager", True), ("aot_eager", False), ("inductor", False)])
+def test_changing_the_rule_set_after_a_dynamic_compile_keeps_it_dynamic(inner, train):
+    """The recompile runs in dynamo's tracing context for the graph: outside it, a dynamic graph was
+    specialised to its first example's sizes, and the next size failed (inductor: an assertion;
+    training: a size mismatch in backward; found by a review)."""
+    rs = RuleSet("changing_dynamic")
+    model = MLP()
+    options = {"config_patches": {"fx_graph_cache": False}} if inner == "inductor" else {}
+    be = fxkern.backend(rs, inner=inner, **options)
+    compiled = torch.compile(model, backend=be, dynamic=True)
+
+    def step(n):
+        x = torch.randn(n, 8, requires_grad=train)
+        with torch.enable_grad() if train else torch.no_grad():
+            out, ref = compiled(x), model(x)
+            torch.testing.assert_close(out, ref)
+            if train:
+                torch.testing.assert_close(torch.autograd.grad(out.sum(), [x, model.b]),
+                                           torch.autograd.grad(ref.sum(), [x, model.b]))
+
+    step(4)
+    fxkern.replace(bias_gelu_res, BGR.op, name="bgr", rules=rs)
+    step(5)
+    step(6)
+    if not train:
+        assert sum(len(r.matches) for r in be.reports) >= 1
+
+
 def test_registered_name_uses_the_default_rule_set():
     fxkern.default_rules().add(BGR)
     try:

@@ -116,7 +116,12 @@ class FxkernBackend:
         return tuple(id(r) for r in rs)
 
     def __call__(self, gm: fx.GraphModule, example_inputs: List[Any]) -> Callable[..., Any]:
+        from torch._guards import TracingContext, tracing
+
         seen = self.fingerprint()
+        # dynamo's context for this graph (its fake mode and symbolic shapes): a recompile outside it
+        # specialised a dynamic graph to its first example's sizes (found by a review)
+        context = TracingContext.try_get()
         compiled = self._compile(gm, example_inputs)
 
         def current() -> Callable[..., Any]:
@@ -124,7 +129,8 @@ class FxkernBackend:
             now = self.fingerprint()
             if now != seen:  # the rule set changed since this graph was compiled
                 log.info("fxkern: rule set changed; recompiling a graph")
-                compiled, seen = self._compile(gm, example_inputs), now
+                with tracing(context):
+                    compiled, seen = self._compile(gm, example_inputs), now
             return compiled
 
         def run(*args: Any) -> Any:  # dynamo calls a backend's result with unpacked arguments
