@@ -166,13 +166,8 @@ def test_a_region_calling_a_submodule_stays_one_region():
     assert rr.candidates == 1 and "takes 2 arguments" in rr.near_misses[0].reason
 
 
-class MultiLine(torch.nn.Module):
-    """The block's one statement written over several lines, as black formats a long call."""
-
-    def __init__(self):
-        super().__init__()
-        self.lin = torch.nn.Linear(8, 8)
-        self.b = torch.nn.Parameter(torch.randn(8))
+class MultiLine(Block):
+    """Block's region, its one statement written over several lines, as black formats a long call."""
 
     def forward(self, x):
         h = self.lin(x)
