@@ -173,7 +173,9 @@ def test_sizes_past_int32_raise_in_the_standin_and_are_declined(example_ops):
     assert converter.refusal(pp, _node(entry.op.default, [torch.empty(8, 8, device="meta")])) == ""
 
 
-def _node(target, vals, extra_args=()):
+def _node(target, vals, extra_args=(), out=None):
+    """A graph node calling ``target`` on placeholders of ``vals``; ``out``: its own val (what the op's
+    fake impl gives, as torch.export records it)."""
     g = fx.Graph()
     phs = []
     for i, v in enumerate(vals):
@@ -181,8 +183,60 @@ def _node(target, vals, extra_args=()):
         p.meta["val"] = v
         phs.append(p)
     n = g.call_function(target, tuple(phs) + tuple(extra_args))
+    if out is not None:
+        n.meta["val"] = out
     g.output(n)
     return n
+
+
+def test_a_grid_past_cudas_65535_on_y_or_z_is_declined(example_ops):
+    """The eager path refuses it; the validator let TensorRT launch it (found by a review)."""
+    entry = fxkern.kernel_op(f"{seven_cases.NS}::relu_2d")
+    pp = plugin.plan_plugin(entry)
+    assert "grid z reaches 70000" in converter.refusal(pp, _node(entry.op.default, [torch.empty(70000, 8, 32, device="meta")]))
+    assert converter.refusal(pp, _node(entry.op.default, [torch.empty(60000, 8, 32, device="meta")])) == ""
+
+
+def test_meta_fn_outputs_are_checked_too():
+    """An op whose output shapes come from meta_fn: its extras are checked against int32 at the node's
+    output sizes (they went unchecked), a meta_fn disagreeing with the OutputDecls is declined (the plugin
+    said half where the graph said float32), and so is one that branches on sizes (found by a review)."""
+    import fxkern.library as lib
+
+    lib.rules()
+    entry = fxkern.kernel_op("fxkern_lib::swiglu_chunked")
+    pp = plugin.plan_plugin(entry)
+    for rows, ok in ((65536, False), (64, True)):
+        x = torch.empty(rows, 65538, dtype=torch.float16, device="meta")
+        why = converter.refusal(pp, _node(entry.op.default, [x], out=entry.fake_impl(x)))
+        assert (why == "") == ok and (ok or "32-bit" in why), why
+
+    src = """template <typename T> __global__ void up(const T* x, int n, float* y) {}"""
+    spec = fxkern.KernelSpec(src, "up", inputs=[fxkern.InputDecl("x")], outputs=[fxkern.OutputDecl("y", fxkern.SameAs("x"))],
+                             extras=[fxkern.Numel("x")], geometry=fxkern.Elementwise(), dtypes=[torch.float16, torch.float32])
+    fxkern.cuda_kernel_op("fxkern_test_trt::upcast", spec, meta_fn=lambda x: x.new_empty(x.shape, dtype=torch.float32))
+    entry = fxkern.kernel_op("fxkern_test_trt::upcast")
+    x = torch.empty(4, 8, dtype=torch.float16, device="meta")
+    why = converter.refusal(plugin.plan_plugin(entry), _node(entry.op.default, [x], out=entry.fake_impl(x)))
+    assert "meta_fn disagrees with its OutputDecls" in why
+
+    ptx = fxkern.compiler.compile_source('extern "C" __global__ void halve(const float* x, float* y) {}', ["halve"]).ptx
+    fxkern.ptx_op("fxkern_test_trt::halve", ptx, "halve", schema="(Tensor x) -> Tensor",
+                  meta_fn=lambda x: x.new_empty((x.shape[0] // 2 if x.shape[0] % 2 == 0 else x.shape[0], 3)),
+                  aot_fn=lambda *a: None)
+    entry = fxkern.kernel_op("fxkern_test_trt::halve")
+    x = torch.empty(8, 3, device="meta")
+    why = converter.refusal(plugin.plan_plugin(entry), _node(entry.op.default, [x], out=entry.fake_impl(x)))
+    assert "branches on input sizes" in why
+
+
+def test_a_kernel_writing_a_strided_layout_gets_no_plugin():
+    """strided_outputs=True kernels write meta_fn's layout; TensorRT's buffers are linear."""
+    import fxkern.library as lib
+
+    lib.rules()
+    pp = plugin.plan_plugin(fxkern.kernel_op("fxkern_lib::_rotary_strided"))
+    assert "linear" in pp.why_not
 
 
 def test_validator_declines_what_the_plugin_cannot_take(example_ops):

@@ -20,7 +20,7 @@ import torch.fx as fx
 from fxkern import symbolic as sym
 from fxkern.derive import INT32_MAX
 from fxkern.errors import FxkernError
-from fxkern.tensorrt.plugin import MAX_DIMS, TRT_DTYPES, PluginPlan, plugin_arguments, scalar_bits
+from fxkern.tensorrt.plugin import MAX_DIMS, TRT_DTYPES, PluginPlan, meta_shapes, plugin_arguments, scalar_bits
 
 log = logging.getLogger("fxkern")
 _said: set = set()
@@ -86,14 +86,44 @@ def refusal(pp: PluginPlan, node: fx.Node, strict_aot: bool = False) -> str:
             want = (decl.dtype,) if decl.dtype is not None else allowed
             if val.dtype not in want:
                 return f"input {decl.name!r} is {val.dtype}; the kernel takes {', '.join(map(str, want))}"
-        too_big = _past_int32(pp, vals)
+        too_big = _past_int32(pp, vals, node)
         if too_big:
             return too_big
+    return _outputs_differ(pp, node, vals, list(attrs.values()))
+
+
+def _outputs_differ(pp: PluginPlan, node: fx.Node, vals: Sequence[torch.Tensor], scalars: Sequence[Any]) -> str:
+    """The plugin's outputs (from the spec's OutputDecls, or meta_fn on symbolic sizes) against the node's
+    (the op's fake impl: meta_fn where given): a dtype or rank apart would have the kernel write another
+    buffer than TensorRT allocates (found by a review), and a meta_fn that branches on sizes is refused."""
+    want = node.meta.get("val")
+    want = tuple(want) if isinstance(want, (tuple, list)) else (want,)
+    if not all(isinstance(w, torch.Tensor) for w in want):
+        return ""
+    if pp.output_shapes is not None:
+        shapes = [sym.compile_shape(s)(([v.shape for v in vals], ())) for s in pp.output_shapes]
+        have = [(len(s), vals[pp.output_dtype_from[k]].dtype) for k, s in enumerate(shapes)]
+    else:
+        try:
+            dims, dtypes = meta_shapes(pp.entry, [v.dim() for v in vals], [v.dtype for v in vals], scalars)
+        except Exception as exc:  # noqa: BLE001  (meta_fn is the user's: whatever it raises, no plugin)
+            return f"meta_fn on symbolic sizes: {exc}"
+        have = [(len(d.dims), t) for d, t in zip(dims, dtypes)]
+    if len(have) != len(want):
+        return f"the plugin has {len(have)} outputs, the op's fake impl {len(want)}"
+    for k, ((rank, dtype), w) in enumerate(zip(have, want)):
+        if dtype != w.dtype or rank != w.dim():
+            return (f"output {k} would be a {dtype} tensor of rank {rank} in TensorRT, but the op gives "
+                    f"{w.dtype} of rank {w.dim()} (its meta_fn disagrees with its OutputDecls)")
     return ""
 
 
-def _past_int32(pp: PluginPlan, vals: Sequence[torch.Tensor]) -> str:
-    """Evaluate extras and grid at the largest sizes the graph allows; TensorRT passes them as int32."""
+GRID_LIMITS = (INT32_MAX, 65535, 65535)  # CUDA's blocks per grid axis; TensorRT launches what it is given
+
+
+def _past_int32(pp: PluginPlan, vals: Sequence[torch.Tensor], node: fx.Node) -> str:
+    """Evaluate extras and grid at the largest sizes the graph allows; TensorRT passes them as int32,
+    and launches the grid as given (CUDA allows 65535 blocks on y and z)."""
     plan = pp.entry.plan
     shapes = []
     for v in vals:
@@ -101,15 +131,22 @@ def _past_int32(pp: PluginPlan, vals: Sequence[torch.Tensor]) -> str:
         if any(d is None for d in dims):
             return ""  # unbounded dynamic size: TensorRT's optimisation profile bounds it; not checkable here
         shapes.append(dims)
-    if pp.output_shapes is None:
-        return ""
-    outs = [sym.compile_shape(s)((shapes, ())) for s in pp.output_shapes]
+    if pp.output_shapes is not None:
+        outs = [sym.compile_shape(s)((shapes, ())) for s in pp.output_shapes]
+    else:  # meta_fn's outputs: the node's own (its fake impl ran meta_fn), at their largest sizes
+        val = node.meta.get("val")
+        outs = [[_concrete(d) for d in o.shape] for o in (val if isinstance(val, (tuple, list)) else (val,))
+                if isinstance(o, torch.Tensor)]
+        if not outs or any(d is None for o in outs for d in o):
+            return ""
     env = (shapes, outs)
-    for label, expr in [(f"extra {i}", e) for i, e in enumerate(plan.extras)] + \
-                       [(f"grid {a}", g) for a, g in zip("xyz", plan.grid or ())]:
+    checks = [(f"extra {i}", e, INT32_MAX) for i, e in enumerate(plan.extras)] + \
+             [(f"grid {a}", g, limit) for a, g, limit in zip("xyz", plan.grid or (), GRID_LIMITS)]
+    for label, expr, limit in checks:
         value = sym.compile_expr(expr)(env)
-        if value > INT32_MAX:
-            return f"{label} reaches {value} at the largest input sizes; TensorRT passes it as a 32-bit int"
+        if value > limit:
+            what = "TensorRT passes it as a 32-bit int" if limit == INT32_MAX else "CUDA launches at most 65535 there"
+            return f"{label} reaches {value} at the largest input sizes; {what}"
     return ""
 
 

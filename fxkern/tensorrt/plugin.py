@@ -187,6 +187,9 @@ def _plan_for(entry: KernelOp) -> PluginPlan:
     if scalar_args and tensor_args and max(tensor_args) > min(scalar_args):
         why_jit = ("a scalar input comes before a tensor input; TensorRT passes (tensors, extras, outputs), "
                    "so declare every InputDecl before any ScalarInput")
+    elif entry.strided_outputs:
+        why_not = why_not or ("the kernel writes its outputs in meta_fn's strided layout (strided_outputs=True); "
+                              "TensorRT's tensors are linear")
     elif plan is not None:
         if plan.grid is None and entry.aot_fn is None:
             why_jit = "the spec has no geometry (eager_fn launches it) and no aot_fn gives TensorRT a launch"
@@ -285,6 +288,9 @@ def _meta_shapes(qualname: str, meta_fn: Callable[..., Any], ranks, dtypes, scal
         for v, i in zip(scalars, pp.scalar_args):
             args[i] = v
         outs = meta_fn(*args)
+    if shape_env.guards:  # a branch on a size: the sizes it saw decided it, and a plugin has no other
+        raise FxkernError(f"{qualname}: meta_fn branches on input sizes ({shape_env.guards[0].expr}); a plugin's "
+                          f"output shapes must be arithmetic of the input sizes (+, *, //), with no branch")
     outs = outs if isinstance(outs, (tuple, list)) else (outs,)
     shapes = tuple(
         sym.Dims(tuple(_from_sympy(d.node.expr if isinstance(d, torch.SymInt) else d, symbols) for d in o.shape))
