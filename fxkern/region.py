@@ -30,6 +30,7 @@ import linecache
 import logging
 import re
 import sys
+import threading
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -48,11 +49,16 @@ class RegionSite:
     last: int  # the block's last line
     op: Any
     statements: Tuple[int, ...] = ()  # first line of each top-level statement of the block
-    uid: int = 0  # tells apart sites of one line with different targets (a module class used with several ops)
 
     @property
     def label(self) -> str:
         return f"region@{self.filename.rsplit('/', 1)[-1]}:{self.first}"
+
+    @property
+    def tag(self) -> str:
+        """What its runs' nodes are tagged with: the same in every process (a saved program keeps its
+        tags), and distinct for each target one line runs with."""
+        return f"{self.filename}:{self.first}:{self.op}"
 
     def statement(self, line: int) -> int:
         """The index of the block's top-level statement holding ``line``."""
@@ -60,8 +66,9 @@ class RegionSite:
 
 
 _SITES: Dict[Tuple[str, int, Any], RegionSite] = {}
+_SITES_LOCK = threading.Lock()  # threads tracing models at once record each site once
 _RUNS = itertools.count()
-TAG = "fxkern_region"  # node.meta["custom"][TAG]: "<site uid>#<run>"
+TAG = "fxkern_region"  # node.meta["custom"][TAG]: "<site tag>#<run>"
 
 
 def sites() -> List[RegionSite]:
@@ -94,14 +101,18 @@ class _Region:
     def __enter__(self) -> "_Region":
         frame = sys._getframe(1)
         filename, line = frame.f_code.co_filename, frame.f_lineno
-        key = (filename, line, self.target if not isinstance(self.target, KernelSpec) else None)
-        site = _SITES.get(key)
-        if site is None:
-            last, statements = _block(filename, line)
-            site = _SITES[key] = RegionSite(filename, line, last, self._op(filename, line), statements, len(_SITES))
+        # a KernelSpec (unhashable) by its text: two specs on one line are two sites (the second one's
+        # registration then asks for a name= of its own)
+        target = repr(self.target) if isinstance(self.target, KernelSpec) else self.target
+        key = (filename, line, target, self.name)
+        with _SITES_LOCK:
+            site = _SITES.get(key)
+            if site is None:
+                last, statements = _block(filename, line)
+                site = _SITES[key] = RegionSite(filename, line, last, self._op(filename, line), statements)
         self._graph = _tracing_graph()
         if self._graph is not None:
-            self._tag = f"{site.uid}#{next(_RUNS)}"
+            self._tag = f"{site.tag}#{next(_RUNS)}"
             self._last = next(iter(reversed(self._graph.nodes)), None)  # torch 2.11: an iterable, not an iterator
         return self
 
@@ -110,6 +121,8 @@ class _Region:
         if graph is None:
             return None
         self._graph = None
+        if exc and exc[0] is not None:  # the block did not finish: its nodes are no run of it
+            return None
         for node in reversed(graph.nodes):  # the nodes this run of the block traced
             if node is self._last:
                 break
@@ -186,7 +199,7 @@ def find(graph: fx.Graph) -> List[Tuple[RegionSite, List[fx.Node], bool]]:
         if isinstance(tag, str):
             tagged.setdefault(tag, []).append(n)
     for site in sites():
-        prefix = f"{site.uid}#"
+        prefix = f"{site.tag}#"
         runs = [nodes for tag, nodes in tagged.items() if tag.startswith(prefix)]
         if runs:
             found.extend((site, nodes, True) for nodes in runs)

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any, List, Optional, Sequence
 
 import torch
+from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 from fxkern.derive import INT32_MAX, KernelPlan
 from fxkern.symbolic import ShapeOf
@@ -185,18 +186,31 @@ def check_shapes(op: str, plan: KernelPlan, tensors: Sequence[torch.Tensor], out
                     f"trailing axes (leading 1s allowed); expand it with .expand({tuple(out)}).contiguous()"
                 )
         elif len(shape) != len(out) or not all(_eq(s, o) for s, o in zip(shape, out)):
+            if not plan.elementwise and out_shape0 is not None and _same(shape, list(out_shape0)):
+                continue  # one value per row (labels, a per-row scale): output 0's shape, indexed as it is
             if plan.elementwise:
                 raise KernelInputError(
                     f"{op}: input {decl.name!r} has shape {tuple(shape)} but the output has shape "
                     f"{tuple(out)}; an Elementwise kernel needs equal shapes (declare "
                     f"InputDecl({decl.name!r}, broadcast=True) for an input it broadcasts)"
                 )
+            trailing = len(shape) < len(out) and _same(shape, out[len(out) - len(shape):])
+            fix = (f"declare InputDecl({decl.name!r}, broadcast=True) for an operand it indexes by trailing axes "
+                   f"(a (D,) weight), or " if trailing else "")
+            per_row = (f" or output 0's {tuple(out_shape0)} (one value per row)"
+                       if out_shape0 is not None and not _same(list(out_shape0), out) else "")
             raise KernelInputError(
-                f"{op}: input {decl.name!r} has shape {tuple(shape)} but {ref_name} has "
-                f"{tuple(out)}; the kernel reads its inputs alongside {ref_name}, so they "
-                f"need one shape: declare InputDecl({decl.name!r}, broadcast=True) for an operand it indexes by "
-                f"trailing axes (a (D,) weight), or give the op a meta_fn that checks the shapes its kernel reads"
+                f"{op}: input {decl.name!r} has shape {tuple(shape)} but {ref_name} has {tuple(out)}; the kernel "
+                f"reads its inputs alongside {ref_name}, so an input needs its shape{per_row}: {fix}give the op "
+                f"a meta_fn that checks the shapes its kernel reads"
             )
+
+
+def _same(shape: Sequence[Any], other: Sequence[Any]) -> bool:
+    """Equal shapes, without a runtime assert for symbolic sizes that may differ."""
+    return len(shape) == len(other) and all(
+        (a == b) if _is_concrete(a) and _is_concrete(b) else statically_known_true(a == b)
+        for a, b in zip(shape, other))
 
 
 def _eq(a: Any, b: Any) -> bool:

@@ -251,11 +251,29 @@ def test_row_kernel_inputs_must_share_a_shape(op_name, geometry):
     op = _rows_op(op_name, geometry)
     x = torch.randn(4, 6)
     torch.testing.assert_close(op(x, x), x + x)
-    for bad in (torch.randn(6), torch.randn(4, 5), torch.randn(1, 4, 6)):
-        with pytest.raises(KernelInputError, match=r"input 'r' has shape .* but 'x' has \(4, 6\).*broadcast=True"):
+    for bad, advice in ((torch.randn(6), "broadcast=True"), (torch.randn(4, 5), "meta_fn"),
+                        (torch.randn(1, 4, 6), "meta_fn")):
+        with pytest.raises(KernelInputError, match=r"input 'r' has shape .* but 'x' has \(4, 6\).*" + advice):
             op(x, bad)
-        with FakeTensorMode() as mode, pytest.raises(KernelInputError, match="need one shape"):
+        with FakeTensorMode() as mode, pytest.raises(KernelInputError, match="needs its shape"):
             op(mode.from_tensor(x), mode.from_tensor(bad))
+    with pytest.raises(KernelInputError) as info:
+        op(x, torch.randn(4, 5))
+    assert "broadcast=True" not in str(info.value)  # (4, 5) is no trailing part of (4, 6): no such advice
+
+
+def test_a_per_row_operand_of_a_reduction_has_the_output_shape(op_name):
+    """Labels of a cross-entropy, a per-row scale: one value per row, output 0's shape (refused for a
+    while this session; found by a review)."""
+    src = 'extern "C" __global__ void xent(const float* logits, const float* labels, int d, float* y) {}'
+    spec = KernelSpec(src, "xent", inputs=[InputDecl("logits"), InputDecl("labels")],
+                      outputs=[OutputDecl("y", fxkern.ReduceDims("logits", (-1,)))], extras=[fxkern.DimSize("logits", -1)],
+                      geometry=fxkern.Reduction(reduce_dims=(-1,)))
+    op = fxkern.cuda_kernel_op(op_name, spec, reference=lambda logits, labels: logits.sum(-1) * labels)
+    logits, labels = torch.randn(4, 10), torch.randn(4)
+    torch.testing.assert_close(op(logits, labels), logits.sum(-1) * labels)
+    with pytest.raises(KernelInputError, match=r"or output 0's \(4,\) \(one value per row\)"):
+        op(logits, torch.randn(5))
 
 
 def test_a_meta_fn_owns_the_shape_checks(op_name):

@@ -333,3 +333,40 @@ def test_a_graph_break_inside_a_region_keeps_the_frame_compiled():
         torch.testing.assert_close(torch.compile(model, backend=be)(x), model(x))
     torch._dynamo.reset()
     assert any(m.rule.startswith("region@") for r in be.reports for m in r.matches)
+
+
+def test_tags_name_the_site_so_a_saved_program_keeps_its_meaning():
+    """A tag is the site's file, line and target, the same in every process: a counter in it made a
+    program saved in one process take another region's op after loading in another (found by a review)."""
+    x, b = torch.randn(4, 8), torch.randn(8)
+    ep = torch.export.export(ViaHelper(), (x, b))
+    tags = {(n.meta.get("custom") or {}).get("fxkern_region") for n in ep.graph.nodes if n.op == "call_function"}
+    from fxkern.region import sites
+
+    line = gelu_bias_helper.__code__.co_firstlineno + 1  # the helper's `with` line
+    site = next(s for s in sites() if s.op is GELU_BIAS and s.filename == __file__ and s.first == line)
+    assert any(t and t.startswith(f"{__file__}:{site.first}:{GELU_BIAS}#") for t in tags)
+
+
+def spec_block(spec, name):
+    class SpecBlock(torch.nn.Module):
+        def forward(self, x, b):
+            with fxkern.region(spec, name=name, reference=gelu_bias_ref if name.endswith("gelu") else add_relu):
+                y = F.gelu(x + b, approximate="tanh") if name.endswith("gelu") else torch.relu(x + b)
+            return y
+
+    return SpecBlock()
+
+
+def test_two_kernel_specs_on_one_line_are_two_sites():
+    """A KernelSpec target was keyed as None: the second spec's blocks ran the first spec's op."""
+    import pytest
+
+    x, b = torch.randn(4, 8), torch.randn(8)
+    gelu = spec_block(spec_like(gelu_bias_ref), "fxkern_test::two_specs_gelu")
+    relu = spec_block(spec_like(add_relu), "fxkern_test::two_specs_relu")
+    for model, fn in ((gelu, gelu_bias_ref), (relu, add_relu)):
+        new = fxkern.apply(torch.export.export(model, (x, b)), RuleSet("empty"), verify=True)
+        torch.testing.assert_close(new.module()(x, b), fn(x, b))
+    with pytest.raises(fxkern.RegistrationError):  # the same name for another spec: a clear error
+        spec_block(spec_like(add_relu), "fxkern_test::two_specs_gelu")(x, b)
