@@ -222,8 +222,13 @@ def trace(fn: Callable[..., Any], ir: str, *, dtype: torch.dtype = torch.float32
                 raise SpecError(f"pattern {fn.__name__}: scalars {sentinel_to_param[(p.py_type, v)]!r} and {p.name!r} "
                                 f"are traced with the same value {v!r}; give them different example values")
             sentinel_to_param[(p.py_type, v)] = p.name
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
     try:
-        with warnings.catch_warnings():
+        # unset_fake_temporarily: a rule first traced inside a backend's compile runs under that
+        # compile's fake mode, where the real example tensors are refused (found by a review:
+        # fxkern.backend(library.rules(), inner="aot_eager") failed on every model)
+        with warnings.catch_warnings(), unset_fake_temporarily():
             # torch's own pytree deprecation, raised inside torch.export on every trace: not the user's to fix
             warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\).*", category=FutureWarning)
             graph = TRACERS[ir](fn, params, example_inputs)

@@ -292,3 +292,20 @@ def test_inductor_rewrites_backward_graphs_too():
     torch._dynamo.reset()
     assert counts == [0, 1]
     torch.testing.assert_close(x.grad, 2 * torch.cos(x))
+
+
+def test_the_library_through_aot_eager_on_the_demo_model():
+    """fxkern.backend(library.rules(), inner="aot_eager") failed on every model: a rule first traced
+    inside the compile ran under dynamo's fake mode, which refuses real example tensors (found by a
+    review). Now the library's rules trace, match and keep the outputs."""
+    import fxkern.library as lib
+    from fxkern import demo
+
+    cfg = demo.SIZES["tiny"]
+    torch.manual_seed(0)
+    model = demo.build_model(cfg, torch.device("cpu"), torch.float32)
+    ids = torch.randint(0, cfg.vocab, (2, 16))
+    be = fxkern.backend(lib.rules(), inner="aot_eager")
+    with torch.no_grad():
+        torch.testing.assert_close(torch.compile(model, backend=be)(ids), model(ids), rtol=1e-4, atol=1e-4)
+    assert sum(len(r.matches) for r in be.reports) > 0
