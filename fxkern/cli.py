@@ -181,6 +181,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``python -m fxkern`` and the ``fxkern`` script; returns the exit status."""
     parser = build_parser()
     args = parser.parse_args(list(argv) if argv is not None else None)
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        # the installed script's sys.path starts at its own directory; `python -m fxkern` puts the working
+        # directory first, and --rules/--import name modules from it (found by a review)
+        sys.path.insert(0, os.getcwd())
     if args.log:
         handler = logging.StreamHandler(sys.stderr)
         handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))

@@ -251,3 +251,16 @@ def test_explain_names_an_op_nobody_registered(tmp_path, capsys):
 def test_no_command_prints_usage(capsys):
     assert cli.main([]) == 2
     assert "demo" in capsys.readouterr().err
+
+
+def test_the_installed_script_imports_rules_from_the_working_directory(saved_tiny, tmp_path):
+    """`fxkern explain ... --rules myrules:RULES` from the directory holding myrules.py, as
+    `python -m fxkern` does (the script's sys.path starts at its own directory; found by a review)."""
+    script = Path(sys.executable).with_name("fxkern")
+    if not script.exists():
+        pytest.skip("the fxkern script is not installed in this environment (pip install -e . makes it)")
+    (tmp_path / "cwd_rules_xyz.py").write_text("import fxkern\nRULES = fxkern.RuleSet('cwd')\n")
+    proc = subprocess.run([str(script), "explain", str(saved_tiny), "--rules", "cwd_rules_xyz:RULES"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert "rule set 'cwd'" in proc.stdout
