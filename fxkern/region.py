@@ -101,9 +101,11 @@ class _Region:
     def __enter__(self) -> "_Region":
         frame = sys._getframe(1)
         filename, line = frame.f_code.co_filename, frame.f_lineno
-        # a KernelSpec (unhashable) by its text: two specs on one line are two sites (the second one's
-        # registration then asks for a name= of its own)
-        target = repr(self.target) if isinstance(self.target, KernelSpec) else self.target
+        # a KernelSpec (unhashable) by its kernel: two specs on one line are two sites (the second one's
+        # registration then asks for a name= of its own). Its strings, not repr(spec): this runs on
+        # every call of the block in eager, and a str keeps its hash
+        spec = self.target
+        target = (spec.kernel_name, spec.kernel_source) if isinstance(spec, KernelSpec) else spec
         key = (filename, line, target, self.name)
         with _SITES_LOCK:
             site = _SITES.get(key)
