@@ -526,6 +526,20 @@ VARIANTS: dict[str, dict] = {
     # bfloat16 2048 keys +0.8% to +1.7% in five runs (16:16: 2865 against 2816), soft-capped +2.2% to +2.6% in four
     # (2835 against 2764), the other columns level; not shipped until timed on an H200 (none was lent that afternoon)
     "16-bit 2048-key blocks of 2 register-fulls": _variant(steps={"_4packs_2048": 2}),
+    # 2026-11-26 20:55 UTC, H200: float32 rows of 512 at 3611 GB/s shipped, 4089 through one fma made as
+    # loads arrive, 3359 two roundings made as loads arrive: is it __fadd_rn, or the blocks an SM?
+    "float32 small blocks at 16 an SM, fetched first": _variant(blocks_short_32bit=16),
+    "float32 small blocks at 12 an SM, fetched first": _variant(blocks_short_32bit=12),
+    "float32 __fmul_rn then a plain add, made as loads arrive": _variant(fetch_first=("_short", *NARROW), edits=(
+    ("for (int j = 0; j < V; ++j) f[j] = __fadd_rn(f[j], g[j]);\n        return from_floats<T, V>(f);\n    }\n};",
+     "for (int j = 0; j < V; ++j) f[j] += g[j];  // after __fmul_rn: cannot contract\n        return from_floats<T, V>(f);\n    }\n};"),)),
+    "float32 __fmul_rn then a plain add, fetched first": _variant(edits=(
+    ("for (int j = 0; j < V; ++j) f[j] = __fadd_rn(f[j], g[j]);\n        return from_floats<T, V>(f);\n    }\n};",
+     "for (int j = 0; j < V; ++j) f[j] += g[j];  // after __fmul_rn: cannot contract\n        return from_floats<T, V>(f);\n    }\n};"),)),
+    "float32 __fmul_rn then a plain add, made as loads arrive, 16 an SM": _variant(
+        fetch_first=("_short", *NARROW), blocks_short_32bit=16, edits=(
+    ("for (int j = 0; j < V; ++j) f[j] = __fadd_rn(f[j], g[j]);\n        return from_floats<T, V>(f);\n    }\n};",
+     "for (int j = 0; j < V; ++j) f[j] += g[j];  // after __fmul_rn: cannot contract\n        return from_floats<T, V>(f);\n    }\n};"),)),
     "staged through shared memory, 3 stages, 4 warps a block": staged(),
     "staged through shared memory, 4 stages, 2 warps a block": staged(stages=4, threads=64),
     "staged through shared memory, 2 stages, 2 warps a block": staged(stages=2, threads=64),
@@ -547,10 +561,20 @@ def _load_evict_source() -> str:
     return src[start:end]  # inserted inside softmax's namespace fxk
 
 
+def variant_kernel_op(name: str, spec, base):
+    """The op ``name`` for a variant ``spec`` of ``base``, with the library op's shape check and output
+    (the (b, 1, q, k) mask has another shape than the scores, which only a meta_fn allows)."""
+    import fxkern
+    from fxkern.library import softmax
+
+    op = "softcapped_masked_softmax" if base.kernel_name == softmax.SOFTCAPPED_MASKED_SOFTMAX.kernel_name \
+        else "scaled_masked_softmax"
+    return fxkern.cuda_kernel_op(name, spec, meta_fn=softmax._masked_output(op))
+
+
 def variant_op(label: str, v: dict, index: int, base=None, prefix: str = "masked"):
     """The variant of ``base`` (default: the scaled, masked softmax's spec) as a callable ``(x, mask,
     *scalars)`` on the library's grid choice, and its ops' names."""
-    import fxkern
     from fxkern.library import softmax
 
     base = base or softmax.SCALED_MASKED_SOFTMAX
@@ -562,7 +586,7 @@ def variant_op(label: str, v: dict, index: int, base=None, prefix: str = "masked
     base = dataclasses.replace(base, kernel_source=source)
     grids = softmax._grids(base, **v["tuning"])
     names = {suffix: f"fxkern_tune::{prefix}_{index}{suffix}" for suffix in grids}
-    ops = {suffix: fxkern.cuda_kernel_op(names[suffix], spec) for suffix, spec in grids.items()}
+    ops = {suffix: variant_kernel_op(names[suffix], spec, base) for suffix, spec in grids.items()}
     narrow = tuple(suffix for suffix in ops if suffix in softmax.NARROW_GRIDS)
     return lambda x, mask, *scalars: ops[softmax._grid(x, mask, narrow=narrow)](x, mask, *scalars), names
 
@@ -586,7 +610,7 @@ def staged_op(label: str, v: dict, index: int, base, prefix: str):
         spec = dataclasses.replace(base, kernel_source=macros + base.kernel_source + STAGED,
                                    kernel_name=f"staged_{base.kernel_name}", geometry=fxkern.Custom(geometry))
         names[suffix] = f"fxkern_tune::{prefix}_{index}{suffix}"
-        ops[suffix] = fxkern.cuda_kernel_op(names[suffix], spec)
+        ops[suffix] = variant_kernel_op(names[suffix], spec, base)
     return lambda x, mask, *scalars: ops["_32bit" if x.dtype == torch.float32 else ""](x, mask, *scalars), names
 
 
@@ -608,7 +632,7 @@ def bulk_op(label: str, v: dict, index: int, base, prefix: str):
     spec = dataclasses.replace(base, kernel_source=macros + base.kernel_source + BULK,
                                kernel_name=f"bulk_{base.kernel_name}", geometry=fxkern.Custom(geometry))
     name = f"fxkern_tune::{prefix}_{index}_bulk"
-    op = fxkern.cuda_kernel_op(name, spec)
+    op = variant_kernel_op(name, spec, base)
     return op, {"bulk": name}
 
 
@@ -630,7 +654,7 @@ def small_packs_op(label: str, v: dict, index: int, base, prefix: str):
 
     spec = dataclasses.replace(base, kernel_source=macros + base.kernel_source, geometry=fxkern.Custom(geometry))
     name = f"fxkern_tune::{prefix}_{index}_small"
-    small = fxkern.cuda_kernel_op(name, spec)
+    small = variant_kernel_op(name, spec, base)
     shipped, _ = variant_op("shipped", {"tuning": v.get("tuning") or _variant()["tuning"], "edits": ()}, 900 + index,
                             base=base, prefix=prefix)
 
