@@ -461,6 +461,25 @@ def test_scaled_masked_softmax_on_every_grid_and_mask(dtype):
                 assert rel < 1e-5, f"x{tuple(x.shape)} mask{tuple(mask.shape)}: rel. error vs float64 {rel:.2e}"
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).removeprefix("torch."))
+def test_masked_softmax_blocks_of_several_rows_end_on_an_odd_row(dtype):
+    """Blocks that take two rows one after another (MASKED_TUNING's steps) leave the last block one row
+    when the rows are odd in number: that row must still come out right."""
+    torch.manual_seed(7)
+    for base, grids, scalars in ((softmax.MASKED_ROWS, softmax.SCALED_MASKED_GRIDS, (0.125,)),
+                                 (softmax.SOFTCAPPED_ROWS, softmax.SOFTCAPPED_MASKED_GRIDS, (0.125, 50.0))):
+        reference = softmax.scaled_masked_softmax if base == softmax.MASKED_ROWS else softmax.softcapped_masked_softmax
+        for q, d in ((1, 2048), (3, 1100), (5, 2048), (1, 512), (7, 1024)):
+            x = rand(1, 1, q, d, dtype=dtype, scale=8.0)
+            mask = rand(1, 1, q, d, dtype=dtype, scale=2.0)
+            mask[..., ::3] = torch.finfo(dtype).min
+            want = reference(x, mask, *scalars)
+            for suffix in grids:
+                poison()
+                got = getattr(torch.ops.fxkern_lib, (base + suffix).split("::")[1])(x, mask, *scalars)
+                check_masked(got, want, f"{base}{suffix} {dtype} x{tuple(x.shape)}")
+
+
 # (scale, cap, spread of the scores): Gemma 2 9B's kind, a scale and cap that are bfloat16 numbers
 # (the bfloat16 kernels multiply them in pairs), and 27B's 1 / sqrt(144), which is not (the float
 # path); the spread puts scores * scale / cap over tanh's curve.
