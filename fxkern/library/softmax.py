@@ -201,6 +201,13 @@ struct MaskedRows {
         return {x + o, mask + (size_t)mrow * D, o};
     }
     static constexpr bool FETCH_FIRST = FXK_MASK_FETCH_FIRST;
+    // MAKE_ALL (with FETCH_FIRST): every pack's values made, unguarded, from packs zeroed before their
+    // fetch. The float32 prologue's guarded block (4 FMUL, 4 FADD: eager's two roundings) stayed a
+    // branch of its own in ptxas's code, its values held apart from the packs they came from (80-88
+    // registers); made for every pack it is one straight block, 62-64 registers, as the one-fma block
+    // was. H200, 2026-11-26 (benchmarks/masked_tuning.py): float32 rows of 512 +5.9% (4097 GB/s against
+    // 3869), of 2048 +3.8%; the 16-bit kernels level, the soft-capped one not measured.
+    static constexpr bool MAKE_ALL = sizeof(T) == 4 && !CAP;
     template <int V> struct Raw { Pack<T, V> x, m; };
     template <int V>
     __device__ __forceinline__ Raw<V> fetch(const Row& r, int col) const {
@@ -391,12 +398,13 @@ __device__ __forceinline__ void softmax_rows(const In& in, int D, unsigned rows,
 #pragma unroll
                 for (int k = 0; k < NV; ++k) {
                     const int col = (k * G + t) * V;
+                    if constexpr (In::MAKE_ALL) raw[k] = {};  // a pack not read: zeros, whose values go unread
                     if (live && col < D) raw[k] = in.template fetch<V>(xr, col);
                 }
 #pragma unroll
                 for (int k = 0; k < NV; ++k) {
                     const int col = (k * G + t) * V;
-                    if (live && col < D) c[k] = in.template value<V>(raw[k]);
+                    if (In::MAKE_ALL || (live && col < D)) c[k] = in.template value<V>(raw[k]);
                 }
             } else {
 #pragma unroll
