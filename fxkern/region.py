@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import ast
 import bisect
+import collections
 import contextlib
 import itertools
 import linecache
@@ -73,6 +74,11 @@ TAG = "fxkern_region"  # node.meta["custom"][TAG]: "<site tag>#<run>"
 
 def sites() -> List[RegionSite]:
     return list(_SITES.values())
+
+
+def site_count() -> int:
+    """How many sites have been recorded (the backend reads it on every call: a new one recompiles)."""
+    return len(_SITES)
 
 
 def region(target: Any, *, name: Optional[str] = None, reference: Any = None) -> Any:
@@ -247,16 +253,17 @@ def _runs(comps: List[List[fx.Node]], stmts: Dict[fx.Node, int], order: Dict[fx.
 
 
 def repeated_run(nodes: List[fx.Node], site: RegionSite) -> Optional[fx.Node]:
-    """A node showing that one instance holds two runs of the block (the same op on the same
-    line twice, as a loop around the block leaves it), or None. Such an instance is refused:
-    runs on one line cannot be told apart, and merging them would change the result."""
-    seen = set()
-    for n in nodes:
-        key = (_line_in_site(n, site), n.target)
-        if key in seen:
-            return n
-        seen.add(key)
-    return None
+    """A node showing that one instance holds k >= 2 runs of the block, or None. A loop around the
+    block leaves every (line, op) of it k times; one run that calls an op twice on a line (CLIP's
+    ``h * torch.sigmoid(1.702 * h)``) leaves some ops once, and is one run (refused before: found by
+    a usability test). Runs on one line cannot be told apart, and merging them would change the
+    result, so such an instance is refused; the node returned is the first of the second run."""
+    keys = [(_line_in_site(n, site), n.target) for n in nodes]
+    counts = collections.Counter(keys)
+    if len(set(counts.values())) != 1 or next(iter(counts.values())) < 2:
+        return None
+    first = keys[0]
+    return next(n for i, n in enumerate(nodes) if i and keys[i] == first)
 
 
 def _components(nodes: List[fx.Node], stmts: Dict[fx.Node, int]) -> List[List[fx.Node]]:

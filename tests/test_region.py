@@ -370,3 +370,54 @@ def test_two_kernel_specs_on_one_line_are_two_sites():
         torch.testing.assert_close(new.module()(x, b), fn(x, b))
     with pytest.raises(fxkern.RegistrationError):  # the same name for another spec: a clear error
         spec_block(spec_like(add_relu), "fxkern_test::two_specs_gelu")(x, b)
+
+
+def quick_gelu_ref(h):
+    return h * torch.sigmoid(1.702 * h)
+
+
+QUICK_GELU = fxkern.cuda_kernel_op("fxkern_test::region_quick_gelu", spec_like(quick_gelu_ref), reference=quick_gelu_ref)
+
+
+class QuickGelu(torch.nn.Module):
+    def forward(self, h):
+        with fxkern.region(QUICK_GELU):
+            a = h * torch.sigmoid(1.702 * h)  # CLIP's one line: aten.mul twice
+        return a + 1
+
+
+def test_a_line_calling_an_op_twice_is_one_run_under_torch_compile():
+    """Stack traces put both multiplications on one line; the instance was refused as a block run twice
+    (a loop leaves every op of the block twice, this line one op once; found by a usability test)."""
+    model, x = QuickGelu(), torch.randn(4, 8)
+    model(x)  # records the site
+    be = fxkern.backend(RuleSet("empty"), inner="aot_eager")
+    with torch.no_grad():
+        torch.testing.assert_close(torch.compile(model, backend=be)(x), model(x))
+    torch._dynamo.reset()
+    assert [m.rule for r in be.reports for m in r.matches] == [f"region@test_region.py:{QuickGelu.forward.__code__.co_firstlineno + 1}"]
+
+
+def test_the_compile_cache_key_holds_the_region_sites():
+    """Inductor's FX graph cache is keyed by the pass's uuid: a graph compiled before a region was
+    recorded, or with another target on its line, was handed back unrewritten or with the old op (a
+    wrong result when that op was wrong; found by a usability test). The site and its target are in
+    the key, and a newly recorded site makes the backend recompile its graphs."""
+    from fxkern.backends.torch_compile import _rule_key
+    from fxkern.region import site_count
+
+    other = fxkern.cuda_kernel_op("fxkern_test::region_quick_gelu_other", spec_like(quick_gelu_ref),
+                                  reference=quick_gelu_ref)
+
+    def block(target):
+        with fxkern.region(target):
+            return torch.sigmoid(1.702 * x) * x
+
+    x = torch.randn(4, 8)
+    be = fxkern.backend(RuleSet("empty"))
+    before, seen = _rule_key([]), be.fingerprint()
+    block(QUICK_GELU)
+    with_one = _rule_key([])
+    block(other)  # the same line, another target: another site
+    assert len({before, with_one, _rule_key([])}) == 3
+    assert be.fingerprint() != seen and site_count() >= 2

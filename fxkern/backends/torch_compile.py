@@ -42,21 +42,31 @@ INNER_NAMES = ("inductor", "aot_eager", "eager", "tensorrt", "torch_tensorrt")
 _SOURCES = sorted(str(p) for p in Path(__file__).resolve().parents[1].rglob("*.py"))
 
 
+def _op_key(op: Any) -> tuple:
+    """An op as the rewrite's result depends on it: its name, its schema and, for an fxkern op, its spec."""
+    from fxkern.ops import _REGISTRY
+
+    schema = getattr(op, "_schema", None)
+    entry = _REGISTRY.get(schema.name) if schema is not None else None
+    return str(op), str(schema), entry.identity if entry is not None else None
+
+
 def _rule_key(rules: Sequence[Rule]) -> str:
     """What decides the rewrite: rule order and names, options, the pattern and the filter as
     re-registration compares functions (code, the names it loads, constants, closures), and the
     target op with its schema and, for an fxkern op, its spec. Bytecode alone let a pattern edited
     from sin to cos, or a rule set differing only in its filter, reuse a cached graph (found by a
-    review)."""
-    from fxkern.ops import _REGISTRY, _fn_id
+    review). The region sites recorded so far count too: without them a graph cached before a
+    region was added, or with another target, ran the old code (found by a usability test)."""
+    from fxkern.ops import _fn_id
+    from fxkern.region import sites  # the module's (fxkern.region is the context manager)
 
     h = hashlib.sha256()
     for r in rules:
-        schema = getattr(r.overload, "_schema", None)
-        entry = _REGISTRY.get(schema.name) if schema is not None else None
-        op = (str(r.overload), str(schema), entry.identity if entry is not None else None)
         h.update(repr((r.name, r.priority, sorted(r.noise), r.arg_params, r.irs, _fn_id(r.pattern), _fn_id(r.filter),
-                       op)).encode())
+                       _op_key(r.overload))).encode())
+    for key in sorted(repr((s.filename, s.first, s.last, s.statements, _op_key(s.op))) for s in sites()):
+        h.update(key.encode())
     return h.hexdigest()
 
 
@@ -109,11 +119,14 @@ class FxkernBackend:
             self.report(report)
 
     def fingerprint(self) -> Any:
-        """Cheap to read on every call: which rule set, at which version (or which rules)."""
+        """Cheap to read on every call: which rule set, at which version (or which rules), and how many
+        region sites have been recorded (a block first run after the compile is a new instruction)."""
+        from fxkern.region import site_count
+
         rs = self.rules if self.rules is not None else default_rules()
         if isinstance(rs, RuleSet):
-            return id(rs), rs.version
-        return tuple(id(r) for r in rs)
+            return id(rs), rs.version, site_count()
+        return tuple(id(r) for r in rs), site_count()
 
     def __call__(self, gm: fx.GraphModule, example_inputs: List[Any]) -> Callable[..., Any]:
         from torch._guards import TracingContext, tracing
@@ -128,7 +141,7 @@ class FxkernBackend:
             nonlocal compiled, seen
             now = self.fingerprint()
             if now != seen:  # the rule set changed since this graph was compiled
-                log.info("fxkern: rule set changed; recompiling a graph")
+                log.info("fxkern: rule set or region sites changed; recompiling a graph")
                 with tracing(context):
                     compiled, seen = self._compile(gm, example_inputs), now
             return compiled
