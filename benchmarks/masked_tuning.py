@@ -543,14 +543,14 @@ VARIANTS: dict[str, dict] = {
     ("for (int j = 0; j < V; ++j) f[j] = __fadd_rn(f[j], g[j]);\n        return from_floats<T, V>(f);\n    }\n};",
      "for (int j = 0; j < V; ++j) f[j] += g[j];  // after __fmul_rn: cannot contract\n        return from_floats<T, V>(f);\n    }\n};"),)),
     # ptxas kept each pack's guarded FMUL + FADD block (eager's two roundings) a branch of its own, its
-    # values held apart from the packs they came from (80-88 registers); MAKE_ALL (shipped at 21:45 UTC)
+    # values held apart from the packs they came from (80-88 registers); MAKE_ALL (shipped at 21:20 UTC)
     # makes every pack's values unguarded from zeroed packs: one straight block, 62-64 registers (sm_90
-    # SASS, a helper's study). H200, 2026-11-26 21:30 UTC: float32 512 keys 4097 GB/s against 3869,
+    # SASS, a helper's study). H200, 2026-11-26 21:15 UTC: float32 512 keys 4097 GB/s against 3869,
     # 2048 keys 3904 against 3760; at 16 an SM the same (4094, 3903); 16-bit too: 16-bit level
-    "float32 values made in guarded blocks (shipped until 2026-11-26 21:45 UTC)": _variant(edits=((
-        "static constexpr bool MAKE_ALL = sizeof(T) == 4 && !CAP;", "static constexpr bool MAKE_ALL = false;"),)),
+    "float32 values made in guarded blocks (shipped until 2026-11-26 21:20 UTC)": _variant(edits=((
+        "static constexpr bool MAKE_ALL = sizeof(T) == 4;", "static constexpr bool MAKE_ALL = false;"),)),
     "values made for every pack in 16-bit too": _variant(edits=((
-        "static constexpr bool MAKE_ALL = sizeof(T) == 4 && !CAP;", "static constexpr bool MAKE_ALL = !CAP;"),)),
+        "static constexpr bool MAKE_ALL = sizeof(T) == 4;", "static constexpr bool MAKE_ALL = !CAP;"),)),
     "staged through shared memory, 3 stages, 4 warps a block": staged(),
     "staged through shared memory, 4 stages, 2 warps a block": staged(stages=4, threads=64),
     "staged through shared memory, 2 stages, 2 warps a block": staged(stages=2, threads=64),

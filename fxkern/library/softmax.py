@@ -206,8 +206,9 @@ struct MaskedRows {
     // branch of its own in ptxas's code, its values held apart from the packs they came from (80-88
     // registers); made for every pack it is one straight block, 62-64 registers, as the one-fma block
     // was. H200, 2026-11-26 (benchmarks/masked_tuning.py): float32 rows of 512 +5.9% (4097 GB/s against
-    // 3869), of 2048 +3.8%; the 16-bit kernels level, the soft-capped one not measured.
-    static constexpr bool MAKE_ALL = sizeof(T) == 4 && !CAP;
+    // 3869), of 2048 +3.8%; soft-capped (softcap_tuning.py) +1% and +8.8% (3337 against 3067), its _32bit
+    // grid's spill gone; in 16-bit level, so not there.
+    static constexpr bool MAKE_ALL = sizeof(T) == 4;
     template <int V> struct Raw { Pack<T, V> x, m; };
     template <int V>
     __device__ __forceinline__ Raw<V> fetch(const Row& r, int col) const {
