@@ -205,6 +205,7 @@ def compile_source(
         return compile_now()
     if hit is not None:
         _count("hits")
+        log.debug("fxkern: %s for %s from the kernel cache (%s)", filename, arch, path)
         return hit
     try:
         try:

@@ -10,6 +10,7 @@ an error naming the field.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any, Dict, Optional, Sequence, Tuple
 
@@ -105,6 +106,26 @@ def _fail(field: str, message: str) -> SpecError:
     return SpecError(f"KernelSpec.{field}: {message}")
 
 
+def _declaration(source: str, name: str) -> Tuple[Optional[str], str]:
+    """How ``source`` declares function ``name`` in plain text: ``("__global__", head)`` with the text
+    from the end of the statement or block before it up to its name, ``("__device__", head)`` for a
+    device function of that name and no kernel, or ``(None, "")`` (a macro may declare it, and where a
+    ``#define`` holds ``__global__`` kernels are left to NVRTC). Lets a
+    name typo or a template without dtypes get an error of its own, where NVRTC's name lookup failed
+    with errors about ``__nv_name_map`` (found by a usability test)."""
+    if re.search(r"^[ \t]*#[ \t]*define\b(?:[^\n]*\\\n)*[^\n]*__global__", source, flags=re.M):
+        return None, ""  # kernels declared through macros: NVRTC knows better
+    device = None
+    for m in re.finditer(rf"(?<!\w){re.escape(name)}\s*\(", source):
+        start = max(source.rfind(c, 0, m.start()) for c in ";{}")
+        head = source[start + 1:m.start()]
+        if re.search(r"\b__global__\b", head):
+            return "__global__", head
+        if device is None and re.search(r"\b__device__\b", head):
+            device = head
+    return ("__device__", device) if device is not None else (None, "")
+
+
 def _resolve_tensor(ref: Any, tensor_decls: Sequence[InputDecl], field: str) -> int:
     names = [d.name for d in tensor_decls]
     if isinstance(ref, bool) or not isinstance(ref, (int, str)):
@@ -139,7 +160,14 @@ def plan_kernel(
         raise _fail("kernel_name", f"{spec.kernel_name!r} is not a C identifier")
     if spec.kernel_name not in spec.kernel_source:
         raise _fail("kernel_name", f"{spec.kernel_name!r} does not appear in kernel_source")
-
+    kind, declared = _declaration(spec.kernel_source, spec.kernel_name)
+    if kind is None and not re.search(rf"(?<!\w){spec.kernel_name}(?!\w)", spec.kernel_source):
+        longer = sorted(set(re.findall(rf"\w*{spec.kernel_name}\w*", spec.kernel_source)))
+        raise _fail("kernel_name", f"{spec.kernel_name!r} appears in kernel_source only inside other names "
+                                   f"({', '.join(longer[:3])}); pass the __global__ function's whole name")
+    if kind == "__device__":
+        raise _fail("kernel_name", f"{spec.kernel_name!r} is a __device__ function, not a kernel; pass the name "
+                                   f"of the __global__ function that calls it")
     inputs = tuple(spec.inputs or ())
     if not inputs:
         raise _fail("inputs", "declare at least one InputDecl")
@@ -174,6 +202,15 @@ def plan_kernel(
         if all_pinned:
             raise _fail("dtypes", "every tensor input pins its dtype, so no call picks one of these "
                                   "instantiations; leave dtypes None, or unpin the input whose dtype varies")
+    if kind == "__global__":  # a kernel written through a macro is left to NVRTC
+        template = re.search(r"\btemplate\s*<", declared) is not None
+        if spec.dtypes is not None and not template:
+            raise _fail("dtypes", f"compiles {spec.kernel_name}<T> for each dtype, but the kernel is no template: "
+                                  f"write it as template <typename T> __global__ void {spec.kernel_name}(...) "
+                                  f"(not extern \"C\"), or leave dtypes None for a float32 kernel")
+        if spec.dtypes is None and template:
+            raise _fail("dtypes", f"{spec.kernel_name} is a template: give dtypes=(torch.float32, ...), one "
+                                  f"instantiation a dtype, or write it for float32 without a template")
 
     # outputs
     outputs = tuple(spec.outputs or ())

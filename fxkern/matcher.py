@@ -142,6 +142,21 @@ class Capture:
     py_type: type
 
 
+@dataclass(frozen=True)
+class ShapeOf:
+    """A size list that is tensor parameter ``name``'s shape where the pattern was traced (F.normalize's
+    ``expand_as(x)``): in a graph it must be the shape of what ``name`` binds to, not the literal the
+    example gave (which held such patterns to torch.export's IR; found by a usability test)."""
+
+    name: str
+
+
+# ops whose size argument a pattern may take from an input's shape
+SIZE_OPS = {aten.expand.default, aten.view.default, aten.reshape.default, aten._unsafe_view.default,
+            aten.broadcast_to.default, aten.new_zeros.default, aten.new_ones.default, aten.new_empty.default,
+            aten.new_full.default, aten.zeros.default, aten.ones.default, aten.empty.memory_format, aten.full.default}
+
+
 @dataclass
 class PNode:
     target: Any
@@ -174,6 +189,11 @@ def compile_pattern(pattern: Pattern, policy: FrozenSet[str]) -> CompiledPattern
     index: Dict[fx.Node, int] = {}
     nodes: List[PNode] = []
     params = {p.name: p for p in pattern.params}
+    shapes: Dict[Tuple[int, ...], str] = {}  # an input's traced shape -> the first parameter that has it
+    for ph, name in placeholder_param.items():
+        val = ph.meta.get("val")
+        if isinstance(val, torch.Tensor) and val.dim() and all(isinstance(d, int) for d in val.shape):
+            shapes.setdefault(tuple(val.shape), name)
 
     def resolve(node: fx.Node) -> Any:
         node, _ = skip_noise(node, policy)
@@ -181,9 +201,12 @@ def compile_pattern(pattern: Pattern, policy: FrozenSet[str]) -> CompiledPattern
             return Bind(placeholder_param[node])
         return Ref(index[node])
 
-    def convert(value: Any, site: Tuple, pnode_name: str) -> Any:
+    def convert(value: Any, site: Tuple, pnode_name: str, target: Any = None) -> Any:
         if isinstance(value, fx.Node):
             return resolve(value)
+        if (target in SIZE_OPS and isinstance(value, (list, tuple)) and tuple(value) in shapes
+                and not any(_capture_for(pattern, pnode_name, site + (j,)) for j in range(len(value)))):
+            return ShapeOf(shapes[tuple(value)])
         if isinstance(value, (list, tuple)):
             return type(value)(convert(v, site + (j,), pnode_name) for j, v in enumerate(value))
         captured = _capture_for(pattern, pnode_name, site)
@@ -200,7 +223,7 @@ def compile_pattern(pattern: Pattern, policy: FrozenSet[str]) -> CompiledPattern
         for i, value in enumerate(raw):
             in_args = i < len(node.args) or schema is None
             site = ("a", i) if in_args else ("k", schema.arguments[i].name)
-            args.append(convert(value, site, node.name))
+            args.append(convert(value, site, node.name, node.target))
         comm = node.target in COMMUTATIVE and (node.target is not aten.add.Tensor or raw[2] in (1, None))
         index[node] = len(nodes)
         nodes.append(PNode(node.target, tuple(args), node.name, comm, len(schema.arguments) if schema is not None else -1))
@@ -248,7 +271,7 @@ class Failure:
 
 
 class _State:
-    __slots__ = ("p2g", "used", "bind", "absorbed", "copies", "depth", "fail", "prefs", "choices")
+    __slots__ = ("p2g", "used", "bind", "absorbed", "copies", "shapes", "depth", "fail", "prefs", "choices")
 
     def __init__(self, prefs: Sequence[int] = ()):
         self.prefs = prefs  # preferred operand order at each commutative op, in visiting order
@@ -258,16 +281,18 @@ class _State:
         self.bind: Dict[str, Any] = {}
         self.absorbed: List[fx.Node] = []
         self.copies: List[fx.Node] = []
+        self.shapes: List[Tuple[str, Tuple[int, ...], fx.Node]] = []  # ShapeOf checks, made once all is bound
         self.depth = 0
         self.fail: Tuple[int, Any, List[fx.Node]] = (-1, "", [])
 
     def snapshot(self):
-        return dict(self.p2g), set(self.used), dict(self.bind), len(self.absorbed), len(self.copies)
+        return dict(self.p2g), set(self.used), dict(self.bind), len(self.absorbed), len(self.copies), len(self.shapes)
 
     def restore(self, snap):
         self.p2g, self.used, self.bind = snap[0], snap[1], snap[2]
         del self.absorbed[snap[3]:]
         del self.copies[snap[4]:]
+        del self.shapes[snap[5]:]
 
     def failed(self, reason: Any) -> bool:
         """Record why the walk stopped (a lambda: most candidates fail, few reasons are read)."""
@@ -361,6 +386,15 @@ class Matcher:
         if len(st.p2g) != len(pattern.nodes):
             missing = [pattern.nodes[i].name for i in range(len(pattern.nodes)) if i not in st.p2g]
             return None, Failure(anchor, len(st.p2g), f"pattern ops {missing} are not reached from its outputs", list(st.p2g.values()))
+        for name, sizes, where in st.shapes:
+            bound = st.bind.get(name)
+            val = bound.meta.get("val") if isinstance(bound, fx.Node) else None
+            shape = tuple(val.shape) if isinstance(val, torch.Tensor) else None
+            if shape is None or len(shape) != len(sizes) or not all(map(_same_size, sizes, shape)):
+                return None, Failure(anchor, len(st.p2g), f"literal differs at {where.name!r}: the pattern has {name}'s shape, "
+                                     f"the graph {[_describe(d) if isinstance(d, fx.Node) else d for d in sizes]}, where "
+                                     f"{name} is {_describe(bound)} of shape {list(shape) if shape is not None else 'unknown'}",
+                                     list(st.p2g.values()))
         preserving = self.noise(ALL_NOISE)
         keep = {st.p2g[i] for i in pattern.leaves if st.p2g[i] in preserving}
         nodes = [st.p2g[i] for i in range(len(pattern.nodes)) if st.p2g[i] not in keep] + st.absorbed
@@ -373,6 +407,10 @@ class Matcher:
         if pi in st.p2g:
             return st.p2g[pi] is g or st.failed(lambda: f"pattern node {pat.nodes[pi].name!r} would be two graph nodes")
         pnode = pat.nodes[pi]
+        if isinstance(g, fx.Node) and g.op == "placeholder":
+            return st.failed(lambda: f"the pattern computes {pnode.name!r} ({_op(pnode.target)}) where the graph takes "
+                                     f"input {g.name!r}: computed outside this graph (a model input, or in a "
+                                     f"backward graph a value the forward saved)")
         if not isinstance(g, fx.Node) or g.op != "call_function":
             return st.failed(lambda: f"{pnode.name!r} ({_op(pnode.target)}) meets {_describe(g)}")
         if g in st.used:
@@ -392,6 +430,7 @@ class Matcher:
             st.p2g[pi] = g
             st.used.add(g)
             return self._args(pat, pnode.args, gargs, st, g)
+        first_fail = None
         for gargs_order in orders:
             snap = st.snapshot()
             st.p2g[pi] = g
@@ -399,6 +438,9 @@ class Matcher:
             if self._args(pat, pnode.args, gargs_order, st, g):
                 return True
             st.restore(snap)
+            first_fail = first_fail or st.fail
+        if st.fail[0] <= first_fail[0]:  # as deep: the written order's reason reads better ("literal
+            st.fail = first_fail         # differs: 1.702, 1.7", not "literal 1.7 where the pattern has 'x'")
         return False
 
     def _args(self, pat: CompiledPattern, pargs: tuple, gargs: tuple, st: _State, where: fx.Node) -> bool:
@@ -442,6 +484,12 @@ class Matcher:
                 old = st.bind[pa.name]
                 return st.failed(lambda: f"scalar {pa.name!r} would be both {old} and {value}")
             st.bind[pa.name] = value
+            return True
+        if kind is ShapeOf:
+            if not isinstance(ga, (list, tuple)) or not all(type(d) is int or isinstance(d, fx.Node) for d in ga):
+                return st.failed(lambda: f"{where.name!r} has {_describe(ga) if isinstance(ga, fx.Node) else ga!r} "
+                                         f"where the pattern has {pa.name}'s shape")
+            st.shapes.append((pa.name, tuple(ga), where))
             return True
         if isinstance(pa, (list, tuple)):
             if not isinstance(ga, (list, tuple)) or len(ga) != len(pa):
@@ -498,6 +546,17 @@ def _flat(args: Iterable[Any]):
 
 def _op(target: Any) -> str:
     return str(target).replace("aten::", "aten.")
+
+
+def _same_size(given: Any, dim: Any) -> bool:
+    """Whether a size argument (an int, or a node computing a SymInt) is the size ``dim`` of a shape,
+    comparing symbols, not values (no guard is added)."""
+    if isinstance(given, fx.Node):
+        given = given.meta.get("val")
+    if isinstance(given, torch.SymInt) or isinstance(dim, torch.SymInt):
+        return (isinstance(given, torch.SymInt) and isinstance(dim, torch.SymInt)
+                and given.node.expr == dim.node.expr)
+    return type(given) is int and type(dim) is int and given == dim
 
 
 def _describe(v: Any) -> str:

@@ -602,6 +602,7 @@ def _rewritten_now(gm: fx.GraphModule, rules: Any, irs: Sequence[str], inplace: 
     accepted, _, pos = analyse(gm, rules, irs)
     if not accepted:
         return None, {}
+    log.info("fxkern: replacing %d subgraphs (%s)", len(accepted), ", ".join(sorted({c.rule.name for c in accepted})))
     if inplace:
         renamed = _rewrite(gm.graph, accepted, pos)
         gm.recompile()
@@ -630,7 +631,8 @@ def apply(program: Any, rules: Union[RuleSet, Sequence[Rule], None] = None, *, v
     ``fxkern.region`` in an ExportedProgram or GraphModule; returns a rewritten copy of the same kind.
 
     ``verify=True`` runs old and new on inputs made from the program's fake
-    values and raises :class:`VerificationError` on the first output that differs.
+    values and raises :class:`VerificationError` on the first output that differs. On a CPU
+    program the ops run their references, so it checks the rewrite's wiring, not the kernels.
     ``inplace=True`` (GraphModules only: a compiler pass owns its graph) rewrites
     ``program`` itself and skips the copy.
     """

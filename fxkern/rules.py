@@ -165,7 +165,11 @@ def replace(
             raise SpecError(f"irs={list(irs)}: name one or more of {sorted(patterns.TRACERS)}")
     rule = Rule(rule_name, pattern, op, filter, example_inputs, priority, policy, arg_params, irs=irs)
     # trace once now: a broken pattern fails here, not inside apply
-    rule.compiled("export" if irs is None or "export" in irs else irs[0], torch.float32)
+    compiled = rule.compiled("export" if irs is None or "export" in irs else irs[0], torch.float32)
+    returns = overload._schema.returns
+    if all(str(r.type) == "Tensor" for r in returns) and len(returns) != len(compiled.outputs):
+        raise SpecError(f"pattern {pattern.__name__} returns {len(compiled.outputs)} tensor(s) but {overload} returns "
+                        f"{len(returns)}; make the spec's outputs (or the op's schema) match what the pattern returns")
     (rules if rules is not None else _DEFAULT).add(rule)
     return rule
 

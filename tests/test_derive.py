@@ -86,6 +86,30 @@ def test_bad_specs_name_the_field(kw, field, words):
     assert words in msg
 
 
+TEMPLATE_SRC = "template <typename T>\n__global__ void __launch_bounds__(256) k(const T* x, int n, T* y) {}"
+HELPER_SRC = "__device__ float k(float v) { return v; }\n" + SRC.replace("void k(", "void k_kernel(")
+
+
+@pytest.mark.parametrize("kw, field, words", [
+    (dict(kernel_source=HELPER_SRC, kernel_name="k_kern"), "kernel_name", "only inside other names (k_kernel)"),
+    (dict(kernel_source=HELPER_SRC), "kernel_name", "'k' is a __device__ function, not a kernel"),
+    (dict(kernel_source=TEMPLATE_SRC), "dtypes", "k is a template: give dtypes="),
+    (dict(dtypes=(torch.float32, torch.float16)), "dtypes", "the kernel is no template"),
+])
+def test_kernel_name_and_template_mistakes_are_named_before_nvrtc(kw, field, words):
+    """NVRTC's name lookup failed on these with errors about __nv_name_map, naming no field (found by a
+    usability test)."""
+    with pytest.raises(SpecError) as info:
+        plan_kernel(spec(**kw))
+    assert str(info.value).startswith(f"KernelSpec.{field}:") and words in str(info.value), str(info.value)
+
+
+def test_a_templated_kernel_with_dtypes_and_a_macro_kernel_pass():
+    plan_kernel(spec(kernel_source=TEMPLATE_SRC, dtypes=(torch.float32, torch.float16)))
+    macro = "#define KERNEL(name) extern \"C\" __global__ void name(const float* x, int n, float* y) {}\nKERNEL(k)"
+    plan_kernel(spec(kernel_source=macro))  # left to NVRTC
+
+
 def test_elementwise_flat_geometry():
     p = plan_kernel(spec(geometry=Elementwise(block=(128,))))
     env = ([(10, 100)], [(10, 100)])
@@ -133,6 +157,7 @@ def test_custom_geometry_cannot_branch_on_sizes():
 
 def test_dtype_from_and_templated_name_expressions():
     p = plan_kernel(spec(
+        kernel_source=TEMPLATE_SRC,
         inputs=[InputDecl("x"), InputDecl("idx", dtype=torch.int32)],
         outputs=[OutputDecl("y", SameAs("x")), OutputDecl("i", SameAs("idx"), dtype_from="idx")],
         dtypes=(torch.float32, torch.bfloat16),

@@ -60,6 +60,56 @@ def test_commutative_operands_match_either_order(bgr):
         run_both(ep, new, x, b, r)
 
 
+def quick_gelu(x):
+    return x * torch.sigmoid(1.702 * x)
+
+
+def test_a_differing_literal_of_a_commutative_op_is_named_as_such():
+    """``1.7 * x`` against the pattern's ``1.702 * x``: the swapped operand order fails as deep, and its
+    reason ("the literal 1.7 where the pattern has tensor 'x'") was the one reported (found by a
+    usability test)."""
+    rs = RuleSet("qg")
+    fxkern.replace(quick_gelu, fxkern.cuda_kernel_op("fxkern_test::quick_gelu_lit", spec_like(quick_gelu)), rules=rs)
+    report = fxkern.explain(export(Fn(lambda h: h * torch.sigmoid(1.7 * h)), torch.randn(4, 8)), rs)
+    (nm,) = report["quick_gelu"].near_misses
+    assert "literal differs" in nm.reason and "1.702" in nm.reason and "1.7" in nm.reason, nm.reason
+
+
+def l2_normalize(x):
+    return F.normalize(x, dim=-1)  # norm(...).clamp_min(eps).expand_as(x): a size list from x's shape
+
+
+def test_a_size_taken_from_an_input_matches_that_input_in_every_ir():
+    """The pattern's expand holds the example input's shape; in core ATen and torch.compile graphs the
+    model's expand holds the model's, and the rule matched only in torch.export's IR (found by a
+    usability test). The size list now stands for the input's shape, symbolic sizes included."""
+    rs = RuleSet("l2")
+    op = fxkern.cuda_kernel_op("fxkern_test::l2_normalize", spec_like(l2_normalize), reference=l2_normalize)
+    fxkern.replace(l2_normalize, op, rules=rs)
+    model, x = Fn(lambda h: F.normalize(h * 2, dim=-1) + 1), torch.randn(2, 5, 16)
+    core = export(model, x).run_decompositions()
+    assert count_target(fxkern.apply(core, rs, verify=True), op) == 1
+    for dynamic in (False, True):
+        be = fxkern.backend(rs, inner="aot_eager")
+        torch.testing.assert_close(torch.compile(model, backend=be, dynamic=dynamic)(x), model(x))
+        torch._dynamo.reset()
+        assert [len(r.matches) for r in be.reports] == [1], dynamic
+
+
+def test_a_size_that_is_not_the_input_shape_is_refused():
+    """Where the graph expands to another shape than the bound input's, the sizes are not "x's shape"."""
+    def spread(x):
+        return x.sum(-1, keepdim=True).expand_as(x)
+
+    rs = RuleSet("spread")
+    fxkern.replace(spread, fxkern.cuda_kernel_op("fxkern_test::spread", spec_like(spread), reference=spread), rules=rs)
+    ep = export(Fn(lambda h: h.sum(-1, keepdim=True).expand(2, 5, 16) * 3), torch.randn(1, 5, 16)).run_decompositions()
+    report = fxkern.explain(ep, rs)
+    assert not report.matches
+    (nm,) = report["spread"].near_misses
+    assert "the pattern has x's shape, the graph [2, 5, 16]" in nm.reason and "[1, 5, 16]" in nm.reason, nm.reason
+
+
 def test_one_node_feeds_two_parameters(bgr):
     rs, rule = bgr
     ep = export(Fn(lambda x, b: F.gelu(x + b, approximate="tanh") + x), torch.randn(4, 8), torch.randn(8))

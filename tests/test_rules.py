@@ -73,6 +73,19 @@ def test_arity_mismatch():
         fxkern.replace(lambda x: x + 1, _add_op(), name="arity", rules=RuleSet())
 
 
+def two_outputs(x, y):
+    return x + y, x * y
+
+
+@pytest.mark.parametrize("pattern, n_out, words", [
+    (lambda x, y: x + y, 2, r"returns 1 tensor\(s\) but"), (two_outputs, 1, r"returns 2 tensor\(s\) but")])
+def test_output_count_mismatch_is_refused_by_replace(pattern, n_out, words):
+    """It showed only later, site by site, as near-misses (found by a usability test)."""
+    spec = spec_like(two_outputs, n_out=n_out)
+    with pytest.raises(SpecError, match=words):
+        fxkern.replace(pattern, spec, name=f"fxkern_test::outs_{n_out}", rules=RuleSet())
+
+
 def test_scalar_that_does_not_reach_the_graph_is_refused():
     def p(x, eps: float):
         return x * (1.0 / eps)  # Python arithmetic: eps never appears as a literal

@@ -219,6 +219,13 @@ def backend(rules: Union[RuleSet, Sequence[Rule], None] = None, inner: Any = "in
     if unknown:
         raise SpecError(f"fxkern.backend: unknown option(s) {unknown}; it takes config_patches=, decompositions= "
                         f"(inductor) and options= (Torch-TensorRT)")
+    if inner in ("tensorrt", "torch_tensorrt"):  # here, not at the first call, where dynamo wraps the error
+        from fxkern.errors import TensorRTUnavailable
+        from fxkern.tensorrt import available
+
+        status = available()
+        if not status:
+            raise TensorRTUnavailable(f"fxkern.backend(inner={inner!r}): {status.reason}")
     return FxkernBackend(rules, inner, report, options)
 
 
