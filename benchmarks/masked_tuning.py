@@ -524,14 +524,14 @@ VARIANTS: dict[str, dict] = {
     "4-pack blocks of 4 register-fulls": _variant(steps=dict.fromkeys(NARROW, 4)),
     # the 16-bit 2048-key blocks alone (64 threads, a row each) taking two rows: H100, 15:39-16:17 UTC, masked
     # bfloat16 2048 keys +0.8% to +1.7% in five runs (16:16: 2865 against 2816), soft-capped +2.2% to +2.6% in four
-    # (2835 against 2764), the other columns level; on an H200 (2026-11-26 20:50 UTC) masked bfloat16 +3.1% (3842
-    # against 3725), soft-capped +4.5% (3250 against 3110): shipped at 21:10 UTC (MASKED_TUNING's steps)
-    "16-bit 2048-key blocks of 1 register-full (shipped until 2026-11-26 21:10 UTC)": _variant(steps={}),
-    # 2026-11-26 20:55 UTC, H200: float32 rows of 512 at 3611 GB/s shipped (8 an SM), 4089 through one fma
-    # made as loads arrive, 3359 two roundings made as loads arrive; 21:05 UTC: 12 an SM 3835 (shipped at 21:10
+    # (2835 against 2764), the other columns level; on an H200 (2026-11-26 20:46 UTC) masked bfloat16 +3.1% (3842
+    # against 3725), soft-capped +4.5% (3250 against 3110): shipped at 20:53 UTC (MASKED_TUNING's steps)
+    "16-bit 2048-key blocks of 1 register-full (shipped until 2026-11-26 20:53 UTC)": _variant(steps={}),
+    # 2026-11-26 20:48 UTC, H200: float32 rows of 512 at 3611 GB/s shipped (8 an SM), 4089 through one fma
+    # made as loads arrive, 3359 two roundings made as loads arrive; 20:50 UTC: 12 an SM 3835 (shipped at 20:53
     # UTC), 16 an SM 3782, __fadd_rn or a plain add the same (3331 / 3571 against 3359 / 3606)
     "float32 small blocks at 16 an SM, fetched first": _variant(blocks_short_32bit=16),
-    "float32 small blocks at 8 an SM, fetched first (shipped until 2026-11-26 21:10 UTC)": _variant(blocks_short_32bit=8),
+    "float32 small blocks at 8 an SM, fetched first (shipped until 2026-11-26 20:53 UTC)": _variant(blocks_short_32bit=8),
     "float32 __fmul_rn then a plain add, made as loads arrive": _variant(fetch_first=("_short", *NARROW), edits=(
     ("for (int j = 0; j < V; ++j) f[j] = __fadd_rn(f[j], g[j]);\n        return from_floats<T, V>(f);\n    }\n};",
      "for (int j = 0; j < V; ++j) f[j] += g[j];  // after __fmul_rn: cannot contract\n        return from_floats<T, V>(f);\n    }\n};"),)),
@@ -543,11 +543,11 @@ VARIANTS: dict[str, dict] = {
     ("for (int j = 0; j < V; ++j) f[j] = __fadd_rn(f[j], g[j]);\n        return from_floats<T, V>(f);\n    }\n};",
      "for (int j = 0; j < V; ++j) f[j] += g[j];  // after __fmul_rn: cannot contract\n        return from_floats<T, V>(f);\n    }\n};"),)),
     # ptxas kept each pack's guarded FMUL + FADD block (eager's two roundings) a branch of its own, its
-    # values held apart from the packs they came from (80-88 registers); MAKE_ALL (shipped at 21:20 UTC)
+    # values held apart from the packs they came from (80-88 registers); MAKE_ALL (shipped at 21:25 UTC)
     # makes every pack's values unguarded from zeroed packs: one straight block, 62-64 registers (sm_90
-    # SASS, a helper's study). H200, 2026-11-26 21:15 UTC: float32 512 keys 4097 GB/s against 3869,
+    # SASS, a helper's study). H200, 2026-11-26 21:13 UTC: float32 512 keys 4097 GB/s against 3869,
     # 2048 keys 3904 against 3760; at 16 an SM the same (4094, 3903); 16-bit too: 16-bit level
-    "float32 values made in guarded blocks (shipped until 2026-11-26 21:20 UTC)": _variant(edits=((
+    "float32 values made in guarded blocks (shipped until 2026-11-26 21:25 UTC)": _variant(edits=((
         "static constexpr bool MAKE_ALL = sizeof(T) == 4;", "static constexpr bool MAKE_ALL = false;"),)),
     "values made for every pack in 16-bit too": _variant(edits=((
         "static constexpr bool MAKE_ALL = sizeof(T) == 4;", "static constexpr bool MAKE_ALL = !CAP;"),)),

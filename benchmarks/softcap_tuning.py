@@ -122,12 +122,12 @@ VARIANTS: dict[str, dict] = {
     # masked_tuning's "4-pack blocks of N register-fulls" (its numbers there)
     "4-pack blocks of 2 register-fulls": _variant(steps=dict.fromkeys(NARROW, 2)),
     "4-pack blocks of 4 register-fulls": _variant(steps=dict.fromkeys(NARROW, 4)),
-    # shipped at 2026-11-26 21:10 UTC (H200, 20:50 UTC: bfloat16 2048 keys 3250 against 3110)
-    "16-bit 2048-key blocks of 1 register-full (shipped until 2026-11-26 21:10 UTC)": _variant(steps={}),
+    # shipped at 2026-11-26 20:53 UTC (H200, 20:47 UTC: bfloat16 2048 keys 3250 against 3110)
+    "16-bit 2048-key blocks of 1 register-full (shipped until 2026-11-26 20:53 UTC)": _variant(steps={}),
     # masked_tuning's MAKE_ALL (every pack's values made unguarded from zeroed packs) in the soft-capped
-    # float32 kernels too (shipped at 21:30 UTC): H200, 2026-11-26 21:26 UTC, 3575 / 3337 GB/s at float32 512 /
+    # float32 kernels too (shipped at 21:36 UTC): H200, 2026-11-26 21:27 UTC, 3575 / 3337 GB/s at float32 512 /
     # 2048 keys against 3539 / 3067
-    "float32 values made in guarded blocks (shipped until 2026-11-26 21:30 UTC)": _variant(edits=((
+    "float32 values made in guarded blocks (shipped until 2026-11-26 21:36 UTC)": _variant(edits=((
         "static constexpr bool MAKE_ALL = sizeof(T) == 4;", "static constexpr bool MAKE_ALL = false;"),)),
     "staged through shared memory, 3 stages, 4 warps a block": staged(),
     # masked_tuning.BULK: rows brought into shared memory by bulk copies

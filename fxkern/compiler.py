@@ -215,6 +215,7 @@ def compile_source(
             hit = None
         if hit is not None:
             _count("hits")
+            log.debug("fxkern: %s for %s from the kernel cache, written by another process (%s)", filename, arch, path)
             return hit
         compiled = compile_now()
         try:

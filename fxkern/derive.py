@@ -160,9 +160,10 @@ def plan_kernel(
         raise _fail("kernel_name", f"{spec.kernel_name!r} is not a C identifier")
     if spec.kernel_name not in spec.kernel_source:
         raise _fail("kernel_name", f"{spec.kernel_name!r} does not appear in kernel_source")
-    kind, declared = _declaration(spec.kernel_source, spec.kernel_name)
-    if kind is None and not re.search(rf"(?<!\w){spec.kernel_name}(?!\w)", spec.kernel_source):
-        longer = sorted(set(re.findall(rf"\w*{spec.kernel_name}\w*", spec.kernel_source)))
+    code = re.sub(r"//[^\n]*|/\*.*?\*/", " ", spec.kernel_source, flags=re.S)  # a ';' or 'template' in a comment
+    kind, declared = _declaration(code, spec.kernel_name)
+    if kind is None and not re.search(rf"(?<!\w){spec.kernel_name}(?!\w)", code):
+        longer = sorted(set(re.findall(rf"\w*{spec.kernel_name}\w*", code)))
         raise _fail("kernel_name", f"{spec.kernel_name!r} appears in kernel_source only inside other names "
                                    f"({', '.join(longer[:3])}); pass the __global__ function's whole name")
     if kind == "__device__":

@@ -26,9 +26,11 @@ import ast
 import bisect
 import collections
 import contextlib
+import functools
 import itertools
 import linecache
 import logging
+import math
 import re
 import sys
 import threading
@@ -253,17 +255,26 @@ def _runs(comps: List[List[fx.Node]], stmts: Dict[fx.Node, int], order: Dict[fx.
 
 
 def repeated_run(nodes: List[fx.Node], site: RegionSite) -> Optional[fx.Node]:
-    """A node showing that one instance holds k >= 2 runs of the block, or None. A loop around the
-    block leaves every (line, op) of it k times; one run that calls an op twice on a line (CLIP's
-    ``h * torch.sigmoid(1.702 * h)``) leaves some ops once, and is one run (refused before: found by
-    a usability test). Runs on one line cannot be told apart, and merging them would change the
-    result, so such an instance is refused; the node returned is the first of the second run."""
-    keys = [(_line_in_site(n, site), n.target) for n in nodes]
-    counts = collections.Counter(keys)
-    if len(set(counts.values())) != 1 or next(iter(counts.values())) < 2:
+    """A node showing that one instance may hold k >= 2 runs of the block, or None. A loop around the
+    block leaves every (line, op) of it a multiple of k times, less what a compiler hoisted out of
+    the loop (an op on loop-invariant values, kept once and used by every run). One run that calls
+    an op twice on a line (CLIP's ``h * torch.sigmoid(1.702 * h)``) is one run: no common multiple,
+    nothing used by several nodes (refused before: found by a usability test). Runs on one line
+    cannot be told apart, and merging them would change the result, so an instance that may hold
+    several is refused; the node returned is where the repetition shows."""
+    keys = {n: (_line_in_site(n, site), n.target) for n in nodes}
+    counts = collections.Counter(keys.values())
+    most = max(counts.values(), default=1)
+    if most < 2:
         return None
-    first = keys[0]
-    return next(n for i, n in enumerate(nodes) if i and keys[i] == first)
+    repeated = next(n for n in nodes if counts[keys[n]] == most)
+    if functools.reduce(math.gcd, counts.values()) >= 2:
+        return repeated
+    inside = set(nodes)
+    for n in nodes:  # a value fewer runs made than the others, used by several nodes: a hoisted invariant?
+        if counts[keys[n]] < most and sum(u in inside for u in n.users) >= 2:
+            return n
+    return None
 
 
 def _components(nodes: List[fx.Node], stmts: Dict[fx.Node, int]) -> List[List[fx.Node]]:

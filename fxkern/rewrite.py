@@ -462,7 +462,8 @@ def _regions(graph: fx.Graph, facts: _Facts, report: Report, safe: List[_Candida
         again = None if exact else repeated_run(nodes, site)
         if again is not None:
             rr.near_misses.append(NearMiss(site.label, [n.name for n in nodes], (
-                f"the block seems to have run more than once here ({again.name!r} repeats an op of the same line): "
+                f"the block seems to have run more than once here (its ops repeat, or {again.name!r} is used by several "
+                f"runs): "
                 f"put the loop outside the region, or the block in a module or function of its own")))
             continue
         writer = next((n for n in nodes if mutates(n)), None)

@@ -108,6 +108,10 @@ def test_a_templated_kernel_with_dtypes_and_a_macro_kernel_pass():
     plan_kernel(spec(kernel_source=TEMPLATE_SRC, dtypes=(torch.float32, torch.float16)))
     macro = "#define KERNEL(name) extern \"C\" __global__ void name(const float* x, int n, float* y) {}\nKERNEL(k)"
     plan_kernel(spec(kernel_source=macro))  # left to NVRTC
+    # comments are not code: a ';' or '{' in one, or a word 'template' (found by a review)
+    commented = "template <typename T>  // T: float; or __half {f32, f16}\n__global__ void k(const T* x, int n, T* y) {}"
+    plan_kernel(spec(kernel_source=commented, dtypes=(torch.float32, torch.float16)))
+    plan_kernel(spec(kernel_source="/* not the template <typename T> one */\n" + SRC))
 
 
 def test_elementwise_flat_geometry():

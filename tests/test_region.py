@@ -1,5 +1,6 @@
 """fxkern.region: a marked block of model code becomes one op call after plain torch.export."""
 
+import pytest
 import torch
 import torch.nn.functional as F
 
@@ -421,3 +422,47 @@ def test_the_compile_cache_key_holds_the_region_sites():
     block(other)  # the same line, another target: another site
     assert len({before, with_one, _rule_key([])}) == 3
     assert be.fingerprint() != seen and site_count() >= 2
+
+
+class QuickGeluLooped(torch.nn.Module):
+    def forward(self, h):
+        for _ in range(2):
+            with fxkern.region(QUICK_GELU):
+                h = h * torch.sigmoid(1.702 * h)
+        return h
+
+
+def sigmoid_bias_ref(b, h):
+    return h + torch.sigmoid(b)
+
+
+SIGMOID_BIAS = fxkern.cuda_kernel_op("fxkern_test::region_sigmoid_bias", spec_like(sigmoid_bias_ref, same_as="h"),
+                                     reference=sigmoid_bias_ref)
+
+
+class HoistedLooped(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.b = torch.nn.Parameter(torch.randn(8))
+
+    def forward(self, h):
+        for _ in range(2):
+            with fxkern.region(SIGMOID_BIAS):
+                h = h + torch.sigmoid(self.b)  # loop-invariant: inductor's training graph keeps one sigmoid
+        return h
+
+
+@pytest.mark.parametrize("model, inner, grad", [(QuickGeluLooped(), "aot_eager", False),
+                                               (HoistedLooped(), "inductor", True)], ids=["same op twice", "hoisted"])
+def test_a_looped_block_under_torch_compile_is_refused_not_merged(model, inner, grad):
+    """Two runs in one graph, on one line: a loop of the quick GELU line leaves mul 4 times and sigmoid
+    twice, and a loop whose invariant sigmoid inductor keeps once leaves sigmoid once, add twice; the
+    first version of the one-line rule merged both into one op call, a wrong result (found by a review)."""
+    x = torch.randn(4, 8)
+    model(x)  # records the site
+    be = fxkern.backend(RuleSet("empty"), inner=inner)
+    with torch.set_grad_enabled(grad):
+        torch.testing.assert_close(torch.compile(model, backend=be)(x), model(x))
+    torch._dynamo.reset()
+    assert not [m for r in be.reports for m in r.matches]
+    assert any("more than once" in nm.reason for r in be.reports for rr in r.rules.values() for nm in rr.near_misses)

@@ -33,6 +33,7 @@ from typing import Any, Callable, List, Optional, Sequence, Union
 import torch.fx as fx
 
 from fxkern.errors import SpecError
+from fxkern.region import site_count, sites
 from fxkern.rewrite import Report, rewrite_graph
 from fxkern.rules import Rule, RuleSet, default_rules
 
@@ -59,7 +60,6 @@ def _rule_key(rules: Sequence[Rule]) -> str:
     review). The region sites recorded so far count too: without them a graph cached before a
     region was added, or with another target, ran the old code (found by a usability test)."""
     from fxkern.ops import _fn_id
-    from fxkern.region import sites  # the module's (fxkern.region is the context manager)
 
     h = hashlib.sha256()
     for r in rules:
@@ -121,8 +121,6 @@ class FxkernBackend:
     def fingerprint(self) -> Any:
         """Cheap to read on every call: which rule set, at which version (or which rules), and how many
         region sites have been recorded (a block first run after the compile is a new instruction)."""
-        from fxkern.region import site_count
-
         rs = self.rules if self.rules is not None else default_rules()
         if isinstance(rs, RuleSet):
             return id(rs), rs.version, site_count()

@@ -636,10 +636,10 @@ def _grids(spec: KernelSpec, blocks_short_32bit: int = 16, blocks_short: int = 3
 # are left out (benchmarks/masked_tuning.py's variants). The float32 small blocks fetch first since
 # their scores are rounded as eager rounds them (x * scale, then + mask, not one fma): with the values
 # made as loads arrived that cost 7.4% at 512 keys on an H100 and 18% on an H200, fetched first 0% and
-# 12% (H100, 2026-11-26 16:01 UTC: 2868 GB/s against the fma's 2866; H200, 20:55-21:05 UTC: 3606 against
-# 4091); 12 of those blocks an SM, not 8, win back half of that on the H200 (3835 GB/s). The 16-bit
-# 2048-key blocks take two rows one after another (masked +3%, soft-capped +4.5% on the H200 at 20:50
-# UTC; +1-2.6% on an H100).
+# 12% (H100, 2026-11-26 16:01 UTC: 2868 GB/s against the fma's 2866; H200, 20:48-20:50 UTC: 3606 against
+# 4091); 12 of those blocks an SM, not 8, won back half of that on the H200 (3835 GB/s), and MaskedRows'
+# MAKE_ALL the rest (4097, 21:13 UTC). The 16-bit 2048-key blocks take two rows one after another
+# (masked +3%, soft-capped +4.5% on the H200 at 20:46 UTC; +1-2.6% on an H100).
 MASKED_TUNING = {"blocks_short_32bit": 12, "blocks_short": 16, "blocks_f32": 2,
                  "fetch_first": ("_short", *NARROW_GRIDS, "_short_32bit"), "blocks_narrow": 28,
                  "steps": {"_4packs_2048": 2}}
