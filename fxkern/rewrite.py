@@ -99,6 +99,9 @@ class Report:
                 lines.append(f"  match      {', '.join(m.nodes)}  [{m.location}]")
             for nm in rr.near_misses:
                 lines.append(f"  near-miss  {', '.join(nm.nodes) or '-'}: {nm.reason}")
+            if rr.candidates and not rr.matches and not rr.near_misses:
+                lines.append(f"  (the pattern's last op appears {rr.candidates}x, but none of them came close to the "
+                             f"pattern's other ops: the model may compute it another way; see troubleshooting.md, near-misses)")
         return "\n".join(lines) if lines else "no rules"
 
 

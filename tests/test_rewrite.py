@@ -96,6 +96,17 @@ def test_a_size_taken_from_an_input_matches_that_input_in_every_ir():
         assert [len(r.matches) for r in be.reports] == [1], dynamic
 
 
+def test_a_report_says_when_no_site_came_close():
+    """A hand-written normalize against the F.normalize rule: one div, no walk got halfway, so no
+    near-miss; the report said "0 replaced of 1 candidate sites" and nothing else (found by a usability test)."""
+    rs = RuleSet("l2-close")
+    op = fxkern.cuda_kernel_op("fxkern_test::l2_normalize_c", spec_like(l2_normalize), reference=l2_normalize)
+    fxkern.replace(l2_normalize, op, rules=rs)
+    report = fxkern.explain(export(Fn(lambda h: h / h.norm(dim=-1, keepdim=True).clamp_min(1e-12)), torch.randn(2, 8)), rs)
+    assert not report.matches and not report["l2_normalize"].near_misses
+    assert "appears 1x, but none of them came close" in str(report)
+
+
 def test_a_size_that_is_not_the_input_shape_is_refused():
     """Where the graph expands to another shape than the bound input's, the sizes are not "x's shape"."""
     def spread(x):
