@@ -24,13 +24,10 @@ from __future__ import annotations
 
 import ast
 import bisect
-import collections
 import contextlib
-import functools
 import itertools
 import linecache
 import logging
-import math
 import re
 import sys
 import threading
@@ -255,25 +252,18 @@ def _runs(comps: List[List[fx.Node]], stmts: Dict[fx.Node, int], order: Dict[fx.
 
 
 def repeated_run(nodes: List[fx.Node], site: RegionSite) -> Optional[fx.Node]:
-    """A node showing that one instance may hold k >= 2 runs of the block, or None. A loop around the
-    block leaves every (line, op) of it a multiple of k times, less what a compiler hoisted out of
-    the loop (an op on loop-invariant values, kept once and used by every run). One run that calls
-    an op twice on a line (CLIP's ``h * torch.sigmoid(1.702 * h)``) is one run: no common multiple,
-    nothing used by several nodes (refused before: found by a usability test). Runs on one line
-    cannot be told apart, and merging them would change the result, so an instance that may hold
-    several is refused; the node returned is where the repetition shows."""
-    keys = {n: (_line_in_site(n, site), n.target) for n in nodes}
-    counts = collections.Counter(keys.values())
-    most = max(counts.values(), default=1)
-    if most < 2:
-        return None
-    repeated = next(n for n in nodes if counts[keys[n]] == most)
-    if functools.reduce(math.gcd, counts.values()) >= 2:
-        return repeated
-    inside = set(nodes)
-    for n in nodes:  # a value fewer runs made than the others, used by several nodes: a hoisted invariant?
-        if counts[keys[n]] < most and sum(u in inside for u in n.users) >= 2:
+    """A node showing that one instance may hold two runs of the block (the same op on the same
+    line twice, as a loop around the block leaves it), or None. Such an instance is refused: runs on
+    one line cannot be told apart, and merging them would change the result. A line that calls an op
+    twice in one run (CLIP's ``h * torch.sigmoid(1.702 * h)``) is refused too: rules that tried to
+    tell it from a loop by the ops' counts merged loops whose runs a compiler had hoisted from or
+    pruned, a wrong result (found by two reviews)."""
+    seen = set()
+    for n in nodes:
+        key = (_line_in_site(n, site), n.target)
+        if key in seen:
             return n
+        seen.add(key)
     return None
 
 

@@ -465,9 +465,10 @@ def _regions(graph: fx.Graph, facts: _Facts, report: Report, safe: List[_Candida
         again = None if exact else repeated_run(nodes, site)
         if again is not None:
             rr.near_misses.append(NearMiss(site.label, [n.name for n in nodes], (
-                f"the block seems to have run more than once here (its ops repeat, or {again.name!r} is used by several "
-                f"runs): "
-                f"put the loop outside the region, or the block in a module or function of its own")))
+                f"the block seems to have run more than once here ({again.name!r} repeats an op of its line): put the "
+                f"loop outside the region, or the block in a module or function of its own; a line that calls one op "
+                f"twice (h * torch.sigmoid(1.702 * h)) reads the same way: write it as two statements, or export "
+                f"with torch.export's default (non-strict) tracing, which tells runs apart")))
             continue
         writer = next((n for n in nodes if mutates(n)), None)
         if writer is not None:

@@ -387,16 +387,29 @@ class QuickGelu(torch.nn.Module):
         return a + 1
 
 
-def test_a_line_calling_an_op_twice_is_one_run_under_torch_compile():
-    """Stack traces put both multiplications on one line; the instance was refused as a block run twice
-    (a loop leaves every op of the block twice, this line one op once; found by a usability test)."""
-    model, x = QuickGelu(), torch.randn(4, 8)
-    model(x)  # records the site
-    be = fxkern.backend(RuleSet("empty"), inner="aot_eager")
-    with torch.no_grad():
-        torch.testing.assert_close(torch.compile(model, backend=be)(x), model(x))
-    torch._dynamo.reset()
-    assert [m.rule for r in be.reports for m in r.matches] == [f"region@test_region.py:{QuickGelu.forward.__code__.co_firstlineno + 1}"]
+class QuickGeluTwoLines(torch.nn.Module):
+    def forward(self, h):
+        with fxkern.region(QUICK_GELU):
+            s = torch.sigmoid(1.702 * h)
+            a = h * s
+        return a + 1
+
+
+def test_a_line_calling_an_op_twice_is_refused_with_the_way_out_under_torch_compile():
+    """Stack traces cannot tell one run that calls an op twice on a line from a loop's two runs (rules
+    that tried, by the ops' counts, merged loops a compiler had pruned or hoisted from: wrong results,
+    found by two reviews). The near-miss says to split the line, and split it is replaced."""
+    x = torch.randn(4, 8)
+    for model, replaced in ((QuickGelu(), False), (QuickGeluTwoLines(), True)):
+        model(x)  # records the site
+        be = fxkern.backend(RuleSet("empty"), inner="aot_eager")
+        with torch.no_grad():
+            torch.testing.assert_close(torch.compile(model, backend=be)(x), model(x))
+        torch._dynamo.reset()
+        assert bool([m for r in be.reports for m in r.matches]) is replaced, type(model).__name__
+        if not replaced:
+            reasons = [nm.reason for r in be.reports for rr in r.rules.values() for nm in rr.near_misses]
+            assert any("write it as two statements" in reason for reason in reasons), reasons
 
 
 def test_the_compile_cache_key_holds_the_region_sites():
@@ -452,12 +465,32 @@ class HoistedLooped(torch.nn.Module):
         return h
 
 
+def exp_after_add_ref(h):
+    return (h + 1).exp()
+
+
+EXP_AFTER_ADD = fxkern.cuda_kernel_op("fxkern_test::region_exp_after_add", spec_like(exp_after_add_ref),
+                                      reference=exp_after_add_ref)
+
+
+class PrunedLooped(torch.nn.Module):
+    def forward(self, h):
+        for _ in range(2):
+            with fxkern.region(EXP_AFTER_ADD):
+                h = h + 1
+                y = h.exp()  # only the last run's is used: the first run's exp is dead code
+        return y
+
+
 @pytest.mark.parametrize("model, inner, grad", [(QuickGeluLooped(), "aot_eager", False),
-                                               (HoistedLooped(), "inductor", True)], ids=["same op twice", "hoisted"])
+                                               (HoistedLooped(), "inductor", True),
+                                               (PrunedLooped(), "inductor", False)],
+                         ids=["same op twice", "hoisted", "pruned"])
 def test_a_looped_block_under_torch_compile_is_refused_not_merged(model, inner, grad):
     """Two runs in one graph, on one line: a loop of the quick GELU line leaves mul 4 times and sigmoid
-    twice, and a loop whose invariant sigmoid inductor keeps once leaves sigmoid once, add twice; the
-    first version of the one-line rule merged both into one op call, a wrong result (found by a review)."""
+    twice, a loop whose invariant sigmoid inductor keeps once leaves sigmoid once and add twice, and a
+    loop whose first exp is dead code leaves add twice and exp once; rules that accepted a line calling
+    an op twice merged them into one op call, a wrong result (found by two reviews)."""
     x = torch.randn(4, 8)
     model(x)  # records the site
     be = fxkern.backend(RuleSet("empty"), inner=inner)
