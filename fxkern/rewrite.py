@@ -139,8 +139,9 @@ class _Facts:
     """What the safety checks ask of one graph, computed once per analysis: node positions, where
     the in-place ops are, and the fake-run outcomes and metadata keys already seen."""
 
-    def __init__(self, graph: fx.Graph, by_target: Dict[Any, List[fx.Node]]):
+    def __init__(self, graph: fx.Graph, by_target: Dict[Any, List[fx.Node]], autocast: Tuple[str, ...] = ()):
         self.pos = _positions(graph)
+        self.autocast = autocast  # device types whose autocast is on where this graph runs
         writers = sorted((n for t, ns in by_target.items() if _writes_input(t) for n in ns), key=self.pos.__getitem__)
         self.writers = writers
         self.writer_pos = [self.pos[n] for n in writers]
@@ -176,7 +177,39 @@ def _hazards(match: Match, facts: _Facts) -> Optional[str]:
     if node is not None:
         where = "the matched nodes" if pos[node] > min(pos[n] for n in inside) else "a copy the match reads and the match"
         return f"the in-place op {node.name!r} ({node.target}) runs between {where}"
+    for device in facts.autocast:
+        changed = next((n for n in match.nodes if _autocast_changes(n, device)), None)
+        if changed is not None:
+            return (f"inside a torch.autocast({device!r}) block, {changed.name!r} ({changed.target}) runs in another "
+                    f"dtype than written, and the op would run as written: move the block out of the autocast "
+                    f"region, or export with autocast applied (ep.run_decompositions() writes its casts out)")
     return None
+
+
+_AUTOCAST_KEYS = {"cuda": "AutocastCUDA", "cpu": "AutocastCPU", "xpu": "AutocastXPU", "mps": "AutocastMPS"}
+
+
+def _autocast_changes(node: fx.Node, device: str) -> bool:
+    """True when autocast on ``device`` changes what ``node`` computes: the op has an autocast
+    kernel there, and its traced output dtype differs from the one it gives without autocast
+    (an op on the float32 list given float32 inputs, say, is left as written)."""
+    if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload):
+        return False
+    key = _AUTOCAST_KEYS.get(device)
+    if key is not None and not torch._C._dispatch_has_kernel_for_dispatch_key(node.target.name(), key):
+        return False
+    as_val = lambda v: v.meta.get("val") if isinstance(v, fx.Node) else v  # noqa: E731
+    args, kwargs = torch.utils._pytree.tree_map(as_val, (node.args, node.kwargs))
+    try:
+        mode = torch._guards.detect_fake_mode(torch.utils._pytree.tree_leaves((args, kwargs)))
+        with mode or torch._subclasses.FakeTensorMode(allow_non_fake_inputs=True), torch._C._DisableAutocast():
+            plain = node.target(*args, **kwargs)
+    except Exception:  # noqa: BLE001 - cannot tell: count it as changed
+        return True
+    traced = torch.utils._pytree.tree_leaves(node.meta.get("val"))
+    plain = torch.utils._pytree.tree_leaves(plain)
+    return len(traced) != len(plain) or any(
+        isinstance(a, torch.Tensor) and (not isinstance(b, torch.Tensor) or a.dtype != b.dtype) for a, b in zip(traced, plain))
 
 
 def _placement(match: Match, pos: Dict[fx.Node, float]) -> Optional[str]:
@@ -342,12 +375,31 @@ def _ordered_rules(rules: Union[RuleSet, Sequence[Rule], None]) -> List[Rule]:
     return sorted(rs, key=lambda r: (r.priority if r.priority is not None else 0, r.order))
 
 
+@dataclass
+class _Analysis:
+    """One graph's accepted matches, and those of the subgraphs its higher-order ops run."""
+
+    accepted: List[_Candidate]
+    pos: Dict[fx.Node, float]
+    inner: Dict[str, "_Analysis"] = field(default_factory=dict)  # by the subgraph's attribute name
+
+    def replaced(self) -> List[_Candidate]:
+        return self.accepted + [c for a in self.inner.values() for c in a.replaced()]
+
+
 def analyse(gm: fx.GraphModule, rules: Union[RuleSet, Sequence[Rule], None], irs: Sequence[str]):
-    """Every rule's safe candidates, the accepted (non-overlapping) ones, and the report."""
+    """Every rule's safe candidates, the accepted (non-overlapping) ones, and the report (the
+    accepted matches of this graph only; :func:`_analyse` also has its subgraphs')."""
+    tree, report = _analyse(gm, rules, irs)
+    return tree.accepted, report, tree.pos
+
+
+def _analyse(gm: fx.GraphModule, rules: Union[RuleSet, Sequence[Rule], None], irs: Sequence[str],
+             autocast: Tuple[str, ...] = ()) -> Tuple[_Analysis, Report]:
     graph = gm.graph
     by_target = index_by_target(graph)
     matcher = Matcher(graph, by_target)
-    facts = _Facts(graph, by_target)
+    facts = _Facts(graph, by_target, autocast)
     pos = facts.pos
     report = Report()
     safe: List[_Candidate] = []
@@ -422,30 +474,67 @@ def analyse(gm: fx.GraphModule, rules: Union[RuleSet, Sequence[Rule], None], irs
     for c in accepted:
         info = MatchInfo(c.rule.name, [n.name for n in c.match.nodes], _location(c.match.anchor))
         report.rules[c.rule.name].matches.append(info)
-    _nested(gm, rules, irs, report)
+    inner = _nested(gm, rules, irs, report, autocast)
     for rr in report.rules.values():
         report.matches.extend(rr.matches)
         report.near_misses.extend(rr.near_misses)
-    return accepted, report, pos
+    return _Analysis(accepted, pos, inner), report
 
 
-def _nested(gm: fx.GraphModule, rules: Any, irs: Sequence[str], report: Report) -> None:
-    """Matches inside the subgraphs of higher-order ops (``torch.no_grad()`` and ``torch.autocast``
-    blocks export as ``wrap_with_set_grad_enabled``/``wrap_with_autocast`` of a submodule): not
-    rewritten, and reported as near-misses, which they went without (found by a review)."""
+# The higher-order ops whose subgraphs are rewritten: each runs its subgraph as a plain function,
+# under a grad mode, an autocast state (checked per match), or a branch condition.
+_BLOCKS = {
+    "wrap_with_set_grad_enabled": "a torch.no_grad() block",
+    "wrap_with_autocast": "a torch.autocast block",
+    "cond": "a torch.cond branch",
+}
+
+
+def _nested(gm: fx.GraphModule, rules: Any, irs: Sequence[str], report: Report,
+            autocast: Tuple[str, ...]) -> Dict[str, _Analysis]:
+    """The subgraphs of higher-order ops: ``torch.no_grad()`` and ``torch.autocast`` blocks export
+    as ``wrap_with_set_grad_enabled``/``wrap_with_autocast`` of a submodule, ``torch.cond`` as
+    two. Their matches join the report, named ``submodule.node``; other higher-order ops'
+    subgraphs (a flex_attention score_mod, say) are analysed and reported, never rewritten."""
+    inner: Dict[str, _Analysis] = {}
+    seen: Set[str] = set()
     for node in gm.graph.nodes:
         if node.op != "call_function" or not isinstance(node.target, torch._ops.HigherOrderOperator):
             continue
+        hop = node.target.__name__
         for arg in node.args:
             sub = getattr(gm, arg.target, None) if isinstance(arg, fx.Node) and arg.op == "get_attr" else None
-            if not isinstance(sub, fx.GraphModule):
+            if not isinstance(sub, fx.GraphModule) or arg.target in seen:
                 continue
-            _, inner, _ = analyse(sub, rules, irs)
-            for m in inner.matches:
-                report.rules.setdefault(m.rule, RuleReport()).near_misses.append(NearMiss(m.rule, m.nodes, (
-                    f"inside {node.target.__name__} ({arg.target}), a higher-order op (a torch.no_grad() or "
-                    f"torch.autocast block) whose graph fxkern does not rewrite; ep.run_decompositions() inlines "
-                    f"it, and the rule then applies")))
+            seen.add(arg.target)
+            tree, sub_report = _analyse(sub, rules, irs, _scope(node, autocast))
+            if hop in _BLOCKS and "." not in arg.target:
+                inner[arg.target] = tree
+                _merge(report, sub_report, arg.target, _BLOCKS[hop])
+                continue
+            for m in sub_report.matches:
+                report.rules.setdefault(m.rule, RuleReport()).near_misses.append(NearMiss(m.rule, [f"{arg.target}.{n}" for n in m.nodes], (
+                    f"inside {hop} ({arg.target}), a higher-order op whose subgraphs fxkern does not rewrite; "
+                    f"ep.run_decompositions() may inline it, and the rule then applies")))
+    return inner
+
+
+def _scope(node: fx.Node, autocast: Tuple[str, ...]) -> Tuple[str, ...]:
+    """The device types with autocast on inside ``node``'s subgraphs."""
+    if node.target.__name__ != "wrap_with_autocast":
+        return autocast
+    device, _, enabled = node.args[:3]
+    return tuple(sorted(({device} | set(autocast)) if enabled else (set(autocast) - {device})))
+
+
+def _merge(report: Report, sub: Report, attr: str, block: str) -> None:
+    for name, srr in sub.rules.items():
+        rr = report.rules.setdefault(name, RuleReport())
+        rr.candidates += srr.candidates
+        rr.matches.extend(MatchInfo(m.rule, [f"{attr}.{n}" for n in m.nodes],
+                                    f"{m.location}{' ' if ', in ' in m.location else ', '}in {block}")
+                          for m in srr.matches)
+        rr.near_misses.extend(NearMiss(m.rule, [f"{attr}.{n}" for n in m.nodes], m.reason) for m in srr.near_misses)
 
 
 def _regions(graph: fx.Graph, facts: _Facts, report: Report, safe: List[_Candidate]) -> None:
@@ -604,13 +693,22 @@ def _rewritten(gm: fx.GraphModule, rules: Any, irs: Sequence[str], inplace: bool
 
 
 def _rewritten_now(gm: fx.GraphModule, rules: Any, irs: Sequence[str], inplace: bool) -> Tuple[Optional[fx.GraphModule], Dict[str, str]]:
-    accepted, _, pos = analyse(gm, rules, irs)
-    if not accepted:
+    tree, _ = _analyse(gm, rules, irs)
+    replaced = tree.replaced()
+    if not replaced:
         return None, {}
-    log.info("fxkern: replacing %d subgraphs (%s)", len(accepted), ", ".join(sorted({c.rule.name for c in accepted})))
+    log.info("fxkern: replacing %d subgraphs (%s)", len(replaced), ", ".join(sorted({c.rule.name for c in replaced})))
+    return _rewrite_tree(gm, tree, inplace)
+
+
+def _rewrite_tree(gm: fx.GraphModule, tree: _Analysis, inplace: bool, recompile: bool = True) -> Tuple[fx.GraphModule, Dict[str, str]]:
+    """Rewrite ``gm`` and the subgraphs with matches (a copy of each unless ``inplace``: the
+    original program's submodules stay as they were)."""
+    subs = {name: _rewrite_tree(getattr(gm, name), t, inplace)[0] for name, t in tree.inner.items() if t.replaced()}
     if inplace:
-        renamed = _rewrite(gm.graph, accepted, pos)
-        gm.recompile()
+        renamed = _rewrite(gm.graph, tree.accepted, tree.pos)
+        if recompile:
+            gm.recompile()
         return gm, renamed
     graph = fx.Graph()
     val_map: Dict[fx.Node, fx.Node] = {}
@@ -624,10 +722,13 @@ def _rewritten_now(gm: fx.GraphModule, rules: Any, irs: Sequence[str], inplace: 
                                  [tr(n) for n in c.match.outputs], {k: tr(v) for k, v in c.match.bindings.items()},
                                  [tr(n) for n in c.match.copies]),
                    c.fake_outputs)
-        for c in accepted
+        for c in tree.accepted
     ]
     renamed = _rewrite(graph, moved, _positions(graph))
-    return fx.GraphModule(gm, graph), renamed
+    new = fx.GraphModule(gm, graph)
+    for name, sub in subs.items():  # the copy took the original's; swap in the rewritten ones
+        setattr(new, name, sub)
+    return new, renamed
 
 
 def apply(program: Any, rules: Union[RuleSet, Sequence[Rule], None] = None, *, verify: bool = False,
@@ -670,9 +771,9 @@ def rewrite_graph(graph: fx.Graph, rules: Union[RuleSet, Sequence[Rule], None], 
     if gm is None:
         gm = fx.GraphModule(torch.nn.Module(), graph)
     with _collector_paused():
-        accepted, report, pos = analyse(gm, rules, irs)
-        if accepted:
-            _rewrite(graph, accepted, pos)
+        tree, report = _analyse(gm, rules, irs)
+        if tree.replaced():
+            _rewrite_tree(gm, tree, inplace=True, recompile=False)
     return report
 
 

@@ -692,6 +692,44 @@ def test_rewritten_llama_on_gpu_matches_eager():
     assert float((got - want).norm() / want.norm()) < 1e-5
 
 
+def test_blocks_under_cuda_autocast_and_no_grad_are_rewritten_where_autocast_changes_nothing():
+    """torch.export keeps the blocks as higher-order ops over submodules. Inside CUDA autocast the
+    Llama RMSNorm upcasts first, so autocast's float32 ops run as written and it is replaced; the
+    softmax of bfloat16 scores autocast runs in float32, so that match is refused."""
+
+    class Block(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(256, 512)
+            self.weight = torch.nn.Parameter(torch.randn(512) * 0.1 + 1)
+
+        def forward(self, x):
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                h = self.lin(x)
+                hf = h.to(torch.float32)
+                v = hf.pow(2).mean(-1, keepdim=True)
+                n = self.weight * (hf * torch.rsqrt(v + 1e-6)).to(h.dtype)
+                p = torch.softmax(h, dim=-1)
+            with torch.no_grad():
+                a, b = n.chunk(2, -1)
+                g = torch.nn.functional.silu(a) * b
+            return g, p
+
+    torch.manual_seed(0)
+    model = Block().cuda().to(torch.bfloat16)
+    ep = torch.export.export(model, (rand(64, 256, dtype=torch.bfloat16),))
+    report = fxkern.explain(ep, lib.rules())
+    assert {m.rule for m in report.matches} == {"rms_norm", "swiglu_chunked"}, str(report)
+    assert any("torch.autocast('cuda')" in nm.reason and "softmax" in nm.reason
+               for nm in report["softmax"].near_misses), str(report)
+    new = fxkern.apply(ep, lib.rules())
+    x = rand(64, 256, dtype=torch.bfloat16)
+    want, got = model(x), new.module()(x)
+    torch.testing.assert_close(got[0], want[0], rtol=5e-2, atol=3e-2)
+    assert got[1].dtype == torch.float32
+    torch.testing.assert_close(got[1], want[1])
+
+
 def test_torch_rms_norm_checks_its_row_length_on_cuda():
     x, w = torch.randn(3, 64, device="cuda"), torch.randn(64, device="cuda")
     with pytest.raises(fxkern.KernelInputError, match="normalized_size=32 must be the last axis"):

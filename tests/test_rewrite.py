@@ -260,31 +260,136 @@ def test_a_spec_may_declare_the_patterns_parameters_in_another_order():
     run_both(ep, new, x, y)
 
 
-def test_a_match_inside_a_no_grad_or_autocast_block_is_reported(bgr):
-    """torch.export keeps such blocks as higher-order ops over a submodule; fxkern does not rewrite
-    inside them, and said nothing about it (found by a review). After run_decompositions() they are
-    inlined and the rule applies."""
+def count_nested(program, op):
+    """Calls of ``op`` in the program's graph and in every subgraph its higher-order ops run."""
+    gm = program.graph_module if hasattr(program, "graph_module") else program
+    return sum(1 for m in gm.modules() if isinstance(m, torch.fx.GraphModule)
+               for n in m.graph.nodes if n.target == op.default)
+
+
+class NoGrad(torch.nn.Module):
+    def forward(self, x, b, r):
+        with torch.no_grad():
+            y = F.gelu(x + b, approximate="tanh") + r
+        return y * 2
+
+
+class AutocastOff(torch.nn.Module):  # as transformers' rotary embeddings compute cos and sin
+    def forward(self, x, b, r):
+        with torch.autocast("cpu", enabled=False):
+            y = F.gelu(x + b, approximate="tanh") + r
+        return y * 2
+
+
+class Nested(torch.nn.Module):
+    def forward(self, x, b, r):
+        y = F.gelu(x + b, approximate="tanh") + r
+        with torch.no_grad():
+            with torch.autocast("cpu", enabled=False):
+                z = F.gelu(y + b, approximate="tanh") + r
+        return z
+
+
+class Cond(torch.nn.Module):
+    def forward(self, x, b, r):
+        return torch.cond(x.sum() > 0, lambda x, b, r: F.gelu(x + b, approximate="tanh") + r,
+                          lambda x, b, r: x - r, (x, b, r))
+
+
+@pytest.mark.parametrize("model,replaced,block", [
+    (NoGrad(), 1, "a torch.no_grad() block"),
+    (AutocastOff(), 1, "a torch.autocast block"),
+    (Nested(), 2, "a torch.autocast block in a torch.no_grad() block"),
+    (Cond(), 1, "a torch.cond branch"),
+])
+def test_a_match_inside_a_no_grad_autocast_or_cond_block_is_rewritten(bgr, model, replaced, block, tmp_path):
+    """torch.export keeps such blocks as higher-order ops over submodules (``wrap_with_set_grad_enabled``,
+    ``wrap_with_autocast``, ``cond``); matches inside are rewritten in a copy of the submodule, and
+    the original program keeps its own."""
+    rs, rule = bgr
+    args = (torch.randn(4, 8), torch.randn(8), torch.randn(4, 8))
+    ep = torch.export.export(model, args)
+    report = fxkern.explain(ep, rs)
+    assert len(report.matches) == replaced
+    inner = next(m for m in report.matches if "." in m.nodes[0])
+    assert inner.location.endswith(f"in {block}")
+    assert "test_rewrite.py:" in inner.location or isinstance(model, Cond)  # a branch's trace is of its own graph
+    assert inner.nodes[0].startswith("true_graph_0." if isinstance(model, Cond) else "submod_1.")
+    new = fxkern.apply(ep, rs, verify=True)
+    assert count_nested(new, rule.op) == replaced
+    assert count_nested(ep, rule.op) == 0
+    run_both(ep, new, *args)
+    if isinstance(model, Cond):  # the other branch
+        run_both(ep, new, -args[0].abs() - 1, args[1], args[2])
+    torch.export.save(new, tmp_path / "new.pt2")
+    loaded = torch.export.load(tmp_path / "new.pt2")
+    assert count_nested(loaded, rule.op) == replaced
+    run_both(ep, loaded, *args)
+
+
+def mm_scale(x, w):
+    return torch.matmul(x, w) * 2.0
+
+
+def test_inside_an_enabled_autocast_block_a_match_is_refused_where_autocast_changes_an_op():
+    """Autocast runs a float32 matmul in bfloat16 there; the op would run it as written. Given
+    bfloat16 inputs, autocast changes nothing and the match is replaced."""
+    rs = RuleSet("mm")
+    rule = fxkern.replace(mm_scale, spec_like(mm_scale, dtypes=(torch.float32, torch.bfloat16)), rules=rs,
+                          example_inputs=lambda dt: (torch.randn(8, 8, dtype=dt), torch.randn(8, 8, dtype=dt)))
+
+    class Model(torch.nn.Module):
+        def forward(self, x, w):
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                y = torch.matmul(x, w) * 2.0
+            return y
+
+    x, w = torch.randn(8, 8), torch.randn(8, 8)
+    ep = torch.export.export(Model(), (x, w))
+    report = fxkern.explain(ep, rs)
+    assert not report.matches
+    assert any("torch.autocast('cpu')" in nm.reason and "matmul" in nm.reason for nm in report.near_misses)
+    assert count_nested(fxkern.apply(ep, rs), rule.op) == 0
+
+    xb, wb = x.bfloat16(), w.bfloat16()
+    ep = torch.export.export(Model(), (xb, wb))
+    new = fxkern.apply(ep, rs, verify=True)
+    assert count_nested(new, rule.op) == 1
+    run_both(ep, new, xb, wb)
+
+
+def test_what_cuda_autocast_changes_is_read_from_the_traced_dtypes(rmsr):
+    """Under CUDA autocast ``pow``, ``rsqrt`` and ``sum`` are float32-list ops: given float32 inputs
+    (an RMSNorm that upcasts first) they run as written; a bfloat16 ``sum`` traced to float32 did not."""
+    from fxkern.rewrite import _autocast_changes
+
+    ep = export(Fn(lambda x, w: rms(x.float(), w, 1e-6)), torch.randn(4, 8), torch.randn(8))
+    ops = [n for n in ep.graph.nodes if n.op == "call_function"]
+    assert {n.target for n in ops} >= {torch.ops.aten.pow.Tensor_Scalar, torch.ops.aten.rsqrt.default}
+    assert not any(_autocast_changes(n, "cuda") for n in ops)
+
+    ep = export(Fn(lambda x: x.pow(2).sum(-1)), torch.randn(4, 8, dtype=torch.bfloat16))
+    total = next(n for n in ep.graph.nodes if n.target == torch.ops.aten.sum.dim_IntList)
+    assert not _autocast_changes(total, "cuda")
+    total.meta["val"] = total.meta["val"].float()  # as CUDA autocast traces it
+    assert _autocast_changes(total, "cuda")
+    assert not _autocast_changes(total, "cpu")  # no AutocastCPU kernel: the CPU one leaves sum alone
+
+
+def test_a_subgraph_of_another_higher_order_op_is_reported_not_rewritten(bgr):
+    """A map_impl body (torch's control-flow map) runs per slice: its match is a near-miss."""
+    from torch._higher_order_ops.map import map as hop_map
     rs, rule = bgr
 
-    class NoGrad(torch.nn.Module):
-        def forward(self, x, b, r):
-            with torch.no_grad():
-                y = F.gelu(x + b, approximate="tanh") + r
-            return y * 2
+    class Mapped(torch.nn.Module):
+        def forward(self, xs, b, r):
+            return hop_map(lambda x, b, r: F.gelu(x + b, approximate="tanh") + r, xs, b, r)
 
-    class Autocast(torch.nn.Module):
-        def forward(self, x, b, r):
-            with torch.autocast("cpu", enabled=False):
-                y = F.gelu(x + b, approximate="tanh") + r
-            return y * 2
-
-    args = (torch.randn(4, 8), torch.randn(8), torch.randn(4, 8))
-    for model in (NoGrad(), Autocast()):
-        ep = torch.export.export(model, args)
-        report = fxkern.explain(ep, rs)
-        assert not report.matches
-        assert any("higher-order op" in nm.reason and "run_decompositions" in nm.reason for nm in report.near_misses)
-        assert count_target(fxkern.apply(ep.run_decompositions(), rs, verify=True), rule.op) == 1
+    ep = torch.export.export(Mapped(), (torch.randn(3, 4, 8), torch.randn(8), torch.randn(4, 8)))
+    report = fxkern.explain(ep, rs)
+    assert not report.matches
+    assert any("does not rewrite" in nm.reason for nm in report.near_misses), str(report)
+    assert count_nested(fxkern.apply(ep, rs), rule.op) == 0
 
 
 def test_casts_are_not_noise_by_default_but_can_be():
