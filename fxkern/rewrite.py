@@ -135,18 +135,52 @@ def mutates(node: fx.Node) -> bool:
     return node.op == "call_function" and _writes_input(node.target)
 
 
+@dataclass(frozen=True)
+class _Where:
+    """Where a graph runs: the device types whose autocast is on, whether it is a torch.cond branch
+    (whose outputs must keep the other branch's strides), and whether it is the program's own graph
+    (regions are found there only: a block's nodes inside a subgraph are part of a run)."""
+
+    autocast: Tuple[str, ...] = ()
+    cond_branch: bool = False
+    top: bool = True
+
+
+def _autocast_state(node: fx.Node, state: Tuple[str, ...]) -> Tuple[str, ...]:
+    """``state`` after ``node`` when it enters an autocast context (``wrap_with_autocast`` or an
+    inline ``_enter_autocast``, as export leaves a block holding a torch.cond)."""
+    args = list(node.args) + [None, None, None]
+    device = args[0] if args[0] is not None else node.kwargs.get("device_type")
+    enabled = args[2] if args[2] is not None else node.kwargs.get("enabled", True)
+    return tuple(sorted(({device} | set(state)) if enabled else (set(state) - {device})))
+
+
 class _Facts:
     """What the safety checks ask of one graph, computed once per analysis: node positions, where
     the in-place ops are, and the fake-run outcomes and metadata keys already seen."""
 
-    def __init__(self, graph: fx.Graph, by_target: Dict[Any, List[fx.Node]], autocast: Tuple[str, ...] = ()):
+    def __init__(self, graph: fx.Graph, by_target: Dict[Any, List[fx.Node]], where: _Where = _Where()):
         self.pos = _positions(graph)
-        self.autocast = autocast  # device types whose autocast is on where this graph runs
+        self.where = where
+        self.autocast: Dict[fx.Node, Tuple[str, ...]] = {}  # by node, where inline autocast blocks change it
+        if torch.amp.autocast_mode._enter_autocast in by_target:
+            state, stack = where.autocast, []
+            for n in graph.nodes:
+                if n.op == "call_function" and n.target is torch.amp.autocast_mode._enter_autocast:
+                    stack.append(state)
+                    state = _autocast_state(n, state)
+                elif n.op == "call_function" and n.target is torch.amp.autocast_mode._exit_autocast and stack:
+                    state = stack.pop()
+                self.autocast[n] = state
         writers = sorted((n for t, ns in by_target.items() if _writes_input(t) for n in ns), key=self.pos.__getitem__)
         self.writers = writers
         self.writer_pos = [self.pos[n] for n in writers]
         self.fake_runs: Dict[Any, Any] = {}
         self.meta_keys: Dict[fx.Node, Any] = {}
+
+    def autocast_at(self, node: fx.Node) -> Tuple[str, ...]:
+        """The device types whose autocast is on where ``node`` runs."""
+        return self.autocast.get(node, self.where.autocast)
 
     def writer_between(self, first: float, last: float) -> Optional[fx.Node]:
         """An in-place op at a position in [first, last], or None."""
@@ -177,26 +211,21 @@ def _hazards(match: Match, facts: _Facts) -> Optional[str]:
     if node is not None:
         where = "the matched nodes" if pos[node] > min(pos[n] for n in inside) else "a copy the match reads and the match"
         return f"the in-place op {node.name!r} ({node.target}) runs between {where}"
-    for device in facts.autocast:
-        changed = next((n for n in match.nodes if _autocast_changes(n, device)), None)
-        if changed is not None:
-            return (f"inside a torch.autocast({device!r}) block, {changed.name!r} ({changed.target}) runs in another "
-                    f"dtype than written, and the op would run as written: move the block out of the autocast "
+    for n in match.nodes:
+        devices = facts.autocast_at(n)
+        if devices and _autocast_changes(n):
+            return (f"inside a torch.autocast({', '.join(map(repr, devices))}) block, {n.name!r} ({n.target}) runs in "
+                    f"another dtype than written, and the op would run as written: move the block out of the autocast "
                     f"region, or export with autocast applied (ep.run_decompositions() writes its casts out)")
     return None
 
 
-_AUTOCAST_KEYS = {"cuda": "AutocastCUDA", "cpu": "AutocastCPU", "xpu": "AutocastXPU", "mps": "AutocastMPS"}
-
-
-def _autocast_changes(node: fx.Node, device: str) -> bool:
-    """True when autocast on ``device`` changes what ``node`` computes: the op has an autocast
-    kernel there, and its traced output dtype differs from the one it gives without autocast
-    (an op on the float32 list given float32 inputs, say, is left as written)."""
-    if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload):
-        return False
-    key = _AUTOCAST_KEYS.get(device)
-    if key is not None and not torch._C._dispatch_has_kernel_for_dispatch_key(node.target.name(), key):
+def _autocast_changes(node: fx.Node) -> bool:
+    """True when ``node``'s traced output dtype, traced under autocast, differs from the one the
+    op gives its inputs without autocast (an op on the float32 list given float32 inputs, say, is
+    left as written). Every op is run, not only those with an autocast kernel: a composite op
+    (einsum, tensordot) has none, and the matmul it becomes does (found by a review)."""
+    if node.op != "call_function" or node.target is operator.getitem:
         return False
     as_val = lambda v: v.meta.get("val") if isinstance(v, fx.Node) else v  # noqa: E731
     args, kwargs = torch.utils._pytree.tree_map(as_val, (node.args, node.kwargs))
@@ -367,7 +396,24 @@ def _check(rule: Rule, match: Match, facts: _Facts) -> Tuple[Optional[Tuple[Any,
         reason = "the rule's filter declined it"
     if reason is not None:
         return None, reason
-    return _fake_run(rule, match, facts)
+    fake, reason = _fake_run(rule, match, facts)
+    if fake is not None and facts.where.cond_branch:
+        reason = _other_strides(fake, match)
+    return (None, reason) if reason else (fake, None)
+
+
+def _other_strides(fake: Tuple[Any, ...], match: Match) -> Optional[str]:
+    """Why the op's outputs would not keep the graph's strides, or None: a torch.cond branch must
+    return the other branch's (a transposed result replaced by a contiguous one broke
+    run_decompositions() and re-export; found by a review)."""
+    for i, (o, g) in enumerate(zip(fake, match.outputs)):
+        want = g.meta.get("val")
+        if isinstance(o, torch.Tensor) and isinstance(want, torch.Tensor) and not all(
+                torch.fx.experimental.symbolic_shapes.statically_known_true(a == b)
+                for a, b in zip(o.stride(), want.stride())):
+            return (f"inside a torch.cond branch, output {i} would have strides {tuple(o.stride())} where the graph "
+                    f"has {tuple(want.stride())} ({g.name}), and both branches must return the same")
+    return None
 
 
 def _ordered_rules(rules: Union[RuleSet, Sequence[Rule], None]) -> List[Rule]:
@@ -395,11 +441,11 @@ def analyse(gm: fx.GraphModule, rules: Union[RuleSet, Sequence[Rule], None], irs
 
 
 def _analyse(gm: fx.GraphModule, rules: Union[RuleSet, Sequence[Rule], None], irs: Sequence[str],
-             autocast: Tuple[str, ...] = ()) -> Tuple[_Analysis, Report]:
+             where: _Where = _Where()) -> Tuple[_Analysis, Report]:
     graph = gm.graph
     by_target = index_by_target(graph)
     matcher = Matcher(graph, by_target)
-    facts = _Facts(graph, by_target, autocast)
+    facts = _Facts(graph, by_target, where)
     pos = facts.pos
     report = Report()
     safe: List[_Candidate] = []
@@ -450,7 +496,8 @@ def _analyse(gm: fx.GraphModule, rules: Union[RuleSet, Sequence[Rule], None], ir
             elif best is not None and best.depth >= max(2, len(next(iter(variants.values()))[1].nodes) // 2):
                 rr.near_misses.append(NearMiss(rule.name, [n.name for n in best.nodes], best.reason))
 
-    _regions(graph, facts, report, safe)
+    if where.top:
+        _regions(graph, facts, report, safe)
     ordered = _region_rules(safe) + ordered
     rank = {r: i for i, r in enumerate(ordered)}
     safe.sort(key=lambda c: (rank[c.rule], -len(c.match.nodes), pos[c.match.anchor]))
@@ -474,7 +521,7 @@ def _analyse(gm: fx.GraphModule, rules: Union[RuleSet, Sequence[Rule], None], ir
     for c in accepted:
         info = MatchInfo(c.rule.name, [n.name for n in c.match.nodes], _location(c.match.anchor))
         report.rules[c.rule.name].matches.append(info)
-    inner = _nested(gm, rules, irs, report, autocast)
+    inner = _nested(gm, rules, irs, report, facts)
     for rr in report.rules.values():
         report.matches.extend(rr.matches)
         report.near_misses.extend(rr.near_misses)
@@ -490,41 +537,47 @@ _BLOCKS = {
 }
 
 
-def _nested(gm: fx.GraphModule, rules: Any, irs: Sequence[str], report: Report,
-            autocast: Tuple[str, ...]) -> Dict[str, _Analysis]:
+def _nested(gm: fx.GraphModule, rules: Any, irs: Sequence[str], report: Report, facts: _Facts) -> Dict[str, _Analysis]:
     """The subgraphs of higher-order ops: ``torch.no_grad()`` and ``torch.autocast`` blocks export
     as ``wrap_with_set_grad_enabled``/``wrap_with_autocast`` of a submodule, ``torch.cond`` as
     two. Their matches join the report, named ``submodule.node``; other higher-order ops'
-    subgraphs (a flex_attention score_mod, say) are analysed and reported, never rewritten."""
+    subgraphs (a flex_attention score_mod, say), and subgraphs kept under a submodule's name,
+    are analysed and reported, never rewritten. Regions are found in the program's own graph
+    only: a block's nodes inside a subgraph are part of a run that goes on outside it."""
     inner: Dict[str, _Analysis] = {}
-    seen: Set[str] = set()
+    done: Dict[int, _Analysis] = {}  # by module: one subgraph under two names is analysed once
     for node in gm.graph.nodes:
         if node.op != "call_function" or not isinstance(node.target, torch._ops.HigherOrderOperator):
             continue
         hop = node.target.__name__
         for arg in node.args:
-            sub = getattr(gm, arg.target, None) if isinstance(arg, fx.Node) and arg.op == "get_attr" else None
-            if not isinstance(sub, fx.GraphModule) or arg.target in seen:
+            if not (isinstance(arg, fx.Node) and arg.op == "get_attr"):
                 continue
-            seen.add(arg.target)
-            tree, sub_report = _analyse(sub, rules, irs, _scope(node, autocast))
-            if hop in _BLOCKS and "." not in arg.target:
+            try:
+                sub = operator.attrgetter(arg.target)(gm)
+            except AttributeError:
+                continue
+            if not isinstance(sub, fx.GraphModule):
+                continue
+            rewritable = hop in _BLOCKS and "." not in arg.target
+            if id(sub) in done:
+                if rewritable:
+                    inner[arg.target] = done[id(sub)]
+                continue
+            where = _Where(_autocast_state(node, facts.autocast_at(node)) if hop == "wrap_with_autocast"
+                           else facts.autocast_at(node), cond_branch=hop == "cond", top=False)
+            tree, sub_report = _analyse(sub, rules, irs, where)
+            done[id(sub)] = tree
+            if rewritable:
                 inner[arg.target] = tree
                 _merge(report, sub_report, arg.target, _BLOCKS[hop])
                 continue
+            why = ("a subgraph kept under a submodule's name" if hop in _BLOCKS else
+                   "a higher-order op whose subgraphs fxkern does not rewrite")
             for m in sub_report.matches:
                 report.rules.setdefault(m.rule, RuleReport()).near_misses.append(NearMiss(m.rule, [f"{arg.target}.{n}" for n in m.nodes], (
-                    f"inside {hop} ({arg.target}), a higher-order op whose subgraphs fxkern does not rewrite; "
-                    f"ep.run_decompositions() may inline it, and the rule then applies")))
+                    f"inside {hop} ({arg.target}), {why}; ep.run_decompositions() may inline it, and the rule then applies")))
     return inner
-
-
-def _scope(node: fx.Node, autocast: Tuple[str, ...]) -> Tuple[str, ...]:
-    """The device types with autocast on inside ``node``'s subgraphs."""
-    if node.target.__name__ != "wrap_with_autocast":
-        return autocast
-    device, _, enabled = node.args[:3]
-    return tuple(sorted(({device} | set(autocast)) if enabled else (set(autocast) - {device})))
 
 
 def _merge(report: Report, sub: Report, attr: str, block: str) -> None:
@@ -704,9 +757,13 @@ def _rewritten_now(gm: fx.GraphModule, rules: Any, irs: Sequence[str], inplace: 
 def _rewrite_tree(gm: fx.GraphModule, tree: _Analysis, inplace: bool, recompile: bool = True) -> Tuple[fx.GraphModule, Dict[str, str]]:
     """Rewrite ``gm`` and the subgraphs with matches (a copy of each unless ``inplace``: the
     original program's submodules stay as they were)."""
-    subs = {name: _rewrite_tree(getattr(gm, name), t, inplace)[0] for name, t in tree.inner.items() if t.replaced()}
+    # Subgraphs are always rewritten in copies: ep.module() shares its submodules with the program,
+    # so an in-place rewrite of one changed the ExportedProgram too (found by a review)
+    subs = {name: _rewrite_tree(getattr(gm, name), t, False)[0] for name, t in tree.inner.items() if t.replaced()}
     if inplace:
         renamed = _rewrite(gm.graph, tree.accepted, tree.pos)
+        for name, sub in subs.items():
+            setattr(gm, name, sub)
         if recompile:
             gm.recompile()
         return gm, renamed
