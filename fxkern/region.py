@@ -25,9 +25,12 @@ from __future__ import annotations
 import ast
 import bisect
 import contextlib
+import contextvars
+import functools
 import itertools
 import linecache
 import logging
+import operator
 import re
 import sys
 import threading
@@ -188,6 +191,61 @@ def _line_in_site(node: fx.Node, site: RegionSite) -> Optional[int]:
     return lines[-1] if lines else None
 
 
+_CUT: contextvars.ContextVar[Tuple[Tuple[str, int], ...]] = contextvars.ContextVar("fxkern_graph_cut", default=())
+_RESUMED = re.compile(r'File "([^"]+)", line \d+, in torch_dynamo_resume_in_\w+_at_(\d+)')
+
+
+def dynamo_cut() -> Tuple[Tuple[str, int], ...]:
+    """Where the graph dynamo is handing to its backend ends, as (file, line) of each frame it is
+    tracing, innermost first; () at a return, or outside dynamo. A backend calls it while dynamo
+    calls the backend."""
+    try:
+        from torch._dynamo.symbolic_convert import InstructionTranslator
+
+        tx = InstructionTranslator.current_tx()
+    except Exception:  # noqa: BLE001 - not under dynamo, or a torch without it
+        return ()
+    instruction = getattr(tx, "current_instruction", None)
+    if tx is None or (instruction is not None and instruction.opname.startswith("RETURN")):
+        return ()
+    frames = []
+    while tx is not None:
+        frames.append((tx.f_code.co_filename, tx.lineno))
+        tx = getattr(tx, "parent", None)
+    return tuple(frames)
+
+
+@contextlib.contextmanager
+def graph_cut(cut: Tuple[Tuple[str, int], ...]):
+    """Compile a graph knowing where dynamo cut it (:func:`dynamo_cut`, read when dynamo called the backend)."""
+    token = _CUT.set(cut)
+    try:
+        yield
+    finally:
+        _CUT.reset(token)
+
+
+def split_run(site: RegionSite, nodes: List[fx.Node]) -> Optional[int]:
+    """The line of a graph break inside the site's block that splits these nodes' run between two
+    graphs (dynamo ends one graph there and resumes in the next), or None. Such a piece is no run of
+    the block: an op call in its place computed the whole block from half of it (found by a probe)."""
+    for filename, line in _CUT.get():
+        if filename == site.filename and site.first < line <= site.last:
+            return line
+    for n in nodes:
+        for filename, line in _RESUMED.findall(n.meta.get("stack_trace") or ""):
+            if filename == site.filename and site.first < int(line) <= site.last:
+                return int(line)
+    return None
+
+
+def _backward(node: fx.Node) -> bool:
+    """Whether aot_autograd made ``node`` for a backward graph. Such nodes carry the stack trace of
+    the forward op they differentiate, so a gradient computed there would read as a run of the
+    block: an op call in its place gave wrong gradients (found by a probe)."""
+    return node.meta.get("partitioner_tag") == "is_backward" or "autograd_backward" in node.meta
+
+
 def find(graph: fx.Graph) -> List[Tuple[RegionSite, List[fx.Node], bool]]:
     """Each region instance in ``graph``: its site, its nodes in graph order, and whether they are
     exactly one run of the block (tagged while non-strict export traced it).
@@ -202,7 +260,7 @@ def find(graph: fx.Graph) -> List[Tuple[RegionSite, List[fx.Node], bool]]:
     found = []
     tagged: Dict[str, List[fx.Node]] = {}
     for n in graph.nodes:
-        tag = (n.meta.get("custom") or {}).get(TAG) if n.op == "call_function" else None
+        tag = (n.meta.get("custom") or {}).get(TAG) if n.op == "call_function" and not _backward(n) else None
         if isinstance(tag, str):
             tagged.setdefault(tag, []).append(n)
     for site in sites():
@@ -213,7 +271,7 @@ def find(graph: fx.Graph) -> List[Tuple[RegionSite, List[fx.Node], bool]]:
             continue
         stmts: Dict[fx.Node, int] = {}
         for n in graph.nodes:
-            if n.op == "call_function":
+            if n.op == "call_function" and not _backward(n):
                 line = _line_in_site(n, site)
                 if line is not None:
                     stmts[n] = site.statement(line)
@@ -251,19 +309,77 @@ def _runs(comps: List[List[fx.Node]], stmts: Dict[fx.Node, int], order: Dict[fx.
     return [sorted(nodes, key=order.__getitem__) for _, nodes in runs]
 
 
+_FILE_LINE = re.compile(r'^\s*File "([^"]+)", line (\d+), in ')
+_MARKER = re.compile(r'^\s*[~^][~^ ]*$')
+
+
+def _source_position(node: fx.Node, site: RegionSite) -> Optional[Tuple[Tuple[str, int, Optional[str]], ...]]:
+    """Where ``node``'s call is written: the innermost frame of its stack trace inside the site and
+    every frame below it (a helper the block calls), each (file, line, marker). The marker is the
+    ``~~^~~`` Python 3.11+ prints under the call, which tells two calls on one line apart; None
+    where it prints none (Python 3.10, or a call spanning its whole line)."""
+    frames = _frames(node.meta.get("stack_trace") or "")
+    inside = [i for i, (f, line, _) in enumerate(frames) if f == site.filename and site.first < line <= site.last]
+    return frames[inside[-1]:] if inside else None
+
+
+@functools.lru_cache(maxsize=4096)
+def _frames(trace: str) -> Tuple[Tuple[str, int, Optional[str]], ...]:
+    """(file, line, marker) of each frame of a stack trace (a model's nodes share a few traces)."""
+    frames: List[List[Any]] = []
+    for text in trace.splitlines():
+        found = _FILE_LINE.match(text)
+        if found:
+            frames.append([found.group(1), int(found.group(2)), None])
+        elif frames and _MARKER.match(text) and ("^" in text or "~" in text):
+            frames[-1][2] = text.rstrip()
+    return tuple(tuple(f) for f in frames)
+
+
+def graph_key(graph: fx.Graph) -> str:
+    """The source places of ``graph``'s calls that lie in a recorded region's block: inductor's FX
+    graph cache keys a graph by its ops, not its stack traces, so two graphs of the same ops, one
+    written inside a region and one not, shared a cached compile (found by a test)."""
+    found = sites()
+    if not found:
+        return ""
+    places = []
+    for n in graph.nodes:
+        if n.op == "call_function" and n.meta.get("stack_trace"):
+            for site in found:
+                position = _source_position(n, site)
+                if position is not None:
+                    places.append(repr((site.tag, position)))
+    return "\n".join(places)
+
+
+def _origin(node: fx.Node) -> Any:
+    """The traced call ``node`` came from: the first graph's node in its ``from_node`` history (the
+    dynamo node of a call that aot_autograd or inductor decomposed into several), else itself."""
+    sources = node.meta.get("from_node")
+    src = None
+    while sources:
+        src = sources[-1]
+        sources = getattr(src, "from_node", None)
+    return (getattr(src, "name", None), getattr(src, "graph_id", None)) if src is not None else node
+
+
 def repeated_run(nodes: List[fx.Node], site: RegionSite) -> Optional[fx.Node]:
-    """A node showing that one instance may hold two runs of the block (the same op on the same
-    line twice, as a loop around the block leaves it), or None. Such an instance is refused: runs on
-    one line cannot be told apart, and merging them would change the result. A line that calls an op
-    twice in one run (CLIP's ``h * torch.sigmoid(1.702 * h)``) is refused too: rules that tried to
-    tell it from a loop by the ops' counts merged loops whose runs a compiler had hoisted from or
-    pruned, a wrong result (found by two reviews)."""
-    seen = set()
+    """A node showing that one instance may hold two runs of the block, or None: two traced calls
+    written at one place in the source, as a loop around the block leaves them. Such an instance is
+    refused: merging two runs into one op call would change the result. Nodes one call decomposed
+    into (inductor's tanh GELU is ten) are one call. Where the stack traces carry no column marker,
+    two calls of one op on one line read as a repeat too (CLIP's ``h * torch.sigmoid(1.702 * h)``
+    on Python 3.10): rules that told them from a loop by the ops' counts merged loops whose runs a
+    compiler had hoisted from or pruned, a wrong result (found by two reviews)."""
+    seen: Dict[Any, Any] = {}
     for n in nodes:
-        key = (_line_in_site(n, site), n.target)
-        if key in seen:
+        if n.target is operator.getitem:  # a projection of a multi-output call, which is itself checked
+            continue
+        position = _source_position(n, site)
+        key = position if position and position[0][2] is not None else (position, n.target)
+        if seen.setdefault(key, _origin(n)) != _origin(n):
             return n
-        seen.add(key)
     return None
 
 

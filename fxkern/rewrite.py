@@ -25,6 +25,7 @@ import gc
 import logging
 import operator
 import re
+import sys
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Set, Tuple, Union
@@ -592,12 +593,19 @@ def _merge(report: Report, sub: Report, attr: str, block: str) -> None:
 
 def _regions(graph: fx.Graph, facts: _Facts, report: Report, safe: List[_Candidate]) -> None:
     """Region instances become candidates ahead of every rule (a region is an instruction)."""
-    from fxkern.region import find, interface, repeated_run, shares_its_line  # the module, not the context manager
+    from fxkern.region import find, interface, repeated_run, shares_its_line, split_run  # the module, not the context manager
 
     for site, nodes, exact in find(graph):
         inputs, outputs = interface(nodes)
         rr = report.rules.setdefault(site.label, RuleReport())
         rr.candidates += 1
+        split = None if exact else split_run(site, nodes)
+        if split is not None:
+            rr.near_misses.append(NearMiss(site.label, [n.name for n in nodes], (
+                f"torch.compile breaks the graph inside the region (line {split}), so this graph holds only part "
+                f"of the block: move what breaks it (print, .item(), a data-dependent branch; "
+                f"TORCH_LOGS=graph_breaks names it) out of the block")))
+            continue
         if not exact and shares_its_line(site):
             rr.near_misses.append(NearMiss(site.label, [n.name for n in nodes], (
                 "this `with fxkern.region(...)` line ran with several targets, and this graph's stack traces "
@@ -606,11 +614,13 @@ def _regions(graph: fx.Graph, facts: _Facts, report: Report, safe: List[_Candida
             continue
         again = None if exact else repeated_run(nodes, site)
         if again is not None:
+            one_line = ("; before Python 3.11 stack traces do not say where on a line a call is, so a line that calls "
+                        "one op twice (h * torch.sigmoid(1.702 * h)) reads the same way: write it as two statements"
+                        if sys.version_info < (3, 11) else "")
             rr.near_misses.append(NearMiss(site.label, [n.name for n in nodes], (
-                f"the block seems to have run more than once here ({again.name!r} repeats an op of its line): put the "
-                f"loop outside the region, or the block in a module or function of its own; a line that calls one op "
-                f"twice (h * torch.sigmoid(1.702 * h)) reads the same way: write it as two statements, or export "
-                f"with torch.export's default (non-strict) tracing, which tells runs apart")))
+                f"the block seems to have run more than once here ({again.name!r} repeats a call written once in the "
+                f"block): put the loop outside the region, or the block in a module or function of its own, or export "
+                f"with torch.export's default (non-strict) tracing, which tells runs apart{one_line}")))
             continue
         writer = next((n for n in nodes if mutates(n)), None)
         if writer is not None:

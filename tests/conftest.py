@@ -11,6 +11,9 @@ sys.path.insert(0, str(ROOT / "examples"))
 
 # A cache of the test session's own, so tests never read a user's cache.
 os.environ.setdefault("FXKERN_CACHE_DIR", tempfile.mkdtemp(prefix="fxkern-test-cache-"))
+# inductor's too: a graph found in its FX graph cache skips fxkern's pass, so a test asserting on the
+# pass's report failed on a second run of the suite, whose graphs the first had cached
+os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", tempfile.mkdtemp(prefix="fxkern-test-inductor-"))
 
 
 def pytest_collection_modifyitems(config, items):

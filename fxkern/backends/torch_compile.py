@@ -33,6 +33,7 @@ from typing import Any, Callable, List, Optional, Sequence, Union
 import torch.fx as fx
 
 from fxkern.errors import SpecError
+from fxkern import region
 from fxkern.region import site_count, sites
 from fxkern.rewrite import Report, rewrite_graph
 from fxkern.rules import Rule, RuleSet, default_rules
@@ -79,8 +80,9 @@ except ImportError:  # older torch: a plain object still runs, without the FX gr
 class _Pass(_PassBase):
     """Inductor's custom post-grad pass: ``__call__(graph)``, and a ``uuid()`` for its FX graph cache."""
 
-    def __init__(self, owner: "FxkernBackend"):
+    def __init__(self, owner: "FxkernBackend", regions: str = ""):
         self.owner = owner
+        self.regions = regions  # the graph's calls inside region blocks (region.graph_key)
 
     def __call__(self, graph: fx.Graph) -> None:
         self.owner._rewrite(graph, ("inductor",))
@@ -89,7 +91,7 @@ class _Pass(_PassBase):
         from torch._inductor.custom_graph_pass import get_hash_for_files
 
         files = get_hash_for_files(tuple(_SOURCES))
-        return hashlib.sha256(files + self.owner.rules_key().encode()).hexdigest()
+        return hashlib.sha256(files + self.owner.rules_key().encode() + self.regions.encode()).hexdigest()
 
 
 class FxkernBackend:
@@ -133,14 +135,16 @@ class FxkernBackend:
         # dynamo's context for this graph (its fake mode and symbolic shapes): a recompile outside it
         # specialised a dynamic graph to its first example's sizes (found by a review)
         context = TracingContext.try_get()
-        compiled = self._compile(gm, example_inputs)
+        cut = region.dynamo_cut()  # a graph break inside a region's block leaves part of a run here
+        with region.graph_cut(cut):
+            compiled = self._compile(gm, example_inputs)
 
         def current() -> Callable[..., Any]:
             nonlocal compiled, seen
             now = self.fingerprint()
             if now != seen:  # the rule set changed since this graph was compiled
                 log.info("fxkern: rule set or region sites changed; recompiling a graph")
-                with tracing(context):
+                with tracing(context), region.graph_cut(cut):
                     compiled, seen = self._compile(gm, example_inputs), now
             return compiled
 
@@ -157,7 +161,7 @@ class FxkernBackend:
             # through config_patches, which compile_fx applies to each graph's compile, the backward's
             # too: a config.patch around this call has ended by the time inductor compiles the
             # backward, whose graphs went without the rules (found by a review)
-            patches = {**(self.options.get("config_patches") or {}), "post_grad_custom_pre_pass": _Pass(self)}
+            patches = {**(self.options.get("config_patches") or {}), "post_grad_custom_pre_pass": _Pass(self, region.graph_key(gm.graph))}
             return compile_fx(gm, example_inputs, config_patches=patches)
         if inner in ("tensorrt", "torch_tensorrt"):
             return self._compile_tensorrt(gm, example_inputs)
