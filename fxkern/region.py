@@ -317,7 +317,7 @@ def _source_position(node: fx.Node, site: RegionSite) -> Optional[Tuple[Tuple[st
     """Where ``node``'s call is written: the innermost frame of its stack trace inside the site and
     every frame below it (a helper the block calls), each (file, line, marker). The marker is the
     ``~~^~~`` Python 3.11+ prints under the call, which tells two calls on one line apart; None
-    where it prints none (Python 3.10, or a call spanning its whole line)."""
+    where there is none (Python 3.10, torch 2.11's dynamo, or a call spanning its whole line)."""
     frames = _frames(node.meta.get("stack_trace") or "")
     inside = [i for i, (f, line, _) in enumerate(frames) if f == site.filename and site.first < line <= site.last]
     return frames[inside[-1]:] if inside else None
@@ -364,13 +364,20 @@ def _origin(node: fx.Node) -> Any:
     return (getattr(src, "name", None), getattr(src, "graph_id", None)) if src is not None else node
 
 
+def columns_known(node: fx.Node, site: RegionSite) -> bool:
+    """Whether ``node``'s stack trace marks where on its line the call is (Python 3.11+ under
+    torch 2.13; torch 2.11's dynamo traces have lines only)."""
+    position = _source_position(node, site)
+    return bool(position) and position[0][2] is not None
+
+
 def repeated_run(nodes: List[fx.Node], site: RegionSite) -> Optional[fx.Node]:
     """A node showing that one instance may hold two runs of the block, or None: two traced calls
     written at one place in the source, as a loop around the block leaves them. Such an instance is
     refused: merging two runs into one op call would change the result. Nodes one call decomposed
     into (inductor's tanh GELU is ten) are one call. Where the stack traces carry no column marker,
     two calls of one op on one line read as a repeat too (CLIP's ``h * torch.sigmoid(1.702 * h)``
-    on Python 3.10): rules that told them from a loop by the ops' counts merged loops whose runs a
+    under torch 2.11 or Python 3.10): rules that told them from a loop by the ops' counts merged loops whose runs a
     compiler had hoisted from or pruned, a wrong result (found by two reviews)."""
     seen: Dict[Any, Any] = {}
     for n in nodes:

@@ -25,7 +25,6 @@ import gc
 import logging
 import operator
 import re
-import sys
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Set, Tuple, Union
@@ -593,7 +592,8 @@ def _merge(report: Report, sub: Report, attr: str, block: str) -> None:
 
 def _regions(graph: fx.Graph, facts: _Facts, report: Report, safe: List[_Candidate]) -> None:
     """Region instances become candidates ahead of every rule (a region is an instruction)."""
-    from fxkern.region import find, interface, repeated_run, shares_its_line, split_run  # the module, not the context manager
+    from fxkern.region import (columns_known, find, interface, repeated_run,  # the module, not the context manager
+                               shares_its_line, split_run)
 
     for site, nodes, exact in find(graph):
         inputs, outputs = interface(nodes)
@@ -614,9 +614,9 @@ def _regions(graph: fx.Graph, facts: _Facts, report: Report, safe: List[_Candida
             continue
         again = None if exact else repeated_run(nodes, site)
         if again is not None:
-            one_line = ("; before Python 3.11 stack traces do not say where on a line a call is, so a line that calls "
-                        "one op twice (h * torch.sigmoid(1.702 * h)) reads the same way: write it as two statements"
-                        if sys.version_info < (3, 11) else "")
+            one_line = ("; these stack traces do not say where on a line a call is (they do from Python 3.11 with "
+                        "torch 2.13), so a line that calls one op twice (h * torch.sigmoid(1.702 * h)) reads the same "
+                        "way: write it as two statements" if not columns_known(again, site) else "")
             rr.near_misses.append(NearMiss(site.label, [n.name for n in nodes], (
                 f"the block seems to have run more than once here ({again.name!r} repeats a call written once in the "
                 f"block): put the loop outside the region, or the block in a module or function of its own, or export "
