@@ -34,7 +34,7 @@ import operator
 import re
 import sys
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
 import torch.fx as fx
@@ -191,14 +191,44 @@ def _line_in_site(node: fx.Node, site: RegionSite) -> Optional[int]:
     return lines[-1] if lines else None
 
 
-_CUT: contextvars.ContextVar[Tuple[Tuple[str, int], ...]] = contextvars.ContextVar("fxkern_graph_cut", default=())
+@dataclass(frozen=True)
+class CompileFacts:
+    """What a backend learns of a dynamo graph when dynamo hands it over, for the graphs compiled
+    from it (forward, backward, the subgraphs inductor passes on one by one): where dynamo cut it
+    (:func:`dynamo_cut`), the traced calls written in each site's block (``(node name, graph id)``,
+    as later nodes' ``from_node`` names them), and the sites with calls inside a higher-order op's
+    subgraph (a torch.cond branch, a nested_compile_region)."""
+
+    cut: Tuple[Tuple[str, int], ...] = ()
+    calls: Dict[str, frozenset] = field(default_factory=dict)
+    in_subgraph: frozenset = frozenset()
+
+
+_COMPILE: contextvars.ContextVar[Optional[CompileFacts]] = contextvars.ContextVar("fxkern_compile", default=None)
 _RESUMED = re.compile(r'File "([^"]+)", line \d+, in torch_dynamo_resume_in_\w+_at_(\d+)')
+
+
+def compile_facts(gm: fx.GraphModule) -> CompileFacts:
+    """:class:`CompileFacts` of the dynamo graph ``gm``; call it while dynamo calls the backend."""
+    found = sites()
+    calls: Dict[str, set] = {}
+    in_subgraph = set()
+    if found:
+        for n in gm.graph.nodes:
+            if n.op == "call_function":
+                for site in found:
+                    if _source_position(n, site) is not None:
+                        calls.setdefault(site.tag, set()).add((n.name, id(gm.graph)))
+        for sub in gm.modules():
+            if sub is not gm and isinstance(sub, fx.GraphModule):
+                in_subgraph.update(site.tag for n in sub.graph.nodes for site in found
+                                   if n.op == "call_function" and _source_position(n, site) is not None)
+    return CompileFacts(dynamo_cut(), {k: frozenset(v) for k, v in calls.items()}, frozenset(in_subgraph))
 
 
 def dynamo_cut() -> Tuple[Tuple[str, int], ...]:
     """Where the graph dynamo is handing to its backend ends, as (file, line) of each frame it is
-    tracing, innermost first; () at a return, or outside dynamo. A backend calls it while dynamo
-    calls the backend."""
+    tracing, innermost first; () at a return, or outside dynamo."""
     try:
         from torch._dynamo.symbolic_convert import InstructionTranslator
 
@@ -216,20 +246,46 @@ def dynamo_cut() -> Tuple[Tuple[str, int], ...]:
 
 
 @contextlib.contextmanager
-def graph_cut(cut: Tuple[Tuple[str, int], ...]):
-    """Compile a graph knowing where dynamo cut it (:func:`dynamo_cut`, read when dynamo called the backend)."""
-    token = _CUT.set(cut)
+def compiling(facts: Optional[CompileFacts]):
+    """Compile graphs knowing :func:`compile_facts` of the dynamo graph they come from."""
+    token = _COMPILE.set(facts)
     try:
         yield
     finally:
-        _CUT.reset(token)
+        _COMPILE.reset(token)
 
 
-def split_run(site: RegionSite, nodes: List[fx.Node]) -> Optional[int]:
+def unfinished(site: RegionSite, nodes: List[fx.Node], graph: fx.Graph) -> Optional[str]:
+    """Why these nodes, found by stack traces in a graph a backend compiles, may be part of a run
+    and not all of it, or None. An op call in place of part of a run computes the whole block from
+    it, a wrong result: where dynamo breaks the graph inside the block, a run is split in two; a
+    block holding a torch.cond or nested_compile_region leaves pieces in subgraphs, which inductor
+    hands over as graphs of their own; and a compiler may have removed a call of the block before
+    fxkern's pass (folded as a constant, dead code under torch.func.grad) (found by a review)."""
+    facts = _COMPILE.get()
+    line = split_run(site, nodes, facts.cut if facts is not None else ())
+    if line is not None:
+        return (f"torch.compile breaks the graph inside the region (line {line}), so this graph holds only part "
+                f"of the block: move what breaks it (print, .item(), a data-dependent branch; "
+                f"TORCH_LOGS=graph_breaks names it) out of the block")
+    if facts is None:
+        return None
+    if site.tag in facts.in_subgraph:
+        return ("the block holds a higher-order op's subgraph (a torch.cond branch, a nested_compile_region), "
+                "whose graphs hold pieces of a run: keep such calls out of the block")
+    present = {_origin(n) for n in graph.nodes if n.op == "call_function"}  # a folded constant is a get_attr
+    gone = sorted(name for name, graph_id in facts.calls.get(site.tag, ()) if (name, graph_id) not in present)
+    if gone:
+        return (f"the compiler removed part of the block before fxkern's pass ({', '.join(gone)}: folded as a "
+                f"constant, or dead code), so no run of it is whole here")
+    return None
+
+
+def split_run(site: RegionSite, nodes: List[fx.Node], cut: Tuple[Tuple[str, int], ...]) -> Optional[int]:
     """The line of a graph break inside the site's block that splits these nodes' run between two
     graphs (dynamo ends one graph there and resumes in the next), or None. Such a piece is no run of
     the block: an op call in its place computed the whole block from half of it (found by a probe)."""
-    for filename, line in _CUT.get():
+    for filename, line in cut:
         if filename == site.filename and site.first < line <= site.last:
             return line
     for n in nodes:
@@ -316,8 +372,9 @@ _MARKER = re.compile(r'^\s*[~^][~^ ]*$')
 def _source_position(node: fx.Node, site: RegionSite) -> Optional[Tuple[Tuple[str, int, Optional[str]], ...]]:
     """Where ``node``'s call is written: the innermost frame of its stack trace inside the site and
     every frame below it (a helper the block calls), each (file, line, marker). The marker is the
-    ``~~^~~`` Python 3.11+ prints under the call, which tells two calls on one line apart; None
-    where there is none (Python 3.10, torch 2.11's dynamo, or a call spanning its whole line)."""
+    ``^^^`` line Python 3.11+ prints under the call: dynamo's runs from where the call starts to the
+    line's end, so it gives the starting column; None where there is none (Python 3.10, torch
+    2.11's dynamo, or a call starting where its line does)."""
     frames = _frames(node.meta.get("stack_trace") or "")
     inside = [i for i, (f, line, _) in enumerate(frames) if f == site.filename and site.first < line <= site.last]
     return frames[inside[-1]:] if inside else None
@@ -372,19 +429,21 @@ def columns_known(node: fx.Node, site: RegionSite) -> bool:
 
 
 def repeated_run(nodes: List[fx.Node], site: RegionSite) -> Optional[fx.Node]:
-    """A node showing that one instance may hold two runs of the block, or None: two traced calls
-    written at one place in the source, as a loop around the block leaves them. Such an instance is
-    refused: merging two runs into one op call would change the result. Nodes one call decomposed
-    into (inductor's tanh GELU is ten) are one call. Where the stack traces carry no column marker,
-    two calls of one op on one line read as a repeat too (CLIP's ``h * torch.sigmoid(1.702 * h)``
-    under torch 2.11 or Python 3.10): rules that told them from a loop by the ops' counts merged loops whose runs a
-    compiler had hoisted from or pruned, a wrong result (found by two reviews)."""
+    """A node showing that one instance may hold two runs of the block, or None: two traced calls of
+    one op written at one place in the source, as a loop around the block leaves them. Such an
+    instance is refused: merging two runs into one op call would change the result. Nodes one call
+    decomposed into (inductor's tanh GELU is ten) are one call. The place is the line and the column
+    where the call starts (dynamo's markers run from there to the line's end, so ``torch.exp(x) + b``
+    starts both calls at one column: the op tells them apart; found by a review). Where the stack
+    traces carry no column, two calls of one op on one line read as a repeat too (CLIP's
+    ``h * torch.sigmoid(1.702 * h)`` under torch 2.11): rules that told them from a loop by the ops'
+    counts merged loops whose runs a compiler had hoisted from or pruned, a wrong result (found by
+    two reviews)."""
     seen: Dict[Any, Any] = {}
     for n in nodes:
         if n.target is operator.getitem:  # a projection of a multi-output call, which is itself checked
             continue
-        position = _source_position(n, site)
-        key = position if position and position[0][2] is not None else (position, n.target)
+        key = (_source_position(n, site), n.target)
         if seen.setdefault(key, _origin(n)) != _origin(n):
             return n
     return None

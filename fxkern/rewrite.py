@@ -593,18 +593,15 @@ def _merge(report: Report, sub: Report, attr: str, block: str) -> None:
 def _regions(graph: fx.Graph, facts: _Facts, report: Report, safe: List[_Candidate]) -> None:
     """Region instances become candidates ahead of every rule (a region is an instruction)."""
     from fxkern.region import (columns_known, find, interface, repeated_run,  # the module, not the context manager
-                               shares_its_line, split_run)
+                               shares_its_line, unfinished)
 
     for site, nodes, exact in find(graph):
         inputs, outputs = interface(nodes)
         rr = report.rules.setdefault(site.label, RuleReport())
         rr.candidates += 1
-        split = None if exact else split_run(site, nodes)
-        if split is not None:
-            rr.near_misses.append(NearMiss(site.label, [n.name for n in nodes], (
-                f"torch.compile breaks the graph inside the region (line {split}), so this graph holds only part "
-                f"of the block: move what breaks it (print, .item(), a data-dependent branch; "
-                f"TORCH_LOGS=graph_breaks names it) out of the block")))
+        partial = None if exact else unfinished(site, nodes, graph)
+        if partial is not None:
+            rr.near_misses.append(NearMiss(site.label, [n.name for n in nodes], partial))
             continue
         if not exact and shares_its_line(site):
             rr.near_misses.append(NearMiss(site.label, [n.name for n in nodes], (

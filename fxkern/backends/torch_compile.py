@@ -80,12 +80,13 @@ except ImportError:  # older torch: a plain object still runs, without the FX gr
 class _Pass(_PassBase):
     """Inductor's custom post-grad pass: ``__call__(graph)``, and a ``uuid()`` for its FX graph cache."""
 
-    def __init__(self, owner: "FxkernBackend", regions: str = ""):
+    def __init__(self, owner: "FxkernBackend", regions: str = "", facts: Optional[region.CompileFacts] = None):
         self.owner = owner
         self.regions = regions  # the graph's calls inside region blocks (region.graph_key)
+        self.facts = facts  # kept for the backward, which inductor compiles at the first backward call
 
     def __call__(self, graph: fx.Graph) -> None:
-        self.owner._rewrite(graph, ("inductor",))
+        self.owner._rewrite(graph, ("inductor",), self.facts)
 
     def uuid(self) -> str:
         from torch._inductor.custom_graph_pass import get_hash_for_files
@@ -111,8 +112,9 @@ class FxkernBackend:
     def rules_key(self) -> str:
         return _rule_key(self.current_rules())
 
-    def _rewrite(self, graph: fx.Graph, irs: Sequence[str]) -> None:
-        report = rewrite_graph(graph, self.current_rules(), irs)
+    def _rewrite(self, graph: fx.Graph, irs: Sequence[str], facts: Optional[region.CompileFacts] = None) -> None:
+        with region.compiling(facts):
+            report = rewrite_graph(graph, self.current_rules(), irs)
         self.reports.append(report)
         if report.matches:
             log.info("fxkern: replaced %d subgraphs (%s)", len(report.matches),
@@ -135,17 +137,16 @@ class FxkernBackend:
         # dynamo's context for this graph (its fake mode and symbolic shapes): a recompile outside it
         # specialised a dynamic graph to its first example's sizes (found by a review)
         context = TracingContext.try_get()
-        cut = region.dynamo_cut()  # a graph break inside a region's block leaves part of a run here
-        with region.graph_cut(cut):
-            compiled = self._compile(gm, example_inputs)
+        facts = region.compile_facts(gm)  # what tells a region's whole run from part of it, read now
+        compiled = self._compile(gm, example_inputs, facts)
 
         def current() -> Callable[..., Any]:
             nonlocal compiled, seen
             now = self.fingerprint()
             if now != seen:  # the rule set changed since this graph was compiled
                 log.info("fxkern: rule set or region sites changed; recompiling a graph")
-                with tracing(context), region.graph_cut(cut):
-                    compiled, seen = self._compile(gm, example_inputs), now
+                with tracing(context):
+                    compiled, seen = self._compile(gm, example_inputs, facts), now
             return compiled
 
         def run(*args: Any) -> Any:  # dynamo calls a backend's result with unpacked arguments
@@ -153,7 +154,8 @@ class FxkernBackend:
 
         return run
 
-    def _compile(self, gm: fx.GraphModule, example_inputs: List[Any]) -> Callable[..., Any]:
+    def _compile(self, gm: fx.GraphModule, example_inputs: List[Any],
+                 facts: Optional[region.CompileFacts] = None) -> Callable[..., Any]:
         inner = self.inner
         if inner == "inductor":
             from torch._inductor.compile_fx import compile_fx
@@ -161,10 +163,11 @@ class FxkernBackend:
             # through config_patches, which compile_fx applies to each graph's compile, the backward's
             # too: a config.patch around this call has ended by the time inductor compiles the
             # backward, whose graphs went without the rules (found by a review)
-            patches = {**(self.options.get("config_patches") or {}), "post_grad_custom_pre_pass": _Pass(self, region.graph_key(gm.graph))}
+            patches = {**(self.options.get("config_patches") or {}), "post_grad_custom_pre_pass": _Pass(self, region.graph_key(gm.graph), facts)}
             return compile_fx(gm, example_inputs, config_patches=patches)
         if inner in ("tensorrt", "torch_tensorrt"):
-            return self._compile_tensorrt(gm, example_inputs)
+            with region.compiling(facts):  # Torch-TensorRT lowers and runs fxkern's pass inside this call
+                return self._compile_tensorrt(gm, example_inputs)
         from torch._dynamo.backends.common import aot_autograd
 
         if inner in ("eager", "aot_eager"):
@@ -176,7 +179,7 @@ class FxkernBackend:
         from torch._functorch.aot_autograd import make_boxed_func
 
         def rewrite_then(g: fx.GraphModule, ex: List[Any]) -> Callable[..., Any]:
-            self._rewrite(g.graph, ("aot", "export"))
+            self._rewrite(g.graph, ("aot", "export"), facts)
             g.recompile()
             fn = finish(g, ex)
             return fn if getattr(fn, "_boxed_call", False) else make_boxed_func(fn)  # aot calls with a list
