@@ -203,27 +203,60 @@ class CompileFacts:
     calls: Dict[str, frozenset] = field(default_factory=dict)
     in_subgraph: frozenset = frozenset()
 
+    def key(self) -> str:
+        """The same in every process (graph ids left out), for a compile cache's key."""
+        calls = sorted((tag, sorted(name for name, _ in names)) for tag, names in self.calls.items())
+        return repr((self.cut, calls, sorted(self.in_subgraph)))
+
 
 _COMPILE: contextvars.ContextVar[Optional[CompileFacts]] = contextvars.ContextVar("fxkern_compile", default=None)
 _RESUMED = re.compile(r'File "([^"]+)", line \d+, in torch_dynamo_resume_in_\w+_at_(\d+)')
 
 
-def compile_facts(gm: fx.GraphModule) -> CompileFacts:
-    """:class:`CompileFacts` of the dynamo graph ``gm``; call it while dynamo calls the backend."""
+# Higher-order ops whose subgraphs aot_autograd inlines into the graph it hands on (activation
+# checkpointing, dynamo's own wrap): a block calling them is still whole there
+_INLINED = {"tag_activation_checkpoint", "wrap"}
+# Calls a compiler may drop with no change in value when they are no-ops (a same-dtype cast, a
+# clone it need not make, dropout in eval)
+_NO_OP_NAMES = {"clone", "contiguous", "detach", "to", "type", "type_as", "float", "half", "bfloat16", "double",
+                "dropout", "alias", "identity"}
+
+
+def _checked_call(n: fx.Node) -> bool:
+    """Whether a dynamo node is a call whose absence from a later graph means the compiler removed
+    work of the block: not a projection of a multi-output call (``a, b = x.chunk(2)``), nor a view
+    or a call that may be a no-op."""
+    if n.op not in ("call_function", "call_method"):
+        return False
+    name = n.target if isinstance(n.target, str) else getattr(n.target, "__name__", "")
+    if n.target is operator.getitem or name in _NO_OP_NAMES:
+        return False
+    value = n.meta.get("example_value")
+    if any(isinstance(a, fx.Node) and a.meta.get("example_value") is value for a in n.args):
+        return False  # returns its input (torch.flatten of what is already flat)
+    return not (hasattr(value, "_is_view") and value._is_view())
+
+
+def compile_facts(gm: fx.GraphModule, cut: Optional[Tuple[Tuple[str, int], ...]] = None) -> CompileFacts:
+    """:class:`CompileFacts` of the dynamo graph ``gm``; call it while dynamo calls the backend (a
+    recompile passes the ``cut`` read then: the sites recorded since count too)."""
     found = sites()
     calls: Dict[str, set] = {}
     in_subgraph = set()
     if found:
         for n in gm.graph.nodes:
-            if n.op == "call_function":
+            if _checked_call(n):
                 for site in found:
                     if _source_position(n, site) is not None:
                         calls.setdefault(site.tag, set()).add((n.name, id(gm.graph)))
-        for sub in gm.modules():
-            if sub is not gm and isinstance(sub, fx.GraphModule):
-                in_subgraph.update(site.tag for n in sub.graph.nodes for site in found
-                                   if n.op == "call_function" and _source_position(n, site) is not None)
-    return CompileFacts(dynamo_cut(), {k: frozenset(v) for k, v in calls.items()}, frozenset(in_subgraph))
+            if n.op == "call_function" and getattr(n.target, "__name__", "") not in _INLINED:
+                for arg in n.args:
+                    sub = getattr(gm, arg.target, None) if isinstance(arg, fx.Node) and arg.op == "get_attr" else None
+                    if isinstance(sub, fx.GraphModule):
+                        in_subgraph.update(site.tag for m in sub.graph.nodes for site in found
+                                           if m.op in ("call_function", "call_method") and _source_position(m, site) is not None)
+    return CompileFacts(dynamo_cut() if cut is None else cut, {k: frozenset(v) for k, v in calls.items()},
+                        frozenset(in_subgraph))
 
 
 def dynamo_cut() -> Tuple[Tuple[str, int], ...]:
@@ -255,7 +288,7 @@ def compiling(facts: Optional[CompileFacts]):
         _COMPILE.reset(token)
 
 
-def unfinished(site: RegionSite, nodes: List[fx.Node], graph: fx.Graph) -> Optional[str]:
+def unfinished(site: RegionSite, nodes: List[fx.Node], graph: fx.Graph, present: Dict[str, set]) -> Optional[str]:
     """Why these nodes, found by stack traces in a graph a backend compiles, may be part of a run
     and not all of it, or None. An op call in place of part of a run computes the whole block from
     it, a wrong result: where dynamo breaks the graph inside the block, a run is split in two; a
@@ -273,11 +306,17 @@ def unfinished(site: RegionSite, nodes: List[fx.Node], graph: fx.Graph) -> Optio
     if site.tag in facts.in_subgraph:
         return ("the block holds a higher-order op's subgraph (a torch.cond branch, a nested_compile_region), "
                 "whose graphs hold pieces of a run: keep such calls out of the block")
-    present = {_origin(n) for n in graph.nodes if n.op == "call_function"}  # a folded constant is a get_attr
-    gone = sorted(name for name, graph_id in facts.calls.get(site.tag, ()) if (name, graph_id) not in present)
+    calls = facts.calls.get(site.tag, frozenset())
+    if "calls" not in present:  # once a graph: a model's layers are many instances
+        present["calls"] = {_origin(n) for n in graph.nodes if n.op == "call_function"}  # a folded constant is a get_attr
+    gone = sorted(name for name, graph_id in calls if (name, graph_id) not in present["calls"])
     if gone:
         return (f"the compiler removed part of the block before fxkern's pass ({', '.join(gone)}: folded as a "
                 f"constant, or dead code), so no run of it is whole here")
+    made = next((n for n in interface(nodes)[0] if _origin(n) in calls), None)
+    if made is not None:
+        return (f"the region's input {made.name!r} was made by a call of the block (a compiler folded it into a "
+                f"constant), so no run of it is whole here")
     return None
 
 

@@ -595,11 +595,12 @@ def _regions(graph: fx.Graph, facts: _Facts, report: Report, safe: List[_Candida
     from fxkern.region import (columns_known, find, interface, repeated_run,  # the module, not the context manager
                                shares_its_line, unfinished)
 
+    present: Dict[str, set] = {}  # what unfinished() reads of the whole graph, computed once
     for site, nodes, exact in find(graph):
         inputs, outputs = interface(nodes)
         rr = report.rules.setdefault(site.label, RuleReport())
         rr.candidates += 1
-        partial = None if exact else unfinished(site, nodes, graph)
+        partial = None if exact else unfinished(site, nodes, graph, present)
         if partial is not None:
             rr.near_misses.append(NearMiss(site.label, [n.name for n in nodes], partial))
             continue

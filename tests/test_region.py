@@ -558,6 +558,68 @@ def test_pieces_of_a_run_inductor_hands_over_are_not_replaced(model, reason):
     assert any(reason in nm.reason for r in reports for nm in r.near_misses), [str(r) for r in reports]
 
 
+def test_a_site_recorded_after_the_compile_is_checked_at_the_recompile():
+    """Compiled first, the block's site is recorded by the eager call after: the backend recompiles,
+    and used the facts it read before the site existed, so the dead-code piece was replaced, and
+    inductor's cache handed that compile to later processes (found by a review)."""
+    model, x = GradOfRegion(), torch.randn(4, 8) * 0.1
+    be = fxkern.backend(RuleSet("empty"), inner="inductor")
+    compiled = torch.compile(model, backend=be)
+    compiled(x)  # no site yet
+    want = model(x)  # records it
+    got = compiled(x)  # recompiles
+    torch._dynamo.reset()
+    torch.testing.assert_close(got, want)
+    assert not [m for r in be.reports for m in r.matches]
+
+
+def exp_times_w(x, w):
+    return torch.exp(x) * w
+
+
+EXP_TIMES_W = fxkern.cuda_kernel_op("fxkern_test::region_exp_times_w", spec_like(exp_times_w), reference=exp_times_w)
+
+
+class NoOpCalls(torch.nn.Module):
+    def __init__(self, how):
+        super().__init__()
+        self.how, self.w, self.drop = how, torch.nn.Parameter(torch.randn(8)), torch.nn.Dropout(0.1)
+
+    def forward(self, x):
+        with fxkern.region(EXP_TIMES_W):
+            if self.how == "dropout":
+                a = self.drop(x)
+            elif self.how == "flatten":
+                a = torch.flatten(x, 1)
+            else:
+                a = torch.clone(x)
+            e = torch.exp(a)
+            y = e * self.w
+        return y + 1
+
+
+class CheckpointedLayers(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layers = torch.nn.ModuleList(NoOpCalls("clone") for _ in range(2))
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = torch.utils.checkpoint.checkpoint(layer, x, use_reentrant=False)
+        return x
+
+
+@pytest.mark.parametrize("model, replaced", [(NoOpCalls("dropout").eval(), 1), (NoOpCalls("flatten"), 1),
+                                             (NoOpCalls("clone"), 1), (CheckpointedLayers(), 2)],
+                         ids=["dropout in eval", "flatten of a flat tensor", "clone", "checkpointed layers"])
+def test_a_block_whose_no_op_calls_the_compiler_drops_is_still_whole(model, replaced):
+    """Calls a compiler drops as no-ops leave the run whole; activation checkpointing's subgraph is
+    inlined by aot_autograd. The check for removed calls refused all of these (found by a review)."""
+    got, want, reports = compiled_reports(model, torch.randn(4, 8) * 0.1, inner="inductor")
+    torch.testing.assert_close(got, want)
+    assert len([m for r in reports for m in r.matches]) == replaced, [str(r) for r in reports]
+
+
 def test_a_call_inductor_folds_into_a_constant_leaves_no_run():
     """With inductor's freezing, sigmoid(self.b) is folded before the pass, and the add left became
     op(h, constant) = h + sigmoid(sigmoid(b)) (found by a review)."""

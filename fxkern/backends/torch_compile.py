@@ -92,7 +92,10 @@ class _Pass(_PassBase):
         from torch._inductor.custom_graph_pass import get_hash_for_files
 
         files = get_hash_for_files(tuple(_SOURCES))
-        return hashlib.sha256(files + self.owner.rules_key().encode() + self.regions.encode()).hexdigest()
+        # the facts too: a graph compiled without knowing a site's removed calls must not be reused
+        # by a compile that knows them (found by a review)
+        return hashlib.sha256(files + self.owner.rules_key().encode() + self.regions.encode()
+                              + (self.facts.key() if self.facts is not None else "").encode()).hexdigest()
 
 
 class FxkernBackend:
@@ -141,10 +144,11 @@ class FxkernBackend:
         compiled = self._compile(gm, example_inputs, facts)
 
         def current() -> Callable[..., Any]:
-            nonlocal compiled, seen
+            nonlocal compiled, seen, facts
             now = self.fingerprint()
             if now != seen:  # the rule set changed since this graph was compiled
                 log.info("fxkern: rule set or region sites changed; recompiling a graph")
+                facts = region.compile_facts(gm, facts.cut)  # a site recorded since counts too (found by a review)
                 with tracing(context):
                     compiled, seen = self._compile(gm, example_inputs, facts), now
             return compiled
