@@ -11,8 +11,12 @@ nodes are found by their ``stack_trace`` lines, each mapped to the top-level
 statement of the block holding it, so a call written over several lines is
 one piece. Under dynamo the context is skipped (frame inspection cannot be
 traced): the site is the one recorded when the block last ran outside the
-compiler, in eager or under torch.export. At run time the context does
-nothing.
+compiler, in eager or under torch.export. There a graph may hold a piece of
+a run, not all of it (a graph break inside the block, a torch.cond branch
+inductor hands over alone, a call the compiler removed): what the backend
+reads of dynamo's graph (:class:`CompileFacts`) refuses those, and two runs
+of a loop are told apart by where each call starts in the source. At run
+time the context does nothing.
 
 ``apply`` replaces every region it finds, whatever rule set it is given: the
 region's inputs (values made outside and used inside, in order of first use)
