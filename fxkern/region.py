@@ -200,17 +200,22 @@ class CompileFacts:
     """What a backend learns of a dynamo graph when dynamo hands it over, for the graphs compiled
     from it (forward, backward, the subgraphs inductor passes on one by one): where dynamo cut it
     (:func:`dynamo_cut`), the traced calls written in each site's block (``(node name, graph id)``,
-    as later nodes' ``from_node`` names them), and the sites with calls inside a higher-order op's
-    subgraph (a torch.cond branch, a nested_compile_region)."""
+    as later nodes' ``from_node`` names them), the sites with calls inside a higher-order op's
+    subgraph (a torch.cond branch, a nested_compile_region), and the source places of the calls in
+    a site's block (``(site tag, position)``)."""
 
     cut: Tuple[Tuple[str, int], ...] = ()
     calls: Dict[str, frozenset] = field(default_factory=dict)
     in_subgraph: frozenset = frozenset()
+    places: Tuple[str, ...] = ()
 
     def key(self) -> str:
-        """The same in every process (graph ids left out), for a compile cache's key."""
+        """The same in every process (graph ids left out), for a compile cache's key. It holds the
+        places: inductor's FX graph cache keys a graph by its ops, not its stack traces, so two graphs
+        of the same ops, one written inside a region and one not, shared a cached compile (found by a
+        test)."""
         calls = sorted((tag, sorted(name for name, _ in names)) for tag, names in self.calls.items())
-        return repr((self.cut, calls, sorted(self.in_subgraph)))
+        return repr((self.cut, calls, sorted(self.in_subgraph), self.places))
 
 
 _COMPILE: contextvars.ContextVar[Optional[CompileFacts]] = contextvars.ContextVar("fxkern_compile", default=None)
@@ -243,24 +248,28 @@ def _checked_call(n: fx.Node) -> bool:
 
 def compile_facts(gm: fx.GraphModule, cut: Optional[Tuple[Tuple[str, int], ...]] = None) -> CompileFacts:
     """:class:`CompileFacts` of the dynamo graph ``gm``; call it while dynamo calls the backend (a
-    recompile passes the ``cut`` read then: the sites recorded since count too)."""
+    recompile passes the ``cut`` read then: the sites recorded since count too). One walk over the
+    graph; with no site recorded, none."""
     found = sites()
     calls: Dict[str, set] = {}
     in_subgraph = set()
-    if found:
-        for n in gm.graph.nodes:
-            if _checked_call(n):
-                for site in found:
-                    if _source_position(n, site) is not None:
+    places = []
+    for n in gm.graph.nodes if found else ():
+        if n.op in ("call_function", "call_method"):
+            for site in found:
+                position = _source_position(n, site)
+                if position is not None:
+                    places.append(repr((site.tag, position)))
+                    if _checked_call(n):
                         calls.setdefault(site.tag, set()).add((n.name, id(gm.graph)))
-            if n.op == "call_function" and getattr(n.target, "__name__", "") not in _INLINED:
-                for arg in n.args:
-                    sub = getattr(gm, arg.target, None) if isinstance(arg, fx.Node) and arg.op == "get_attr" else None
-                    if isinstance(sub, fx.GraphModule):
-                        in_subgraph.update(site.tag for m in sub.graph.nodes for site in found
-                                           if m.op in ("call_function", "call_method") and _source_position(m, site) is not None)
+        if n.op == "call_function" and getattr(n.target, "__name__", "") not in _INLINED:
+            for arg in n.args:
+                sub = getattr(gm, arg.target, None) if isinstance(arg, fx.Node) and arg.op == "get_attr" else None
+                if isinstance(sub, fx.GraphModule):
+                    in_subgraph.update(site.tag for m in sub.graph.nodes for site in found
+                                       if m.op in ("call_function", "call_method") and _source_position(m, site) is not None)
     return CompileFacts(dynamo_cut() if cut is None else cut, {k: frozenset(v) for k, v in calls.items()},
-                        frozenset(in_subgraph))
+                        frozenset(in_subgraph), tuple(places))
 
 
 def dynamo_cut() -> Tuple[Tuple[str, int], ...]:
@@ -434,23 +443,6 @@ def _frames(trace: str) -> Tuple[Tuple[str, int, Optional[str]], ...]:
         elif frames and _MARKER.match(text) and ("^" in text or "~" in text):
             frames[-1][2] = text.rstrip()
     return tuple(tuple(f) for f in frames)
-
-
-def graph_key(graph: fx.Graph) -> str:
-    """The source places of ``graph``'s calls that lie in a recorded region's block: inductor's FX
-    graph cache keys a graph by its ops, not its stack traces, so two graphs of the same ops, one
-    written inside a region and one not, shared a cached compile (found by a test)."""
-    found = sites()
-    if not found:
-        return ""
-    places = []
-    for n in graph.nodes:
-        if n.op == "call_function" and n.meta.get("stack_trace"):
-            for site in found:
-                position = _source_position(n, site)
-                if position is not None:
-                    places.append(repr((site.tag, position)))
-    return "\n".join(places)
 
 
 def _origin(node: fx.Node) -> Any:

@@ -80,9 +80,8 @@ except ImportError:  # older torch: a plain object still runs, without the FX gr
 class _Pass(_PassBase):
     """Inductor's custom post-grad pass: ``__call__(graph)``, and a ``uuid()`` for its FX graph cache."""
 
-    def __init__(self, owner: "FxkernBackend", regions: str = "", facts: Optional[region.CompileFacts] = None):
+    def __init__(self, owner: "FxkernBackend", facts: Optional[region.CompileFacts] = None):
         self.owner = owner
-        self.regions = regions  # the graph's calls inside region blocks (region.graph_key)
         self.facts = facts  # kept for the backward, which inductor compiles at the first backward call
 
     def __call__(self, graph: fx.Graph) -> None:
@@ -93,8 +92,8 @@ class _Pass(_PassBase):
 
         files = get_hash_for_files(tuple(_SOURCES))
         # the facts too: a graph compiled without knowing a site's removed calls must not be reused
-        # by a compile that knows them (found by a review)
-        return hashlib.sha256(files + self.owner.rules_key().encode() + self.regions.encode()
+        # by a compile that knows them (found by a review), nor one of calls in no region block
+        return hashlib.sha256(files + self.owner.rules_key().encode()
                               + (self.facts.key() if self.facts is not None else "").encode()).hexdigest()
 
 
@@ -167,7 +166,7 @@ class FxkernBackend:
             # through config_patches, which compile_fx applies to each graph's compile, the backward's
             # too: a config.patch around this call has ended by the time inductor compiles the
             # backward, whose graphs went without the rules (found by a review)
-            patches = {**(self.options.get("config_patches") or {}), "post_grad_custom_pre_pass": _Pass(self, region.graph_key(gm.graph), facts)}
+            patches = {**(self.options.get("config_patches") or {}), "post_grad_custom_pre_pass": _Pass(self, facts)}
             return compile_fx(gm, example_inputs, config_patches=patches)
         if inner in ("tensorrt", "torch_tensorrt"):
             with region.compiling(facts):  # Torch-TensorRT lowers and runs fxkern's pass inside this call
