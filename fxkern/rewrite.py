@@ -441,7 +441,7 @@ def analyse(gm: fx.GraphModule, rules: Union[RuleSet, Sequence[Rule], None], irs
 
 
 def _analyse(gm: fx.GraphModule, rules: Union[RuleSet, Sequence[Rule], None], irs: Sequence[str],
-             where: _Where = _Where()) -> Tuple[_Analysis, Report]:
+             where: _Where = _Where(), subgraphs: bool = True) -> Tuple[_Analysis, Report]:
     graph = gm.graph
     by_target = index_by_target(graph)
     matcher = Matcher(graph, by_target)
@@ -521,7 +521,7 @@ def _analyse(gm: fx.GraphModule, rules: Union[RuleSet, Sequence[Rule], None], ir
     for c in accepted:
         info = MatchInfo(c.rule.name, [n.name for n in c.match.nodes], _location(c.match.anchor))
         report.rules[c.rule.name].matches.append(info)
-    inner = _nested(gm, rules, irs, report, facts)
+    inner = _nested(gm, rules, irs, report, facts) if subgraphs else {}
     for rr in report.rules.values():
         report.matches.extend(rr.matches)
         report.near_misses.extend(rr.near_misses)
@@ -830,13 +830,16 @@ def apply(program: Any, rules: Union[RuleSet, Sequence[Rule], None] = None, *, v
     raise TypeError(f"apply takes an ExportedProgram or an fx.GraphModule, not {type(program).__name__}")
 
 
-def rewrite_graph(graph: fx.Graph, rules: Union[RuleSet, Sequence[Rule], None], irs: Sequence[str]) -> Report:
-    """Rewrite ``graph`` in place (a compiler pass: no copy, no recompile); returns the report."""
+def rewrite_graph(graph: fx.Graph, rules: Union[RuleSet, Sequence[Rule], None], irs: Sequence[str],
+                  subgraphs: bool = True) -> Report:
+    """Rewrite ``graph`` in place (a compiler pass: no copy, no recompile); returns the report.
+    ``subgraphs=False`` leaves higher-order ops' subgraphs alone, for a compiler that hands each to
+    the pass itself (inductor passes torch.cond's branches on before the graph holding them)."""
     gm = graph.owning_module
     if gm is None:
         gm = fx.GraphModule(torch.nn.Module(), graph)
     with _collector_paused():
-        tree, report = _analyse(gm, rules, irs)
+        tree, report = _analyse(gm, rules, irs, subgraphs=subgraphs)
         if tree.replaced():
             _rewrite_tree(gm, tree, inplace=True, recompile=False)
     return report

@@ -294,6 +294,31 @@ def test_inductor_rewrites_backward_graphs_too():
     torch.testing.assert_close(x.grad, 2 * torch.cos(x))
 
 
+@pytest.mark.parametrize("inner", ["aot_eager", "inductor"])
+def test_torch_cond_branches_are_rewritten_and_analysed_once(inner, monkeypatch):
+    """aot_eager hands over the graph holding the branches, inductor each branch and then that graph:
+    either way each graph is analysed once (inductor's branches were analysed again from the graph
+    holding them) and the true branch's match is replaced once."""
+    import fxkern.rewrite
+
+    analysed = []
+    real = fxkern.rewrite._analyse
+    monkeypatch.setattr(fxkern.rewrite, "_analyse", lambda gm, *a, **k: analysed.append(gm) or real(gm, *a, **k))
+
+    def f(x, b, r, p):
+        return torch.cond(p, lambda h, b, r: bias_gelu_res(h, b, r), lambda h, b, r: h - r, (x * 2, b, r)) + 1
+
+    reports = []
+    be = fxkern.backend(RULES, inner=inner, report=reports.append,
+                        **({"config_patches": {"fx_graph_cache": False}} if inner == "inductor" else {}))
+    x, b, r = torch.randn(4, 8), torch.randn(8), torch.randn(4, 8)
+    compiled = torch.compile(f, backend=be)
+    for p in (True, False):
+        torch.testing.assert_close(compiled(x, b, r, torch.tensor(p)), f(x, b, r, torch.tensor(p)))
+    assert [m.rule for rep in reports for m in rep.matches] == ["bgr"]
+    assert len(analysed) == len({id(gm) for gm in analysed}) == 3
+
+
 def test_the_library_through_aot_eager_on_the_demo_model():
     """fxkern.backend(library.rules(), inner="aot_eager") failed on every model: a rule first traced
     inside the compile ran under dynamo's fake mode, which refuses real example tensors (found by a

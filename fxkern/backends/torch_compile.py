@@ -85,7 +85,9 @@ class _Pass(_PassBase):
         self.facts = facts  # kept for the backward, which inductor compiles at the first backward call
 
     def __call__(self, graph: fx.Graph) -> None:
-        self.owner._rewrite(graph, ("inductor",), self.facts)
+        # inductor runs this pass on each torch.cond branch before the graph holding it: analysing
+        # the branches again from there cost a second analysis and found nothing new
+        self.owner._rewrite(graph, ("inductor",), self.facts, subgraphs=False)
 
     def uuid(self) -> str:
         from torch._inductor.custom_graph_pass import get_hash_for_files
@@ -114,9 +116,10 @@ class FxkernBackend:
     def rules_key(self) -> str:
         return _rule_key(self.current_rules())
 
-    def _rewrite(self, graph: fx.Graph, irs: Sequence[str], facts: Optional[region.CompileFacts] = None) -> None:
+    def _rewrite(self, graph: fx.Graph, irs: Sequence[str], facts: Optional[region.CompileFacts] = None,
+                 subgraphs: bool = True) -> None:
         with region.compiling(facts):
-            report = rewrite_graph(graph, self.current_rules(), irs)
+            report = rewrite_graph(graph, self.current_rules(), irs, subgraphs)
         self.reports.append(report)
         if report.matches:
             log.info("fxkern: replaced %d subgraphs (%s)", len(report.matches),
