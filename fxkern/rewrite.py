@@ -397,9 +397,47 @@ def _check(rule: Rule, match: Match, facts: _Facts) -> Tuple[Optional[Tuple[Any,
     if reason is not None:
         return None, reason
     fake, reason = _fake_run(rule, match, facts)
-    if fake is not None and facts.where.cond_branch:
-        reason = _other_strides(fake, match)
+    if fake is not None:
+        reason = _other_strides(fake, match) if facts.where.cond_branch else _layout_users(fake, match)
     return (None, reason) if reason else (fake, None)
+
+
+def _laid_out_otherwise(o: torch.Tensor, want: torch.Tensor) -> bool:
+    """Whether two tensors of one shape differ in strides where it matters (a dim of size 1 aside)."""
+    known = torch.fx.experimental.symbolic_shapes.statically_known_true
+    return not all(known(d <= 1) or known(a == b) for d, a, b in zip(want.shape, o.stride(), want.stride()))
+
+
+# Users whose result depends on their input's strides: a view needs strides it can be taken of, and
+# as_strided reads the storage as laid out
+_VIEWS = {torch.ops.aten.view.default, torch.ops.aten._unsafe_view.default}
+_STORAGE_READS = {torch.ops.aten.as_strided.default, torch.ops.aten.as_strided_copy.default}
+
+
+def _layout_users(fake: Tuple[Any, ...], match: Match) -> Optional[str]:
+    """Why an output laid out otherwise than the graph's would break a user, or None. The op's
+    outputs take its fake impl's strides (a kernel writing rows contiguous where eager kept a
+    transposed input's layout), and the graph's users were traced on the old ones: a view of them
+    may not be a view of the op's (a crash when the program runs), and as_strided would read other
+    elements (a wrong result)."""
+    for i, (o, g) in enumerate(zip(fake, match.outputs)):
+        want = g.meta.get("val")
+        if not (isinstance(o, torch.Tensor) and isinstance(want, torch.Tensor) and _laid_out_otherwise(o, want)):
+            continue
+        for u in g.users:
+            problem = None
+            if u.target in _STORAGE_READS:
+                problem = "reads its storage as laid out"
+            elif u.target in _VIEWS:
+                try:
+                    with (getattr(o, "fake_mode", None) or contextlib.nullcontext()):
+                        o.view(u.args[1])
+                except Exception:  # noqa: BLE001 - the view's own check, as at run time
+                    problem = "is a view of it that these strides do not allow"
+            if problem:
+                return (f"output {i} would have strides {tuple(o.stride())} where the graph has {tuple(want.stride())} "
+                        f"({g.name}), and its user {u.name} ({u.target}) {problem}")
+    return None
 
 
 def _other_strides(fake: Tuple[Any, ...], match: Match) -> Optional[str]:
@@ -668,6 +706,15 @@ def _anchor_dtypes(rule: Rule, ir: str, by_target) -> List[Optional[torch.dtype]
 # ---- rewriting ------------------------------------------------------------------
 
 
+def _with_layout(old: Any, fake: Any) -> Any:
+    """The old output's value with the op's strides: later passes and exports read a node's layout
+    from it (the old one, copied, claimed a transposed layout for a contiguous result)."""
+    if not (isinstance(old, torch.Tensor) and isinstance(fake, torch.Tensor) and _laid_out_otherwise(fake, old)):
+        return old
+    with (getattr(old, "fake_mode", None) or contextlib.nullcontext()):
+        return torch.empty_strided(old.shape, fake.stride(), dtype=old.dtype, device=old.device)
+
+
 def _rewrite(graph: fx.Graph, accepted: List[_Candidate], pos: Dict[fx.Node, float]) -> Dict[str, str]:
     """Replace each accepted match by one op call; returns {old output node name: new node name}."""
     renamed: Dict[str, str] = {}
@@ -693,7 +740,8 @@ def _rewrite(graph: fx.Graph, accepted: List[_Candidate], pos: Dict[fx.Node, flo
         with graph.inserting_before(point):
             call = graph.call_function(rule.overload, tuple(args))
         _copy_meta(call, m.anchor)
-        vals = [o.meta.get("val") for o in m.outputs]  # checked equal in shape and dtype to the op's
+        # checked equal in shape and dtype to the op's; strides are the op's
+        vals = [_with_layout(o.meta.get("val"), f) for o, f in zip(m.outputs, c.fake_outputs)]
         call.meta["val"] = vals[0] if len(vals) == 1 else tuple(vals)
         pos[call] = (pos[prev] + pos[point]) / 2 if prev.op != "root" else pos[point] - 0.5
         new_outputs = [call]

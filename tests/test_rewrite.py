@@ -449,6 +449,55 @@ def test_rewriting_a_programs_module_in_place_leaves_the_program_as_it_was(bgr):
     torch.testing.assert_close(gm(*args), ep.module()(*args))
 
 
+def times3_plus(x, r):
+    return x * 3 + r
+
+
+@pytest.fixture(scope="module")
+def layouts():
+    """Two ops for ``x * 3 + r``: one writing a contiguous result, one (its meta_fn) a transposed one."""
+    rs, cols = RuleSet("layouts"), RuleSet("layouts_cols")
+    rows = fxkern.replace(times3_plus, spec_like(times3_plus), name="test_rewrite::t3p_rows", rules=rs)
+
+    def transposed(x, r):
+        return torch.empty_strided(x.shape, (1, x.shape[0]), dtype=x.dtype, device=x.device)
+
+    col_op = fxkern.cuda_kernel_op("test_rewrite::t3p_cols", spec_like(times3_plus), meta_fn=transposed,
+                                   reference=times3_plus)
+    fxkern.replace(times3_plus, col_op, name="t3p_cols", rules=cols)
+    return rs, rows, cols
+
+
+def test_the_op_node_carries_the_ops_layout(layouts):
+    """eager's elementwise ops keep a transposed input's layout; the op writes rows. The new node's
+    value says so: the old one, copied, claimed a transposed result."""
+    rs, rows, _ = layouts
+    model = Fn(lambda x, r: (x.t() * 3 + r.t()).sum(0))
+    args = (torch.randn(4, 6), torch.randn(4, 6))
+    ep = torch.export.export(model, args)
+    new = fxkern.apply(ep, rs)
+    (node,) = [n for n in new.graph.nodes if n.target == rows.op.default]
+    assert node.meta["val"].stride() == (4, 1)
+    torch.testing.assert_close(new.module()(*args), ep.module()(*args))
+    torch.testing.assert_close(new.run_decompositions().module()(*args), ep.module()(*args))
+
+
+def test_a_view_the_ops_layout_does_not_allow_refuses_the_match(layouts):
+    """The graph's view of a contiguous result is no view of the transposed one the op writes: the
+    program crashed when run. An elementwise user takes either layout."""
+    _, _, cols = layouts
+    args = (torch.randn(4, 6), torch.randn(4, 6))
+    viewed = torch.export.export(Fn(lambda x, r: (x * 3 + r).view(24) + 1), args)
+    report = fxkern.explain(viewed, cols)
+    assert not report.matches and any("view of it that these strides do not allow" in nm.reason
+                                      for nm in report.near_misses), str(report)
+    torch.testing.assert_close(fxkern.apply(viewed, cols).module()(*args), viewed.module()(*args))
+    plain = torch.export.export(Fn(lambda x, r: (x * 3 + r) + 1), args)
+    new = fxkern.apply(plain, cols)
+    assert len(fxkern.explain(plain, cols).matches) == 1
+    torch.testing.assert_close(new.module()(*args), plain.module()(*args))
+
+
 class TransposedCond(torch.nn.Module):
     def forward(self, x, b, r):
         xt, rt = x.t(), r.t()
