@@ -226,7 +226,8 @@ _RESUMED = re.compile(r'File "([^"]+)", line \d+, in torch_dynamo_resume_in_\w+_
 # checkpointing, dynamo's own wrap): a block calling them is still whole there
 _INLINED = {"tag_activation_checkpoint", "wrap"}
 # Calls a compiler may drop with no change in value when they are no-ops (a same-dtype cast, a
-# clone it need not make, dropout in eval)
+# clone it need not make, dropout in eval). Each is idempotent, so where one was folded into a
+# constant instead, the op computing the block from that constant applies it twice, to the same value
 _NO_OP_NAMES = {"clone", "contiguous", "detach", "to", "type", "type_as", "float", "half", "bfloat16", "double",
                 "dropout", "alias", "identity"}
 
