@@ -151,6 +151,15 @@ class ShapeOf:
     name: str
 
 
+@dataclass(frozen=True)
+class Sized:
+    """A number the pattern computed from its inputs' sizes (``x.shape[-1]``, traced as the example's
+    8): any number of its type matches here, and the rewrite checks the match by tracing the pattern
+    again at the bound inputs' own sizes (``Rule.compiled_at``)."""
+
+    value: Any
+
+
 # ops whose size argument a pattern may take from an input's shape
 SIZE_OPS = {aten.expand.default, aten.view.default, aten.reshape.default, aten._unsafe_view.default,
             aten.broadcast_to.default, aten.new_zeros.default, aten.new_ones.default, aten.new_empty.default,
@@ -176,6 +185,8 @@ class CompiledPattern:
     # ops that take only parameters and literals, not other pattern ops: where a value-preserving
     # op at the match's input edge may stay for its other users
     leaves: Tuple[int, ...] = ()
+    ir: str = ""
+    sized: Tuple[str, ...] = ()  # the Sized literals, described ("8 in div")
 
     @property
     def anchor(self) -> PNode:
@@ -190,6 +201,7 @@ def compile_pattern(pattern: Pattern, policy: FrozenSet[str]) -> CompiledPattern
     nodes: List[PNode] = []
     params = {p.name: p for p in pattern.params}
     shapes: Dict[Tuple[int, ...], str] = {}  # an input's traced shape -> the first parameter that has it
+    sized: List[str] = []
     for ph, name in placeholder_param.items():
         val = ph.meta.get("val")
         if isinstance(val, torch.Tensor) and val.dim() and all(isinstance(d, int) for d in val.shape):
@@ -212,6 +224,9 @@ def compile_pattern(pattern: Pattern, policy: FrozenSet[str]) -> CompiledPattern
         captured = _capture_for(pattern, pnode_name, site)
         if captured is not None:
             return Capture(captured, params[captured].py_type)
+        if (pnode_name,) + tuple(site) in pattern.sized:
+            sized.append(f"{value!r} in {pnode_name}")
+            return Sized(value)
         return value
 
     for node in pattern.graph.nodes:
@@ -234,7 +249,8 @@ def compile_pattern(pattern: Pattern, policy: FrozenSet[str]) -> CompiledPattern
             raise ValueError("a pattern output is an input")
         outputs.append(r.index)
     leaves = tuple(i for i, pn in enumerate(nodes) if i not in outputs and not any(isinstance(a, Ref) for a in _flat(pn.args)))
-    return CompiledPattern(nodes, outputs, tensor_params, [p.name for p in pattern.params if p.kind == "scalar"], policy, leaves)
+    return CompiledPattern(nodes, outputs, tensor_params, [p.name for p in pattern.params if p.kind == "scalar"], policy, leaves,
+                           pattern.ir, tuple(sized))
 
 
 def _capture_for(pattern: Pattern, node_name: str, site: Tuple) -> Optional[str]:
@@ -268,6 +284,7 @@ class Failure:
     depth: int
     reason: str
     nodes: List[fx.Node] = field(default_factory=list)
+    literal: bool = False  # the walk stopped at a literal the graph has otherwise
 
 
 class _State:
@@ -283,7 +300,7 @@ class _State:
         self.copies: List[fx.Node] = []
         self.shapes: List[Tuple[str, Tuple[int, ...], fx.Node]] = []  # ShapeOf checks, made once all is bound
         self.depth = 0
-        self.fail: Tuple[int, Any, List[fx.Node]] = (-1, "", [])
+        self.fail: Tuple[int, Any, List[fx.Node], bool] = (-1, "", [], False)
 
     def snapshot(self):
         return dict(self.p2g), set(self.used), dict(self.bind), len(self.absorbed), len(self.copies), len(self.shapes)
@@ -294,10 +311,10 @@ class _State:
         del self.copies[snap[4]:]
         del self.shapes[snap[5]:]
 
-    def failed(self, reason: Any) -> bool:
+    def failed(self, reason: Any, literal: bool = False) -> bool:
         """Record why the walk stopped (a lambda: most candidates fail, few reasons are read)."""
         if len(self.p2g) >= self.fail[0]:
-            self.fail = (len(self.p2g), reason, list(self.p2g.values()))
+            self.fail = (len(self.p2g), reason, list(self.p2g.values()), literal)
         return False
 
 
@@ -377,7 +394,7 @@ class Matcher:
 
     def _run(self, pattern: CompiledPattern, anchor: fx.Node, st: "_State") -> Tuple[Optional[Match], Optional[Failure]]:
         if not self._node(pattern, pattern.outputs[0], anchor, st):
-            return None, Failure(anchor, st.fail[0], _reason(st.fail[1]), st.fail[2])
+            return None, Failure(anchor, st.fail[0], _reason(st.fail[1]), st.fail[2], st.fail[3])
         for out in pattern.outputs[1:]:
             if out in st.p2g:
                 continue
@@ -485,6 +502,11 @@ class Matcher:
                 return st.failed(lambda: f"scalar {pa.name!r} would be both {old} and {value}")
             st.bind[pa.name] = value
             return True
+        if kind is Sized:
+            if isinstance(ga, fx.Node) or type(ga) is not type(pa.value):
+                return st.failed(lambda: f"{where.name!r} has {_describe(ga)} where the pattern has a number it computed "
+                                         f"from its inputs' sizes ({pa.value!r} at its example's)")
+            return True
         if kind is ShapeOf:
             if not isinstance(ga, (list, tuple)) or not all(type(d) is int or isinstance(d, fx.Node) for d in ga):
                 return st.failed(lambda: f"{where.name!r} has {_describe(ga) if isinstance(ga, fx.Node) else ga!r} "
@@ -495,12 +517,13 @@ class Matcher:
             if not isinstance(ga, (list, tuple)) or len(ga) != len(pa):
                 return st.failed(lambda: f"{where.name!r} has {ga!r} where the pattern has {list(pa)!r}")
             return self._args(pat, pa, ga, st, where)
+        number = isinstance(pa, (int, float)) and not isinstance(pa, bool)  # one a pattern may compute from sizes
         if isinstance(ga, fx.Node):
-            return st.failed(lambda: f"{where.name!r} takes {ga.name!r} where the pattern has the literal {pa!r}")
+            return st.failed(lambda: f"{where.name!r} takes {ga.name!r} where the pattern has the literal {pa!r}", number)
         if type(pa) is not type(ga):  # 8 and 8.0 differ: arange(8) is int64, arange(8.0) float32
-            return st.failed(lambda: f"literal differs at {where.name!r}: pattern {pa!r}, graph {ga!r}")
+            return st.failed(lambda: f"literal differs at {where.name!r}: pattern {pa!r}, graph {ga!r}", number)
         if pa != ga:
-            return st.failed(lambda: f"literal differs at {where.name!r}: pattern {pa!r}, graph {ga!r}")
+            return st.failed(lambda: f"literal differs at {where.name!r}: pattern {pa!r}, graph {ga!r}", number)
         return True
 
     def _find_other_output(self, pat: CompiledPattern, out: int, st: _State) -> bool:

@@ -67,6 +67,9 @@ class Pattern:
     placeholders: Tuple[fx.Node, ...]  # one per tensor param, in param order
     outputs: Tuple[fx.Node, ...]
     captures: Dict[Tuple[str, int, Any], str] = field(default_factory=dict)  # (node name, arg index path) -> param
+    # literal sites whose number the pattern computed from its inputs' sizes (x.shape[-1]), and the IR
+    sized: Dict[Tuple[Any, ...], Any] = field(default_factory=dict)
+    ir: str = ""
 
     @property
     def op_nodes(self) -> List[fx.Node]:
@@ -261,7 +264,41 @@ def trace(fn: Callable[..., Any], ir: str, *, dtype: torch.dtype = torch.float32
             f"pattern {fn.__name__}: scalar parameter(s) {sorted(missing)} do not appear as a literal in the "
             f"traced graph (use them directly in an op, e.g. `x + eps`, not through Python arithmetic)"
         )
-    return Pattern(graph, params, placeholders, outs, captures)
+    return Pattern(graph, params, placeholders, outs, captures, ir=ir)
+
+
+def _op_nodes(graph: fx.Graph) -> List[fx.Node]:
+    return [n for n in graph.nodes if n.op == "call_function" and not is_assertion(n)]
+
+
+def sized_sites(pattern: Pattern, fn: Callable[..., Any], example_inputs: Sequence[Any]) -> Dict[Tuple[Any, ...], Any]:
+    """The literal sites of ``pattern`` (traced from ``fn`` at ``example_inputs``) whose numbers
+    change when ``fn`` is traced again with every dim of its example tensors doubled (which keeps
+    sizes that were equal, or halves of each other, so): numbers it computes from its inputs'
+    sizes, as ``x.shape[-1]`` traces to the example's 8. Matched as literals, such a pattern matched
+    a model dividing by a constant 8 at rows of 16 (found by a probe). None found when the second
+    trace fails (a pattern written for its example's sizes) or differs in ops."""
+    literal = [(n.name, dict(_literal_sites(n))) for n in _op_nodes(pattern.graph)]
+    if not any(sites for _, sites in literal):
+        return {}
+    doubled = [torch.empty([2 * d if d > 1 else d for d in v.shape], dtype=v.dtype, device="meta")
+               if isinstance(v, torch.Tensor) else v for v in example_inputs]
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    fake_log = logging.getLogger("torch._subclasses.fake_tensor")
+    was, fake_log.disabled = fake_log.disabled, True  # it logs each failing meta kernel as an error
+    try:
+        with warnings.catch_warnings(), unset_fake_temporarily():
+            warnings.filterwarnings("ignore", category=FutureWarning)
+            other = _op_nodes(TRACERS[pattern.ir](fn, pattern.params, doubled))
+    except Exception:  # noqa: BLE001 - a pattern traced at its own sizes only (a literal view, say)
+        return {}
+    finally:
+        fake_log.disabled = was
+    if [n.target for n in other] != [n.target for n, _ in zip(_op_nodes(pattern.graph), literal)]:
+        return {}
+    return {(name,) + path: value for (name, sites), n in zip(literal, other)
+            for path, value in sites.items() if dict(_literal_sites(n)).get(path) != value}
 
 
 def _literal_sites(node: fx.Node):

@@ -402,42 +402,93 @@ def _check(rule: Rule, match: Match, facts: _Facts) -> Tuple[Optional[Tuple[Any,
     return (None, reason) if reason else (fake, None)
 
 
+def _sizes_differ(rule: Rule, cp: Any, match: Match, matcher: Matcher) -> Optional[str]:
+    """Why a pattern computing numbers from its inputs' sizes (``x.shape[-1]``) does not hold at this
+    match's sizes, or None. Those numbers matched any number; traced again at the bound inputs' own
+    sizes, the pattern must match the same nodes here (a model dividing by a constant 8 took the
+    pattern's ``x.shape[-1]``, and the op divided rows of 16 by 16; found by a probe)."""
+    if not cp.sized:
+        return None
+    inputs = []
+    for name in cp.tensor_params:
+        val = match.bindings[name].meta.get("val")
+        if not isinstance(val, torch.Tensor):
+            return f"input {name!r} has no tensor metadata, and the pattern computes {', '.join(cp.sized)} from its sizes"
+        if not all(type(d) is int for d in val.shape):
+            return (f"the pattern computes {', '.join(cp.sized)} from its inputs' sizes, and {name}'s are symbolic here "
+                    f"{tuple(val.shape)}: fxkern checks such numbers at static sizes only; pass them as scalar "
+                    f"parameters (`n: int`) and let the kernel read them")
+        inputs.append((tuple(val.shape), val.dtype))
+    try:
+        at = rule.compiled_at(cp.ir, tuple(inputs))
+    except Exception as exc:  # noqa: BLE001 - the pattern's own trace at these sizes
+        return f"the pattern could not be traced at this match's sizes {[s for s, _ in inputs]}: {exc}"
+    if any(m is not None and m.node_set == match.node_set for m, _ in matcher.matches_at(at, match.anchor)):
+        return None
+    return (f"the pattern computes {', '.join(cp.sized)} from its inputs' sizes, and at this match's sizes "
+            f"{[s for s, _ in inputs]} the graph's numbers are not those it computes")
+
+
 def _laid_out_otherwise(o: torch.Tensor, want: torch.Tensor) -> bool:
     """Whether two tensors of one shape differ in strides where it matters (a dim of size 1 aside)."""
     known = torch.fx.experimental.symbolic_shapes.statically_known_true
     return not all(known(d <= 1) or known(a == b) for d, a, b in zip(want.shape, o.stride(), want.stride()))
 
 
-# Users whose result depends on their input's strides: a view needs strides it can be taken of, and
-# as_strided reads the storage as laid out
-_VIEWS = {torch.ops.aten.view.default, torch.ops.aten._unsafe_view.default}
+# Ops that read their input's storage as laid out: given another layout they read other elements
 _STORAGE_READS = {torch.ops.aten.as_strided.default, torch.ops.aten.as_strided_copy.default}
 
 
 def _layout_users(fake: Tuple[Any, ...], match: Match) -> Optional[str]:
-    """Why an output laid out otherwise than the graph's would break a user, or None. The op's
+    """Why an output laid out otherwise than the graph's would break what uses it, or None. The op's
     outputs take its fake impl's strides (a kernel writing rows contiguous where eager kept a
-    transposed input's layout), and the graph's users were traced on the old ones: a view of them
-    may not be a view of the op's (a crash when the program runs), and as_strided would read other
-    elements (a wrong result)."""
-    for i, (o, g) in enumerate(zip(fake, match.outputs)):
+    transposed input's layout), and the graph's later nodes were traced on the old ones: a view
+    taken of them, directly or after ops that keep their input's layout (a transpose, a mul), may
+    not be a view of the op's (a crash when the program runs), and as_strided would read other
+    elements (a wrong result). The fake values are propagated as far as a layout differs."""
+    changed: Dict[fx.Node, Any] = {}
+    for o, g in zip(fake, match.outputs):
         want = g.meta.get("val")
-        if not (isinstance(o, torch.Tensor) and isinstance(want, torch.Tensor) and _laid_out_otherwise(o, want)):
+        if isinstance(o, torch.Tensor) and isinstance(want, torch.Tensor) and _laid_out_otherwise(o, want):
+            changed[g] = _with_layout(want, o)
+    if not changed:
+        return None
+    first = next(iter(changed))
+    todo = sorted({u for g in changed for u in g.users if u not in match.node_set}, key=_order(first.graph))
+    while todo:
+        u = todo.pop(0)
+        if u.op == "output" or u in changed:
             continue
-        for u in g.users:
-            problem = None
-            if u.target in _STORAGE_READS:
-                problem = "reads its storage as laid out"
-            elif u.target in _VIEWS:
-                try:
-                    with (getattr(o, "fake_mode", None) or contextlib.nullcontext()):
-                        o.view(u.args[1])
-                except Exception:  # noqa: BLE001 - the view's own check, as at run time
-                    problem = "is a view of it that these strides do not allow"
-            if problem:
-                return (f"output {i} would have strides {tuple(o.stride())} where the graph has {tuple(want.stride())} "
-                        f"({g.name}), and its user {u.name} ({u.target}) {problem}")
+        source = next(a for a in u.all_input_nodes if a in changed)
+        why = None
+        if u.target in _STORAGE_READS:
+            why = "reads its input's storage as laid out"
+        elif not isinstance(u.target, torch._ops.OpOverload) and u.target is not operator.getitem:
+            why = "is not an ATen op whose result fxkern can check for another layout"
+        else:
+            args, kwargs = fx.node.map_arg((u.args, u.kwargs), lambda n: changed.get(n, n.meta.get("val")))
+            mode = getattr(changed[source], "fake_mode", None)
+            try:
+                with mode or contextlib.nullcontext():
+                    value = u.target(*args, **kwargs)
+            except Exception as exc:  # noqa: BLE001 - the op's own check, as at run time
+                why = f"refuses it: {str(exc).splitlines()[0]}"
+            else:
+                old = u.meta.get("val")
+                if isinstance(value, torch.Tensor) and isinstance(old, torch.Tensor) and _laid_out_otherwise(value, old):
+                    changed[u] = value
+                    todo = sorted(set(todo) | set(u.users), key=_order(u.graph))
+        if why:
+            o = changed[source]
+            return (f"the op's result would have strides {tuple(o.stride())} where the graph has "
+                    f"{tuple(source.meta['val'].stride())} ({source.name}), and {u.name} ({u.target}), which uses it, {why}")
     return None
+
+
+def _order(graph: fx.Graph):
+    """A sort key of a graph's nodes in graph order (computed once a graph)."""
+    pos = {n: i for i, n in enumerate(graph.nodes)}
+    return pos.__getitem__
 
 
 def _other_strides(fake: Tuple[Any, ...], match: Match) -> Optional[str]:
@@ -478,6 +529,65 @@ def analyse(gm: fx.GraphModule, rules: Union[RuleSet, Sequence[Rule], None], irs
     return tree.accepted, report, tree.pos
 
 
+def _rule_candidates(rule: Rule, irs: Sequence[str], by_target: Dict[Any, List[fx.Node]], matcher: Matcher,
+                     facts: _Facts, sized: bool) -> Optional[Tuple[int, List[_Candidate], List[NearMiss]]]:
+    """One rule's candidate sites, safe matches and near-misses in one graph. Without ``sized``,
+    None as soon as a walk matches or stops at a literal: the pattern's numbers computed from its
+    inputs' sizes must then be known (``Rule.compiled(..., sized=True)``) before any is accepted."""
+    pos = facts.pos
+    # One variant per distinct traced graph, with every anchor dtype it was traced for:
+    # identical graphs for float32 and bfloat16 are one variant that serves both.
+    variants: Dict[Any, Tuple[set, Any]] = {}
+    for ir in irs:
+        if rule.irs is not None and ir not in rule.irs:
+            continue
+        for dtype in _anchor_dtypes(rule, ir, by_target):
+            cp = rule.compiled(ir, dtype, sized)
+            key = tuple((n.target, repr(n.args)) for n in cp.nodes)
+            variants.setdefault(key, (set(), cp))[0].add(dtype)
+    anchors = {}
+    sites = set()
+    for dtypes, cp in variants.values():
+        sites.update(matcher.sites(cp))
+        for a in matcher.candidates(cp):
+            anchors.setdefault(a, []).append((dtypes, cp))
+    safe: List[_Candidate] = []
+    misses: List[NearMiss] = []
+    for anchor in sorted(anchors, key=pos.__getitem__):
+        best: Optional[Failure] = None
+        refusal: Optional[Tuple[Match, str]] = None
+        accepted_here = None
+        val = anchor.meta.get("val")
+        for dtypes, cp in anchors[anchor]:
+            if None not in dtypes and isinstance(val, torch.Tensor) and val.dtype not in dtypes:
+                continue
+            for m, fail in matcher.matches_at(cp, anchor):
+                if not sized and (m is not None or fail.literal):
+                    return None
+                if m is None:
+                    if best is None or fail.depth > best.depth:
+                        best = fail
+                    continue
+                reason = _sizes_differ(rule, cp, m, matcher)
+                if reason is not None:
+                    refusal = refusal or (m, reason)
+                    continue
+                fake, reason = _check(rule, m, facts)
+                if reason is None:
+                    accepted_here = _Candidate(rule, m, fake)
+                    break
+                refusal = refusal or (m, reason)
+            if accepted_here is not None:
+                break
+        if accepted_here is not None:
+            safe.append(accepted_here)
+        elif refusal is not None:
+            misses.append(NearMiss(rule.name, [n.name for n in refusal[0].nodes], refusal[1]))
+        elif best is not None and best.depth >= max(2, len(next(iter(variants.values()))[1].nodes) // 2):
+            misses.append(NearMiss(rule.name, [n.name for n in best.nodes], best.reason))
+    return len(sites), safe, misses
+
+
 def _analyse(gm: fx.GraphModule, rules: Union[RuleSet, Sequence[Rule], None], irs: Sequence[str],
              where: _Where = _Where(), subgraphs: bool = True) -> Tuple[_Analysis, Report]:
     graph = gm.graph
@@ -490,49 +600,12 @@ def _analyse(gm: fx.GraphModule, rules: Union[RuleSet, Sequence[Rule], None], ir
     ordered = _ordered_rules(rules)
     for rule in ordered:
         rr = report.rules.setdefault(rule.name, RuleReport())
-        # One variant per distinct traced graph, with every anchor dtype it was traced for:
-        # identical graphs for float32 and bfloat16 are one variant that serves both.
-        variants: Dict[Any, Tuple[set, Any]] = {}
-        for ir in irs:
-            if rule.irs is not None and ir not in rule.irs:
-                continue
-            for dtype in _anchor_dtypes(rule, ir, by_target):
-                cp = rule.compiled(ir, dtype)
-                key = tuple((n.target, repr(n.args)) for n in cp.nodes)
-                variants.setdefault(key, (set(), cp))[0].add(dtype)
-        anchors = {}
-        sites = set()
-        for dtypes, cp in variants.values():
-            sites.update(matcher.sites(cp))
-            for a in matcher.candidates(cp):
-                anchors.setdefault(a, []).append((dtypes, cp))
-        rr.candidates = len(sites)
-        for anchor in sorted(anchors, key=pos.__getitem__):
-            best: Optional[Failure] = None
-            refusal: Optional[Tuple[Match, str]] = None
-            accepted_here = None
-            val = anchor.meta.get("val")
-            for dtypes, cp in anchors[anchor]:
-                if None not in dtypes and isinstance(val, torch.Tensor) and val.dtype not in dtypes:
-                    continue
-                for m, fail in matcher.matches_at(cp, anchor):
-                    if m is None:
-                        if best is None or fail.depth > best.depth:
-                            best = fail
-                        continue
-                    fake, reason = _check(rule, m, facts)
-                    if reason is None:
-                        accepted_here = _Candidate(rule, m, fake)
-                        break
-                    refusal = refusal or (m, reason)
-                if accepted_here is not None:
-                    break
-            if accepted_here is not None:
-                safe.append(accepted_here)
-            elif refusal is not None:
-                rr.near_misses.append(NearMiss(rule.name, [n.name for n in refusal[0].nodes], refusal[1]))
-            elif best is not None and best.depth >= max(2, len(next(iter(variants.values()))[1].nodes) // 2):
-                rr.near_misses.append(NearMiss(rule.name, [n.name for n in best.nodes], best.reason))
+        found = _rule_candidates(rule, irs, by_target, matcher, facts, sized=False)
+        if found is None:  # it matches, or nearly: find the numbers it computes from sizes first
+            found = _rule_candidates(rule, irs, by_target, matcher, facts, sized=True)
+        rr.candidates, candidates, misses = found
+        safe.extend(candidates)
+        rr.near_misses.extend(misses)
 
     if where.top:
         _regions(graph, facts, report, safe)

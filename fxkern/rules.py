@@ -8,6 +8,7 @@ and adds the rule to a RuleSet. Traced patterns are cached per (IR, dtype).
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
 from dataclasses import dataclass, field
@@ -38,7 +39,8 @@ class Rule:
     arg_params: Tuple[str, ...] = ()  # pattern parameter feeding each op argument, in op order
     order: int = field(default_factory=lambda: next(_order))
     irs: Optional[Tuple[str, ...]] = None  # the IRs the rule applies in (None: all)
-    _compiled: Dict[Tuple[str, Any], matcher.CompiledPattern] = field(default_factory=dict, repr=False)
+    _compiled: Dict[Tuple[Any, ...], matcher.CompiledPattern] = field(default_factory=dict, repr=False)
+    _traced: Dict[Tuple[str, Any], patterns.Pattern] = field(default_factory=dict, repr=False)
 
     @property
     def traced_once(self) -> bool:
@@ -57,14 +59,37 @@ class Rule:
     def overload(self) -> Any:
         return self.op.default if hasattr(self.op, "default") else self.op
 
-    def compiled(self, ir: str, dtype: Optional[torch.dtype]) -> matcher.CompiledPattern:
-        """The pattern traced in ``ir`` for inputs of ``dtype`` (cached)."""
+    def compiled(self, ir: str, dtype: Optional[torch.dtype], sized: bool = False) -> matcher.CompiledPattern:
+        """The pattern traced in ``ir`` for inputs of ``dtype`` (cached). ``sized``: with the numbers
+        it computes from its inputs' sizes found (a second trace, made only for rules that match:
+        for every rule it cost the demo a third of its time) and matched as :class:`matcher.Sized`."""
         key = (ir, None if self.traced_once else dtype)
+        if key + (sized,) not in self._compiled:
+            if key not in self._traced:
+                self._traced[key] = patterns.trace(self.pattern, ir, dtype=dtype or torch.float32,
+                                                   example_inputs=self.examples(dtype or torch.float32))
+            traced = self._traced[key]
+            if sized:
+                found = patterns.sized_sites(traced, self.pattern, self.examples(dtype or torch.float32))
+                traced = dataclasses.replace(traced, sized=found)
+            self._compiled[key + (sized,)] = matcher.compile_pattern(traced, self.noise)
+        return self._compiled[key + (sized,)]
+
+    def compiled_at(self, ir: str, inputs: Tuple[Tuple[Tuple[int, ...], torch.dtype], ...]) -> matcher.CompiledPattern:
+        """The pattern traced in ``ir`` with tensors of these (shape, dtype) (cached): the numbers it
+        computes from its inputs' sizes are then literals, those of a match's own inputs."""
+        key = (ir, inputs)
         if key not in self._compiled:
-            dtype = dtype or torch.float32
-            traced = patterns.trace(self.pattern, ir, dtype=dtype, example_inputs=self.examples(dtype))
+            given = iter(inputs)
+            examples = [_meta(*next(given)) if p.kind == "tensor" else v
+                        for p, v in zip(patterns.pattern_params(self.pattern), self.examples(inputs[0][1]))]
+            traced = patterns.trace(self.pattern, ir, example_inputs=examples)
             self._compiled[key] = matcher.compile_pattern(traced, self.noise)
         return self._compiled[key]
+
+
+def _meta(shape: Tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    return torch.empty(shape, dtype=dtype, device="meta")
 
 
 class RuleSet:

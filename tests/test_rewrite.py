@@ -482,20 +482,64 @@ def test_the_op_node_carries_the_ops_layout(layouts):
     torch.testing.assert_close(new.run_decompositions().module()(*args), ep.module()(*args))
 
 
-def test_a_view_the_ops_layout_does_not_allow_refuses_the_match(layouts):
-    """The graph's view of a contiguous result is no view of the transposed one the op writes: the
-    program crashed when run. An elementwise user takes either layout."""
+@pytest.mark.parametrize("after", [lambda y: y.view(24), lambda y: (y * 2).view(24), lambda y: y.as_strided((6,), (1,))],
+                         ids=["view", "view after a mul", "as_strided"])
+def test_a_layout_that_breaks_a_later_view_refuses_the_match(layouts, after):
+    """The graph's view of a contiguous result, taken directly or after a mul (which keeps its
+    input's layout), is no view of the transposed one the op writes: the program crashed when run;
+    as_strided would read other elements. An elementwise use takes either layout."""
     _, _, cols = layouts
     args = (torch.randn(4, 6), torch.randn(4, 6))
-    viewed = torch.export.export(Fn(lambda x, r: (x * 3 + r).view(24) + 1), args)
-    report = fxkern.explain(viewed, cols)
-    assert not report.matches and any("view of it that these strides do not allow" in nm.reason
+    ep = torch.export.export(Fn(lambda x, r: after(x * 3 + r) + 1), args)
+    report = fxkern.explain(ep, cols)
+    assert not report.matches and any("would have strides (1, 4) where the graph has (6, 1)" in nm.reason
                                       for nm in report.near_misses), str(report)
-    torch.testing.assert_close(fxkern.apply(viewed, cols).module()(*args), viewed.module()(*args))
-    plain = torch.export.export(Fn(lambda x, r: (x * 3 + r) + 1), args)
-    new = fxkern.apply(plain, cols)
-    assert len(fxkern.explain(plain, cols).matches) == 1
-    torch.testing.assert_close(new.module()(*args), plain.module()(*args))
+    torch.testing.assert_close(fxkern.apply(ep, cols).module()(*args), ep.module()(*args))
+
+
+def test_a_layout_no_later_node_depends_on_is_replaced(layouts):
+    _, _, cols = layouts
+    args = (torch.randn(4, 6), torch.randn(4, 6))
+    ep = torch.export.export(Fn(lambda x, r: ((x * 3 + r) * 2).t().reshape(24) + 1), args)
+    assert len(fxkern.explain(ep, cols).matches) == 1
+    torch.testing.assert_close(fxkern.apply(ep, cols).module()(*args), ep.module()(*args))
+
+
+def mean_center(x):
+    return x - x.sum(-1, keepdim=True) / x.shape[-1]
+
+
+@pytest.fixture(scope="module")
+def centered():
+    rs = RuleSet("sized")
+    fxkern.replace(mean_center, spec_like(mean_center), rules=rs)
+    return rs
+
+
+@pytest.mark.parametrize("width, divisor, replaced", [(16, "size", True), (5, "size", True), (8, 8, True),
+                                                      (16, 8, False)])
+def test_numbers_a_pattern_computes_from_sizes_match_the_inputs_sizes(centered, width, divisor, replaced):
+    """``x.shape[-1]`` traces to the example's 8. As a literal, it matched a model dividing by a
+    constant 8 at rows of 16, where the op divides by 16 (found by a probe), and missed rows of 5.
+    It now matches any number, and the pattern is traced again at the match's sizes to check it."""
+    model = Fn(lambda x: x - x.sum(-1, keepdim=True) / (x.shape[-1] if divisor == "size" else divisor))
+    x = torch.randn(3, width)
+    ep = torch.export.export(model, (x,))
+    report = fxkern.explain(ep, centered)
+    assert len(report.matches) == int(replaced), str(report)
+    if not replaced:
+        assert "the graph's numbers are not those it computes" in report.near_misses[0].reason
+    torch.testing.assert_close(fxkern.apply(ep, centered).module()(x), model(x))
+
+
+def test_numbers_computed_from_symbolic_sizes_are_refused(centered):
+    model = Fn(lambda x: x - x.sum(-1, keepdim=True) / 8)
+    ep = torch.export.export(model, (torch.randn(3, 8),),
+                             dynamic_shapes=(({1: torch.export.Dim("d", min=2, max=64)},),))
+    report = fxkern.explain(ep, centered)
+    assert not report.matches and "symbolic here" in report.near_misses[0].reason, str(report)
+    y = torch.randn(3, 16)
+    torch.testing.assert_close(fxkern.apply(ep, centered).module()(y), model(y))
 
 
 class TransposedCond(torch.nn.Module):
