@@ -30,7 +30,7 @@ import torch
 from fxkern import compiler, launcher, symbolic, validate
 from fxkern.derive import KernelPlan, plan_kernel
 from fxkern.errors import KernelInputError, RegistrationError, SpecError
-from fxkern.spec import Custom, KernelSpec
+from fxkern.spec import Custom, KernelSpec, ScalarInput
 
 log = logging.getLogger("fxkern")
 
@@ -387,8 +387,14 @@ def _cpu_impl(entry: KernelOp) -> Callable[..., Any]:
     if reference is None:
         return _no_impl(op, "CPU", "move the inputs to a CUDA device, or register it with reference= (a PyTorch function)")
     fake = entry.fake_impl  # set before this is called, by both ways of registering an op
+    # the spec's scalars, checked as the CUDA launch checks them (a 2**40 for a 32-bit int went
+    # through on the CPU and failed only on a GPU; found by a usability test)
+    scalars = [(i, d.name, d.py_type) for i, d in enumerate(entry.plan.inputs)
+               if isinstance(d, ScalarInput)] if entry.plan is not None else []
 
     def cpu(*args: Any) -> Any:
+        for i, name, py_type in scalars:
+            validate.coerce_scalar(op, name, py_type, args[i])
         expected = _as_tuple(fake(*args))  # validates the call like the CUDA path
         inputs = [a for a in args if isinstance(a, torch.Tensor)]
         outs = _as_tuple(reference(*args))

@@ -124,6 +124,19 @@ def test_cpu_impl_lays_its_output_out_as_the_fake_impl_says(op_name):
     assert op(x.contiguous(), 2.0).is_contiguous()
 
 
+def test_the_cpu_path_checks_scalars_as_the_cuda_launch_does(op_name):
+    """An int scalar past the kernel's 32-bit int went through on the CPU and failed only on a GPU
+    (found by a usability test)."""
+    src = SCALE.replace("float alpha", "int alpha")
+    op = fxkern.cuda_kernel_op(op_name, KernelSpec(src, "scale_kernel", inputs=[InputDecl("x"), ScalarInput("alpha", int)],
+                                                   outputs=[OutputDecl("y", SameAs("x"))], extras=[Numel("x")],
+                                                   geometry=Elementwise()),
+                               reference=lambda x, alpha: x * alpha)
+    torch.testing.assert_close(op(torch.ones(3), 2), torch.full((3,), 2.0))
+    with pytest.raises(KernelInputError, match=r"scalar 'alpha' = 1099511627776 does not fit the kernel's 32-bit int"):
+        op(torch.ones(3), 2**40)
+
+
 def test_reference_that_disagrees_with_the_declared_output_is_reported(op_name):
     op = fxkern.cuda_kernel_op(op_name, scale_spec(), reference=lambda x, a: (x * a).double())
     with pytest.raises(SpecError, match="reference output 0 is torch.float64"):
