@@ -136,8 +136,15 @@ def load_program(path: str) -> Any:
         logged = "\n".join(capture.messages)
         unresolved = re.search(r"failed to resolve (torch\.ops\.[\w.]+?)(?:\.default)? to an operator", logged)
         if unresolved:
+            hint = " (fxkern's library: --import fxkern.library)" if unresolved.group(1).startswith("torch.ops.fxkern_lib.") else ""
             raise CliError(f"{path} calls {unresolved.group(1)}, which no module imported here registers; "
-                           f"pass --import MODULE for the module that defines it") from None
+                           f"pass --import MODULE for the module that defines it{hint}") from None
+        # a model's output class (transformers' CausalLMOutputWithPast) is registered with pytree
+        # where it is defined: importing that module is what loading needs
+        unregistered = re.search(r"Deserializing ([\w.]+)\.(\w+) in pytree is not registered", logged + str(exc))
+        if unregistered:
+            raise CliError(f"{path} returns {unregistered.group(1)}.{unregistered.group(2)}, a type registered with "
+                           f"pytree where it is defined: pass --import {unregistered.group(1)}") from None
         # torch's own exception says "see the warnings above"; the cause is the logged traceback's last line
         causes = [ln for ln in logged.splitlines() if re.match(r"[\w.]+(Error|Exception): ", ln)]  # dotted too:
         # torch._export.serde.serialize.SerializeError: Serialized schema version ... does not match ...

@@ -4,6 +4,7 @@ error a user can make on the command line giving one clear line and a non-zero e
 import os
 import re
 import subprocess
+import textwrap
 import sys
 from pathlib import Path
 
@@ -246,6 +247,35 @@ def test_explain_names_an_op_nobody_registered(tmp_path, capsys):
                           check=False, capture_output=True, text=True, env=env, timeout=300, cwd=ROOT)
     assert proc.returncode == 2
     assert "calls torch.ops.fxkern_test_cli.swiglu" in proc.stderr and "--import" in proc.stderr
+
+
+def test_explain_names_the_module_a_model_output_type_needs(tmp_path):
+    """A model returning a pytree type (transformers' CausalLMOutputWithPast) loads only where its
+    module is imported: explain said only "not registered" (found by a usability test)."""
+    (tmp_path / "cli_out_xyz.py").write_text(textwrap.dedent("""
+        import dataclasses, torch
+
+        @dataclasses.dataclass
+        class Out:
+            logits: torch.Tensor
+
+        torch.utils._pytree.register_dataclass(Out, serialized_type_name="cli_out_xyz.Out")
+
+        class Model(torch.nn.Module):
+            def forward(self, x):
+                return Out(x * 2)
+    """))
+    save = "import sys, torch, cli_out_xyz; torch.export.save(torch.export.export(cli_out_xyz.Model(), (torch.ones(2),)), sys.argv[1])"
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), str(tmp_path)]))
+    path = tmp_path / "out.pt2"
+    subprocess.run([sys.executable, "-c", save, str(path)], check=True, env=env, timeout=300, cwd=tmp_path)
+    explain = [sys.executable, "-m", "fxkern", "explain", str(path)]
+    proc = subprocess.run(explain, check=False, capture_output=True, text=True, env=env, timeout=300, cwd=ROOT)
+    assert proc.returncode == 2 and "returns cli_out_xyz.Out" in proc.stderr, proc.stderr
+    assert "pass --import cli_out_xyz" in proc.stderr
+    proc = subprocess.run(explain + ["--import", "cli_out_xyz"], check=False, capture_output=True, text=True, env=env,
+                          timeout=300, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
 
 
 def test_no_command_prints_usage(capsys):
