@@ -102,7 +102,9 @@ class Report:
             if rr.candidates and not rr.matches and not rr.near_misses:
                 lines.append(f"  (the pattern's last op appears {rr.candidates}x, but none of them came close to the "
                              f"pattern's other ops: the model may compute it another way; see troubleshooting.md, near-misses)")
-        return "\n".join(lines) if lines else "no rules"
+        return "\n".join(lines) if lines else (
+            "no rules: pass a RuleSet (fxkern.library.rules() is fxkern's library), or fill the default set "
+            "with fxkern.replace; a fxkern.region block counts once it has run outside torch.compile")
 
 
 # ---- analysis -------------------------------------------------------------------
@@ -743,6 +745,10 @@ def _regions(graph: fx.Graph, facts: _Facts, report: Report, safe: List[_Candida
                 f"the region has inputs {[i.name for i in inputs]} and outputs {[o.name for o in outputs]}, "
                 f"but {overload} takes {n_args} arguments")))
             continue
+        n_returns = len(overload._schema.returns)
+        if len(outputs) > n_returns:
+            rr.near_misses.append(NearMiss(site.label, [n.name for n in nodes], _more_outputs(outputs, nodes, overload)))
+            continue
         names = tuple(f"in{i}" for i in range(len(inputs)))
         rule = Rule(site.label, None, site.op, arg_params=names, priority=-(10**9))
         anchor = max(nodes, key=facts.pos.__getitem__)
@@ -752,6 +758,18 @@ def _regions(graph: fx.Graph, facts: _Facts, report: Report, safe: List[_Candida
             rr.near_misses.append(NearMiss(site.label, [n.name for n in match.nodes], reason))
             continue
         safe.append(_Candidate(rule, match, fake))
+
+
+def _more_outputs(outputs: List[fx.Node], nodes: List[fx.Node], overload: Any) -> str:
+    """Why a block whose values leave it more than its op returns is not replaced, with what uses them."""
+    inside = set(nodes)
+    uses = {o.name: sorted(u.name for u in o.users if u not in inside) for o in outputs}
+    saved = any(u.op == "output" for o in outputs for u in o.users) and len(outputs) > 1
+    why = (" (one is an output of the graph: a training graph returns what autograd saves for the backward, so run "
+           "the block under torch.no_grad() or torch.inference_mode(); else have the op return it too)"
+           if saved else ": have the op return them too, or keep what else uses them out of the block")
+    return (f"the block's values {sorted(uses)} are used after it ({', '.join(f'{k} by {v}' for k, v in sorted(uses.items()))}), "
+            f"but {overload} returns {len(overload._schema.returns)}{why}")
 
 
 def _region_rules(safe: List[_Candidate]) -> List[Rule]:

@@ -501,6 +501,20 @@ def compiled_reports(model, *args, inner):
     return got, want, be.reports
 
 
+def test_a_region_whose_value_the_backward_saves_says_what_to_do():
+    """Training under aot_eager: the forward graph also returns gelu's input for the backward, so
+    the block has two outputs and the op one. The reason said only "returns 1 outputs, the pattern
+    2" (found by a usability test)."""
+    model, x = Block(), torch.randn(4, 8)
+    model(x)
+    be = fxkern.backend(RuleSet("empty"), inner="aot_eager")
+    torch.compile(model, backend=be)(x).sum().backward()
+    torch._dynamo.reset()
+    reasons = [nm.reason for r in be.reports for nm in r.near_misses]
+    assert not [m for r in be.reports for m in r.matches]
+    assert any("autograd saves for the backward" in r and "torch.no_grad()" in r for r in reasons), reasons
+
+
 @pytest.mark.parametrize("inner", ["aot_eager", "inductor"])
 def test_calls_of_two_ops_starting_at_one_column_are_one_run(inner):
     """dynamo's column markers give where a call starts, not where it ends: exp and add here share

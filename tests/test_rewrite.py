@@ -1002,3 +1002,10 @@ def test_the_pass_leaves_the_garbage_collector_as_it_found_it(bgr):
         assert not gc.isenabled()
     finally:
         gc.enable()
+
+
+def test_a_report_without_rules_says_where_rules_come_from():
+    """It said only "no rules" (found by a usability test)."""
+    ep = torch.export.export(Fn(lambda x: x * 2), (torch.randn(4),))
+    text = str(fxkern.explain(ep, RuleSet("empty")))
+    assert "fxkern.library.rules()" in text and "fxkern.region" in text
