@@ -193,6 +193,8 @@ def plan_kernel(
     all_pinned = all(d.dtype is not None for d in tensor_decls)  # then no call has a dtype of its own
     dtypes = None
     if spec.dtypes is not None:
+        if isinstance(spec.dtypes, torch.dtype):
+            raise _fail("dtypes", f"is {spec.dtypes}, one dtype: give a list or tuple of them, e.g. [{spec.dtypes}]")
         dtypes = tuple(spec.dtypes)
         if not dtypes:
             raise _fail("dtypes", "is empty; leave it None for a float32-only kernel")
@@ -459,7 +461,8 @@ def _custom_geometry(geom: Custom, n_inputs: int, n_outputs: int):
     try:
         result = geom.fn(ins, outs)
     except TypeError as exc:
-        raise _fail("geometry", f"Custom.fn(inputs, outputs) failed on symbolic shapes: {exc}") from exc
+        raise _fail("geometry", f"Custom.fn(inputs, outputs) failed on symbolic shapes: {exc} (sizes are symbols "
+                                f"here: build the grid with + * // and fxkern.cdiv, without branching on a size)") from exc
     if not isinstance(result, tuple) or len(result) not in (2, 3):
         raise _fail("geometry", "Custom.fn must return (grid, block) or (grid, block, shared_mem)")
     grid, block = result[0], result[1]

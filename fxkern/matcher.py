@@ -495,7 +495,10 @@ class Matcher:
         if kind is Capture:
             ok = isinstance(ga, (int, float)) and not isinstance(ga, bool) and (pa.py_type is float or isinstance(ga, int))
             if not ok:
-                return st.failed(lambda: f"{where.name!r} has {_describe(ga)} where the pattern captures {pa.py_type.__name__} {pa.name!r}")
+                hint = (" (torch.compile makes a Python float a graph input unless torch._dynamo.config.specialize_float "
+                        "is True)" if pa.py_type is float and isinstance(ga, fx.Node) else "")
+                return st.failed(lambda: f"{where.name!r} has {_describe(ga)} where the pattern captures "
+                                         f"{pa.py_type.__name__} {pa.name!r}{hint}")
             value = pa.py_type(ga)
             if pa.name in st.bind and st.bind[pa.name] != value:
                 old = st.bind[pa.name]

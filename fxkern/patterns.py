@@ -236,7 +236,8 @@ def trace(fn: Callable[..., Any], ir: str, *, dtype: torch.dtype = torch.float32
             warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\).*", category=FutureWarning)
             graph = TRACERS[ir](fn, params, example_inputs)
     except Exception as exc:
-        raise SpecError(f"pattern {fn.__name__} could not be traced in the {ir!r} IR: {exc}") from exc
+        raise SpecError(f"pattern {fn.__name__} could not be traced in the {ir!r} IR: {exc} (it is traced with "
+                        f"inputs of shape (4, 8) unless the rule gives example_inputs= of the shapes it needs)") from exc
 
     for node in list(graph.nodes):
         if is_assertion(node):

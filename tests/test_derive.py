@@ -174,3 +174,9 @@ def test_override_path_needs_no_outputs_with_meta_fn_and_schema():
     p = plan_kernel(spec(outputs=None, geometry=Custom(lambda i, o: ((1,), (32,)))), has_meta_fn=True, schema="(Tensor x) -> Tensor")
     assert p.output_shapes is None
     assert p.params[-1].role == "output"
+
+
+def test_one_dtype_for_a_list_of_them_says_so():
+    """dtypes=torch.float16 raised a bare "'torch.dtype' object is not iterable" (found by a usability test)."""
+    with pytest.raises(SpecError, match=r"dtypes: is torch.float16, one dtype: give a list or tuple of them"):
+        plan_kernel(spec(dtypes=torch.float16))

@@ -1389,3 +1389,8 @@ def test_add_layer_norm_near_misses_and_checks():
         op(x, r[:1], w, b, 32, 1e-5)
     with pytest.raises(fxkern.KernelInputError, match=r"bias \(1, 32\) must be \(32,\)"):
         op(x, r, w, b[None], 32, 1e-5)
+
+
+def test_an_unknown_library_op_lists_the_ops():
+    with pytest.raises(KeyError, match=r"fxkern.library has no op 'nope'; its ops: .*rms_norm"):
+        lib.op("nope")

@@ -127,7 +127,10 @@ def rules() -> RuleSet:
 
 def op(name: str):
     """The library op ``fxkern_lib::<name>`` (registering the library first)."""
-    return rules()[name].op
+    rs = rules()
+    if name not in rs:
+        raise KeyError(f"fxkern.library has no op {name!r}; its ops: {', '.join(sorted(r.name for r in rs))}")
+    return rs[name].op
 
 
 __all__ = [
