@@ -413,7 +413,8 @@ def _sizes_differ(rule: Rule, cp: Any, match: Match, matcher: Matcher) -> Option
         return None
     inputs = []
     for name in cp.tensor_params:
-        val = match.bindings[name].meta.get("val")
+        bound = match.bindings.get(name)
+        val = bound.meta.get("val") if isinstance(bound, fx.Node) else None
         if not isinstance(val, torch.Tensor):
             return f"input {name!r} has no tensor metadata, and the pattern computes {', '.join(cp.sized)} from its sizes"
         if not all(type(d) is int for d in val.shape):
