@@ -282,8 +282,21 @@ def sized_sites(pattern: Pattern, fn: Callable[..., Any], example_inputs: Sequen
     literal = [(n.name, dict(_literal_sites(n))) for n in _op_nodes(pattern.graph)]
     if not any(sites for _, sites in literal):
         return {}
-    doubled = [torch.empty([2 * d if d > 1 else d for d in v.shape], dtype=v.dtype, device="meta")
-               if isinstance(v, torch.Tensor) else v for v in example_inputs]
+    other = None
+    for least in (1, 2):  # every dim doubled; if that fails (a broadcast size 1), the others
+        doubled = [torch.empty([2 * d if d >= least else d for d in v.shape], dtype=v.dtype, device="meta")
+                   if isinstance(v, torch.Tensor) else v for v in example_inputs]
+        other = _trace_quietly(fn, pattern, doubled)
+        if other is not None:
+            break
+    if other is None or [n.target for n in other] != [n.target for n in _op_nodes(pattern.graph)]:
+        return {}
+    return {(name,) + path: value for (name, sites), n in zip(literal, other)
+            for path, value in sites.items() if dict(_literal_sites(n)).get(path) != value}
+
+
+def _trace_quietly(fn: Callable[..., Any], pattern: Pattern, example_inputs: List[Any]) -> Optional[List[fx.Node]]:
+    """The op nodes of ``fn`` traced in the pattern's IR at these inputs, or None where it fails."""
     from torch._subclasses.fake_tensor import unset_fake_temporarily
 
     fake_log = logging.getLogger("torch._subclasses.fake_tensor")
@@ -291,15 +304,11 @@ def sized_sites(pattern: Pattern, fn: Callable[..., Any], example_inputs: Sequen
     try:
         with warnings.catch_warnings(), unset_fake_temporarily():
             warnings.filterwarnings("ignore", category=FutureWarning)
-            other = _op_nodes(TRACERS[pattern.ir](fn, pattern.params, doubled))
+            return _op_nodes(TRACERS[pattern.ir](fn, pattern.params, example_inputs))
     except Exception:  # noqa: BLE001 - a pattern traced at its own sizes only (a literal view, say)
-        return {}
+        return None
     finally:
         fake_log.disabled = was
-    if [n.target for n in other] != [n.target for n, _ in zip(_op_nodes(pattern.graph), literal)]:
-        return {}
-    return {(name,) + path: value for (name, sites), n in zip(literal, other)
-            for path, value in sites.items() if dict(_literal_sites(n)).get(path) != value}
 
 
 def _literal_sites(node: fx.Node):

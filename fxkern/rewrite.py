@@ -179,6 +179,9 @@ class _Facts:
         self.writer_pos = [self.pos[n] for n in writers]
         self.fake_runs: Dict[Any, Any] = {}
         self.meta_keys: Dict[fx.Node, Any] = {}
+        # the layout check's outcomes, by node and the strides of its inputs that changed: matches
+        # in a model of one layout change every later node the same way, checked once
+        self.layouts: Dict[Any, Tuple[Any, Optional[str]]] = {}
 
     def autocast_at(self, node: fx.Node) -> Tuple[str, ...]:
         """The device types whose autocast is on where ``node`` runs."""
@@ -400,36 +403,53 @@ def _check(rule: Rule, match: Match, facts: _Facts) -> Tuple[Optional[Tuple[Any,
         return None, reason
     fake, reason = _fake_run(rule, match, facts)
     if fake is not None:
-        reason = _other_strides(fake, match) if facts.where.cond_branch else _layout_users(fake, match)
+        reason = _other_strides(fake, match) if facts.where.cond_branch else _layout_users(fake, match, facts)
     return (None, reason) if reason else (fake, None)
 
 
 def _sizes_differ(rule: Rule, cp: Any, match: Match, matcher: Matcher) -> Optional[str]:
     """Why a pattern computing numbers from its inputs' sizes (``x.shape[-1]``) does not hold at this
     match's sizes, or None. Those numbers matched any number; traced again at the bound inputs' own
-    sizes, the pattern must match the same nodes here (a model dividing by a constant 8 took the
-    pattern's ``x.shape[-1]``, and the op divided rows of 16 by 16; found by a probe)."""
-    if not cp.sized:
-        return None
-    inputs = []
+    sizes, the pattern must match here with the same bindings (a model dividing by a constant 8 took
+    the pattern's ``x.shape[-1]``, and the op divided rows of 16 by 16; found by a probe). A symbolic
+    size is traced at its hint and again at twice that: a number that depends on it is a symbol in
+    the graph, and one that does not is the same in both traces."""
+    shapes, dtypes, symbolic = [], [], False
     for name in cp.tensor_params:
         bound = match.bindings.get(name)
         val = bound.meta.get("val") if isinstance(bound, fx.Node) else None
         if not isinstance(val, torch.Tensor):
             return f"input {name!r} has no tensor metadata, and the pattern computes {', '.join(cp.sized)} from its sizes"
-        if not all(type(d) is int for d in val.shape):
-            return (f"the pattern computes {', '.join(cp.sized)} from its inputs' sizes, and {name}'s are symbolic here "
-                    f"{tuple(val.shape)}: fxkern checks such numbers at static sizes only; pass them as scalar "
-                    f"parameters (`n: int`) and let the kernel read them")
-        inputs.append((tuple(val.shape), val.dtype))
-    try:
-        at = rule.compiled_at(cp.ir, tuple(inputs))
-    except Exception as exc:  # noqa: BLE001 - the pattern's own trace at these sizes
-        return f"the pattern could not be traced at this match's sizes {[s for s, _ in inputs]}: {exc}"
-    if any(m is not None and m.node_set == match.node_set for m, _ in matcher.matches_at(at, match.anchor)):
-        return None
-    return (f"the pattern computes {', '.join(cp.sized)} from its inputs' sizes, and at this match's sizes "
-            f"{[s for s, _ in inputs]} the graph's numbers are not those it computes")
+        hints = [d if type(d) is int else getattr(d.node, "hint", None) for d in val.shape]
+        if None in hints:
+            return (f"the pattern computes {', '.join(cp.sized)} from its inputs' sizes, and {name}'s {tuple(val.shape)} "
+                    f"have no example values here: pass such numbers as scalar parameters (`n: int`)")
+        symbolic = symbolic or any(type(d) is not int for d in val.shape)
+        shapes.append(tuple(hints))
+        dtypes.append(val.dtype)
+    tries = [shapes]
+    if symbolic:  # the symbolic sizes doubled, the static ones kept
+        tries.append([tuple(h if type(d) is int else 2 * h for d, h in zip(match.bindings[n].meta["val"].shape, hs))
+                      for n, hs in zip(cp.tensor_params, shapes)])
+    for sizes in tries:
+        try:
+            at = rule.compiled_at(cp.ir, tuple(zip(sizes, dtypes)))
+        except Exception as exc:  # noqa: BLE001 - the pattern's own trace at these sizes
+            return f"the pattern could not be traced at this match's sizes {sizes}: {exc}"
+        if not any(m is not None and m.node_set == match.node_set and _same_bindings(m, match)
+                   for m, _ in matcher.matches_at(at, match.anchor)):
+            which = "these sizes" if sizes is shapes else "other values of its symbolic sizes"
+            return (f"the pattern computes {', '.join(cp.sized)} from its inputs' sizes, and at {which} "
+                    f"{sizes} the graph's numbers are not those it computes")
+    return None
+
+
+def _same_bindings(a: Match, b: Match) -> bool:
+    """The same inputs bound to the same parameters (a model's A / 4 + B / 16 matched a / 16 + b / 4
+    with the operands of its add swapped; found by a review), and the same scalars captured."""
+    return a.bindings.keys() == b.bindings.keys() and all(
+        a.bindings[k] is b.bindings[k] if isinstance(b.bindings[k], fx.Node) else a.bindings[k] == b.bindings[k]
+        for k in b.bindings)
 
 
 def _laid_out_otherwise(o: torch.Tensor, want: torch.Tensor) -> bool:
@@ -440,58 +460,115 @@ def _laid_out_otherwise(o: torch.Tensor, want: torch.Tensor) -> bool:
 
 # Ops that read their input's storage as laid out: given another layout they read other elements
 _STORAGE_READS = {torch.ops.aten.as_strided.default, torch.ops.aten.as_strided_copy.default}
+# Ops a later layout may make fail: a view needs strides it can be taken of
+_VIEWS = {torch.ops.aten.view.default, torch.ops.aten._unsafe_view.default}
 
 
-def _layout_users(fake: Tuple[Any, ...], match: Match) -> Optional[str]:
+def _strides(v: Any) -> Any:
+    return tuple(_strides(t) for t in v) if isinstance(v, (list, tuple)) else (
+        tuple(v.stride()) if isinstance(v, torch.Tensor) else None)
+
+
+def _layout_changed(new: Any, old: Any) -> bool:
+    if isinstance(new, (list, tuple)) and isinstance(old, (list, tuple)):
+        return len(new) == len(old) and any(_layout_changed(a, b) for a, b in zip(new, old))
+    return isinstance(new, torch.Tensor) and isinstance(old, torch.Tensor) and _laid_out_otherwise(new, old)
+
+
+def _subgraph_nodes(node: fx.Node):
+    """The nodes of the subgraphs a higher-order op runs (a torch.cond branch, a no_grad block)."""
+    root = node.graph.owning_module
+    for a in node.args:
+        if isinstance(a, fx.Node) and a.op == "get_attr" and root is not None:
+            sub = getattr(root, a.target, None)
+            if isinstance(sub, fx.GraphModule):
+                for n in sub.graph.nodes:
+                    yield n
+                    if isinstance(n.target, torch._ops.HigherOrderOperator):
+                        yield from _subgraph_nodes(n)
+
+
+def _layout_users(fake: Tuple[Any, ...], match: Match, facts: "_Facts") -> Optional[str]:
     """Why an output laid out otherwise than the graph's would break what uses it, or None. The op's
     outputs take its fake impl's strides (a kernel writing rows contiguous where eager kept a
     transposed input's layout), and the graph's later nodes were traced on the old ones: a view
-    taken of them, directly or after ops that keep their input's layout (a transpose, a mul), may
-    not be a view of the op's (a crash when the program runs), and as_strided would read other
-    elements (a wrong result). The fake values are propagated as far as a layout differs."""
+    taken of them, directly or after ops that keep their input's layout (a transpose, a mul, a
+    split), may not be a view of the op's (a crash when the program runs), and as_strided would read
+    other elements (a wrong result). The fake values are propagated as far as a layout differs; a
+    higher-order op is refused only if its subgraphs hold such a view, or what follows it does."""
     changed: Dict[fx.Node, Any] = {}
     for o, g in zip(fake, match.outputs):
         want = g.meta.get("val")
-        if isinstance(o, torch.Tensor) and isinstance(want, torch.Tensor) and _laid_out_otherwise(o, want):
+        if _layout_changed(o, want):
             changed[g] = _with_layout(want, o)
     if not changed:
         return None
-    first = next(iter(changed))
-    todo = sorted({u for g in changed for u in g.users if u not in match.node_set}, key=_order(first.graph))
+    pos = facts.pos
+    todo = sorted({u for g in changed for u in g.users if u not in match.node_set}, key=pos.__getitem__)
     while todo:
         u = todo.pop(0)
         if u.op == "output" or u in changed:
             continue
-        source = next(a for a in u.all_input_nodes if a in changed)
-        why = None
-        if u.target in _STORAGE_READS:
-            why = "reads its input's storage as laid out"
-        elif not isinstance(u.target, torch._ops.OpOverload) and u.target is not operator.getitem:
-            why = "is not an ATen op whose result fxkern can check for another layout"
-        else:
-            args, kwargs = fx.node.map_arg((u.args, u.kwargs), lambda n: changed.get(n, n.meta.get("val")))
-            mode = getattr(changed[source], "fake_mode", None)
-            try:
-                with mode or contextlib.nullcontext():
-                    value = u.target(*args, **kwargs)
-            except Exception as exc:  # noqa: BLE001 - the op's own check, as at run time
-                why = f"refuses it: {str(exc).splitlines()[0]}"
-            else:
-                old = u.meta.get("val")
-                if isinstance(value, torch.Tensor) and isinstance(old, torch.Tensor) and _laid_out_otherwise(value, old):
-                    changed[u] = value
-                    todo = sorted(set(todo) | set(u.users), key=_order(u.graph))
-        if why:
-            o = changed[source]
-            return (f"the op's result would have strides {tuple(o.stride())} where the graph has "
-                    f"{tuple(source.meta['val'].stride())} ({source.name}), and {u.name} ({u.target}), which uses it, {why}")
+        sources = [a for a in u.all_input_nodes if a in changed]
+        key = (u, tuple((a, _strides(changed[a])) for a in sources))
+        if key in facts.layouts:  # checked from another match's outputs, laid out the same
+            value, why = facts.layouts[key]
+            if why is not None:
+                return why
+            continue
+        value, why = _layout_step(u, changed, sources[0])
+        facts.layouts[key] = (value, why)
+        if why is not None:
+            return why
+        if value is not None:
+            changed[u] = value
+            todo = sorted(set(todo) | set(u.users), key=pos.__getitem__)
     return None
 
 
-def _order(graph: fx.Graph):
-    """A sort key of a graph's nodes in graph order (computed once a graph)."""
-    pos = {n: i for i, n in enumerate(graph.nodes)}
-    return pos.__getitem__
+def _layout_step(u: fx.Node, changed: Dict[fx.Node, Any], source: fx.Node) -> Tuple[Any, Optional[str]]:
+    """``u`` run on the changed layouts: (its value where its own layout changes too, else None;
+    why it cannot take them, else None)."""
+    def refused(what: str) -> Tuple[Any, str]:
+        o = changed[source]
+        return None, (f"the op's result would have strides {_strides(o)} where the graph has "
+                      f"{_strides(source.meta.get('val'))} ({source.name}), and {u.name} ({u.target}), which uses it, {what}")
+
+    if u.target in _STORAGE_READS:
+        return refused("reads its input's storage as laid out")
+    if isinstance(u.target, torch._ops.HigherOrderOperator):
+        inner = next((n for n in _subgraph_nodes(u) if n.target in _VIEWS or n.target in _STORAGE_READS), None)
+        if inner is not None:
+            return refused(f"runs {inner.name} ({inner.target}) in its subgraph, which depends on the layout")
+        later = _later_layout_dependent(u)
+        if later is not None:
+            return refused(f"feeds {later.name} ({later.target}), which depends on the layout of what it gets")
+        return None, None
+    if not isinstance(u.target, torch._ops.OpOverload) and u.target is not operator.getitem:
+        return refused("is not an op whose result fxkern can check for another layout")
+    args, kwargs = fx.node.map_arg((u.args, u.kwargs), lambda n: changed.get(n, n.meta.get("val")))
+    first = changed[source]
+    mode = getattr(first[0] if isinstance(first, (list, tuple)) else first, "fake_mode", None)
+    try:
+        with mode or contextlib.nullcontext():
+            value = u.target(*args, **kwargs)
+    except Exception as exc:  # noqa: BLE001 - the op's own check, as at run time
+        return refused(f"refuses it: {str(exc).splitlines()[0]}")
+    return (value if _layout_changed(value, u.meta.get("val")) else None), None
+
+
+def _later_layout_dependent(node: fx.Node) -> Optional[fx.Node]:
+    """A view or storage read among the nodes computed from ``node``, or None."""
+    seen, todo = set(), list(node.users)
+    while todo:
+        n = todo.pop()
+        if n in seen:
+            continue
+        seen.add(n)
+        if n.target in _VIEWS or n.target in _STORAGE_READS:
+            return n
+        todo.extend(n.users)
+    return None
 
 
 def _other_strides(fake: Tuple[Any, ...], match: Match) -> Optional[str]:
