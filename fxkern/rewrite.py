@@ -414,6 +414,8 @@ def _sizes_differ(rule: Rule, cp: Any, match: Match, matcher: Matcher) -> Option
     the pattern's ``x.shape[-1]``, and the op divided rows of 16 by 16; found by a probe). A symbolic
     size is traced at its hint and again at twice that: a number that depends on it is a symbol in
     the graph, and one that does not is the same in both traces."""
+    if not cp.sized:
+        return None
     shapes, dtypes, symbolic = [], [], False
     for name in cp.tensor_params:
         bound = match.bindings.get(name)
