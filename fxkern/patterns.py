@@ -274,22 +274,29 @@ def _op_nodes(graph: fx.Graph) -> List[fx.Node]:
 
 def sized_sites(pattern: Pattern, fn: Callable[..., Any], example_inputs: Sequence[Any]) -> Dict[Tuple[Any, ...], Any]:
     """The literal sites of ``pattern`` (traced from ``fn`` at ``example_inputs``) whose numbers
-    change when ``fn`` is traced again with every dim of its example tensors doubled (which keeps
-    sizes that were equal, or halves of each other, so): numbers it computes from its inputs'
-    sizes, as ``x.shape[-1]`` traces to the example's 8. Matched as literals, such a pattern matched
-    a model dividing by a constant 8 at rows of 16 (found by a probe). None found when the second
-    trace fails (a pattern written for its example's sizes) or differs in ops."""
+    change when ``fn`` is traced again at other sizes: numbers it computes from its inputs' sizes,
+    as ``x.shape[-1]`` traces to the example's 8. Matched as literals, such a pattern matched a
+    model dividing by a constant 8 at rows of 16 (found by a probe). The other sizes keep equal
+    sizes equal and scale each distinct size by a factor of its own (so a ratio of two sizes changes
+    too); where the pattern needs sizes in proportion (halves), every size is doubled instead; dims
+    of 1 change too where broadcasting allows. None found when no trace succeeds or ops differ."""
     literal = [(n.name, dict(_literal_sites(n))) for n in _op_nodes(pattern.graph)]
     if not any(sites for _, sites in literal):
         return {}
+    sizes = sorted({d for v in example_inputs if isinstance(v, torch.Tensor) for d in v.shape})
+    primes = [2, 3, 5, 7, 11, 13, 17, 19, 23, 29, 31, 37, 41, 43, 47]
+    distinct = {d: d * primes[i % len(primes)] for i, d in enumerate(sizes)}
     other = None
-    for least in (1, 2):  # every dim doubled; if that fails (a broadcast size 1), the others
-        doubled = [torch.empty([2 * d if d >= least else d for d in v.shape], dtype=v.dtype, device="meta")
-                   if isinstance(v, torch.Tensor) else v for v in example_inputs]
-        other = _trace_quietly(fn, pattern, doubled)
-        if other is not None:
+    for scale, least in ((distinct, 1), (distinct, 2), (None, 1), (None, 2)):
+        if scale is not None and len(sizes) > len(primes):
+            continue
+        resized = [torch.empty([(scale[d] if scale else 2 * d) if d >= least else d for d in v.shape],
+                               dtype=v.dtype, device="meta") if isinstance(v, torch.Tensor) else v for v in example_inputs]
+        other = _trace_quietly(fn, pattern, resized)
+        if other is not None and [n.target for n in other] == [n.target for n in _op_nodes(pattern.graph)]:
             break
-    if other is None or [n.target for n in other] != [n.target for n in _op_nodes(pattern.graph)]:
+        other = None
+    if other is None:
         return {}
     return {(name,) + path: value for (name, sites), n in zip(literal, other)
             for path, value in sites.items() if dict(_literal_sites(n)).get(path) != value}

@@ -22,6 +22,7 @@ import bisect
 import contextlib
 import dataclasses
 import gc
+import heapq
 import logging
 import operator
 import re
@@ -179,9 +180,11 @@ class _Facts:
         self.writer_pos = [self.pos[n] for n in writers]
         self.fake_runs: Dict[Any, Any] = {}
         self.meta_keys: Dict[fx.Node, Any] = {}
-        # the layout check's outcomes, by node and the strides of its inputs that changed: matches
-        # in a model of one layout change every later node the same way, checked once
+        # the layout check's steps, by node and the strides of its inputs that changed, and the
+        # (node, strides) whose every later node was checked: matches in a model of one layout
+        # change every later node the same way, run once
         self.layouts: Dict[Any, Tuple[Any, Optional[str]]] = {}
+        self.layouts_done: Set[Any] = set()
 
     def autocast_at(self, node: fx.Node) -> Tuple[str, ...]:
         """The device types whose autocast is on where ``node`` runs."""
@@ -411,47 +414,61 @@ def _sizes_differ(rule: Rule, cp: Any, match: Match, matcher: Matcher) -> Option
     """Why a pattern computing numbers from its inputs' sizes (``x.shape[-1]``) does not hold at this
     match's sizes, or None. Those numbers matched any number; traced again at the bound inputs' own
     sizes, the pattern must match here with the same bindings (a model dividing by a constant 8 took
-    the pattern's ``x.shape[-1]``, and the op divided rows of 16 by 16; found by a probe). A symbolic
-    size is traced at its hint and again at twice that: a number that depends on it is a symbol in
-    the graph, and one that does not is the same in both traces."""
+    the pattern's ``x.shape[-1]``, and the op divided rows of 16 by 16; found by a probe). Symbolic
+    sizes are traced at their example values, then with each symbol doubled in turn: a number that
+    depends on one is a symbol in the graph, and one that does not is the same in every trace."""
     if not cp.sized:
         return None
-    shapes, dtypes, symbolic = [], [], False
+    dims, dtypes = [], []
     for name in cp.tensor_params:
         bound = match.bindings.get(name)
         val = bound.meta.get("val") if isinstance(bound, fx.Node) else None
         if not isinstance(val, torch.Tensor):
             return f"input {name!r} has no tensor metadata, and the pattern computes {', '.join(cp.sized)} from its sizes"
-        hints = [d if type(d) is int else getattr(d.node, "hint", None) for d in val.shape]
-        if None in hints:
-            return (f"the pattern computes {', '.join(cp.sized)} from its inputs' sizes, and {name}'s {tuple(val.shape)} "
-                    f"have no example values here: pass such numbers as scalar parameters (`n: int`)")
-        symbolic = symbolic or any(type(d) is not int for d in val.shape)
-        shapes.append(tuple(hints))
+        dims.append(tuple(val.shape))
         dtypes.append(val.dtype)
-    tries = [shapes]
-    if symbolic:  # the symbolic sizes doubled, the static ones kept
-        tries.append([tuple(h if type(d) is int else 2 * h for d, h in zip(match.bindings[n].meta["val"].shape, hs))
-                      for n, hs in zip(cp.tensor_params, shapes)])
-    for sizes in tries:
+    values = _symbol_values(dims)
+    if values is None:
+        return (f"the pattern computes {', '.join(cp.sized)} from its inputs' sizes, and {dims} have sizes with no "
+                f"example value here: pass such numbers as scalar parameters (`n: int`)")
+    for doubled in [None] + sorted(values, key=str):
+        env = {sym: 2 * v if sym == doubled else v for sym, v in values.items()}
+        sizes = [tuple(d if type(d) is int else int(d.node.expr.xreplace(env)) for d in shape) for shape in dims]
         try:
             at = rule.compiled_at(cp.ir, tuple(zip(sizes, dtypes)))
         except Exception as exc:  # noqa: BLE001 - the pattern's own trace at these sizes
             return f"the pattern could not be traced at this match's sizes {sizes}: {exc}"
         if not any(m is not None and m.node_set == match.node_set and _same_bindings(m, match)
                    for m, _ in matcher.matches_at(at, match.anchor)):
-            which = "these sizes" if sizes is shapes else "other values of its symbolic sizes"
+            which = "these sizes" if doubled is None else f"other values of its symbolic size {doubled}"
             return (f"the pattern computes {', '.join(cp.sized)} from its inputs' sizes, and at {which} "
                     f"{sizes} the graph's numbers are not those it computes")
     return None
 
 
+def _symbol_values(dims: List[Tuple[Any, ...]]) -> Optional[Dict[Any, int]]:
+    """The example value of each symbol in these sizes, or None where one has none (unbacked)."""
+    values: Dict[Any, int] = {}
+    for shape in dims:
+        for d in shape:
+            if type(d) is int:
+                continue
+            known = getattr(d.node.shape_env, "var_to_val", {})
+            for sym in d.node.expr.free_symbols:
+                if sym not in known:
+                    return None
+                values[sym] = int(known[sym])
+    return values
+
+
 def _same_bindings(a: Match, b: Match) -> bool:
     """The same inputs bound to the same parameters (a model's A / 4 + B / 16 matched a / 16 + b / 4
-    with the operands of its add swapped; found by a review), and the same scalars captured."""
-    return a.bindings.keys() == b.bindings.keys() and all(
-        a.bindings[k] is b.bindings[k] if isinstance(b.bindings[k], fx.Node) else a.bindings[k] == b.bindings[k]
-        for k in b.bindings)
+    with the operands of its add swapped; found by a review), and the same scalars captured (a NaN
+    is the same NaN)."""
+    def same(x: Any, y: Any) -> bool:
+        return x is y if isinstance(y, fx.Node) else (x == y or (x != x and y != y))
+
+    return a.bindings.keys() == b.bindings.keys() and all(same(a.bindings[k], b.bindings[k]) for k in b.bindings)
 
 
 def _laid_out_otherwise(o: torch.Tensor, want: torch.Tensor) -> bool:
@@ -490,6 +507,15 @@ def _subgraph_nodes(node: fx.Node):
                         yield from _subgraph_nodes(n)
 
 
+def _layout_dependent(n: fx.Node) -> bool:
+    """Whether ``n`` may fail, or read other elements, given its input in another layout: a view of
+    any kind (its result aliases its input: view, view_as_complex...) or a storage read."""
+    if n.target in _STORAGE_READS:
+        return True
+    schema = getattr(n.target, "_schema", None)
+    return schema is not None and any(r.alias_info is not None for r in schema.returns)
+
+
 def _layout_users(fake: Tuple[Any, ...], match: Match, facts: "_Facts") -> Optional[str]:
     """Why an output laid out otherwise than the graph's would break what uses it, or None. The op's
     outputs take its fake impl's strides (a kernel writing rows contiguous where eager kept a
@@ -497,7 +523,7 @@ def _layout_users(fake: Tuple[Any, ...], match: Match, facts: "_Facts") -> Optio
     taken of them, directly or after ops that keep their input's layout (a transpose, a mul, a
     split), may not be a view of the op's (a crash when the program runs), and as_strided would read
     other elements (a wrong result). The fake values are propagated as far as a layout differs; a
-    higher-order op is refused only if its subgraphs hold such a view, or what follows it does."""
+    higher-order op is refused if its subgraphs, or what follows it, hold a view."""
     changed: Dict[fx.Node, Any] = {}
     for o, g in zip(fake, match.outputs):
         want = g.meta.get("val")
@@ -505,26 +531,28 @@ def _layout_users(fake: Tuple[Any, ...], match: Match, facts: "_Facts") -> Optio
             changed[g] = _with_layout(want, o)
     if not changed:
         return None
-    pos = facts.pos
-    todo = sorted({u for g in changed for u in g.users if u not in match.node_set}, key=pos.__getitem__)
+    pos, seen = facts.pos, []
+    todo = [(pos[u], id(u), u) for g in changed for u in g.users if u not in match.node_set]
+    heapq.heapify(todo)
     while todo:
-        u = todo.pop(0)
+        u = heapq.heappop(todo)[2]
         if u.op == "output" or u in changed:
             continue
         sources = [a for a in u.all_input_nodes if a in changed]
-        key = (u, tuple((a, _strides(changed[a])) for a in sources))
-        if key in facts.layouts:  # checked from another match's outputs, laid out the same
-            value, why = facts.layouts[key]
-            if why is not None:
-                return why
+        key = (u, repr([(a.name, _strides(changed[a])) for a in sources]))  # symbolic strides print, not hash
+        if key in facts.layouts_done:  # every later node checked already, from another match's outputs
             continue
-        value, why = _layout_step(u, changed, sources[0])
-        facts.layouts[key] = (value, why)
+        seen.append(key)
+        if key not in facts.layouts:
+            facts.layouts[key] = _layout_step(u, changed, sources[0])
+        value, why = facts.layouts[key]
         if why is not None:
             return why
         if value is not None:
             changed[u] = value
-            todo = sorted(set(todo) | set(u.users), key=pos.__getitem__)
+            for w in u.users:
+                heapq.heappush(todo, (pos[w], id(w), w))
+    facts.layouts_done.update(seen)  # a whole walk without a refusal
     return None
 
 
@@ -539,7 +567,7 @@ def _layout_step(u: fx.Node, changed: Dict[fx.Node, Any], source: fx.Node) -> Tu
     if u.target in _STORAGE_READS:
         return refused("reads its input's storage as laid out")
     if isinstance(u.target, torch._ops.HigherOrderOperator):
-        inner = next((n for n in _subgraph_nodes(u) if n.target in _VIEWS or n.target in _STORAGE_READS), None)
+        inner = next((n for n in _subgraph_nodes(u) if _layout_dependent(n)), None)
         if inner is not None:
             return refused(f"runs {inner.name} ({inner.target}) in its subgraph, which depends on the layout")
         later = _later_layout_dependent(u)
@@ -567,7 +595,7 @@ def _later_layout_dependent(node: fx.Node) -> Optional[fx.Node]:
         if n in seen:
             continue
         seen.add(n)
-        if n.target in _VIEWS or n.target in _STORAGE_READS:
+        if _layout_dependent(n):
             return n
         todo.extend(n.users)
     return None
