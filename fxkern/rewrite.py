@@ -453,7 +453,8 @@ def _symbol_values(dims: List[Tuple[Any, ...]]) -> Optional[Dict[Any, int]]:
         for d in shape:
             if type(d) is int:
                 continue
-            known = getattr(d.node.shape_env, "var_to_val", {})
+            env = d.node.shape_env  # torch 2.11 renamed var_to_val, and warns on the old name
+            known = env.backed_var_to_val if hasattr(env, "backed_var_to_val") else getattr(env, "var_to_val", {})
             for sym in d.node.expr.free_symbols:
                 if sym not in known:
                     return None
