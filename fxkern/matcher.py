@@ -332,6 +332,7 @@ class Matcher:
             by_target = index_by_target(graph)
         self.by_target = by_target
         self._noise: Dict[FrozenSet[str], Set[fx.Node]] = {}
+        self._candidates: Dict[int, Tuple[CompiledPattern, List[fx.Node]]] = {}
 
     def noise(self, policy: FrozenSet[str]) -> Set[fx.Node]:
         """The graph's nodes that ``policy`` lets a match pass through."""
@@ -351,7 +352,16 @@ class Matcher:
 
     def candidates(self, pattern: CompiledPattern) -> List[fx.Node]:
         """Graph nodes with the anchor's op whose arguments include, as ops, every op the anchor
-        takes from inside the pattern: a cheap test that rejects most nodes before a walk."""
+        takes from inside the pattern: a cheap test that rejects most nodes before a walk. Once a
+        pattern: a rule whose walks must know its numbers from sizes is looked at twice."""
+        known = self._candidates.get(id(pattern))
+        if known is not None and known[0] is pattern:
+            return known[1]
+        found = self._find_candidates(pattern)
+        self._candidates[id(pattern)] = (pattern, found)
+        return found
+
+    def _find_candidates(self, pattern: CompiledPattern) -> List[fx.Node]:
         nodes = self.by_target.get(pattern.anchor.target, [])
         needed = [pattern.nodes[a.index].target for a in pattern.anchor.args if isinstance(a, Ref)]
         if not needed:

@@ -12,6 +12,7 @@ Traced patterns are cached per (rule, IR, dtype).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import logging
@@ -302,20 +303,28 @@ def sized_sites(pattern: Pattern, fn: Callable[..., Any], example_inputs: Sequen
             for path, value in sites.items() if dict(_literal_sites(n)).get(path) != value}
 
 
+@contextlib.contextmanager
+def quiet_fake_errors():
+    """torch's fake tensors log each failing meta kernel as an error, traceback and all: where a
+    failure is an answer fxkern asks for (a trial trace, a layout that a view refuses), not shown."""
+    fake_log = logging.getLogger("torch._subclasses.fake_tensor")
+    was, fake_log.disabled = fake_log.disabled, True
+    try:
+        yield
+    finally:
+        fake_log.disabled = was
+
+
 def _trace_quietly(fn: Callable[..., Any], pattern: Pattern, example_inputs: List[Any]) -> Optional[List[fx.Node]]:
     """The op nodes of ``fn`` traced in the pattern's IR at these inputs, or None where it fails."""
     from torch._subclasses.fake_tensor import unset_fake_temporarily
 
-    fake_log = logging.getLogger("torch._subclasses.fake_tensor")
-    was, fake_log.disabled = fake_log.disabled, True  # it logs each failing meta kernel as an error
     try:
-        with warnings.catch_warnings(), unset_fake_temporarily():
+        with quiet_fake_errors(), warnings.catch_warnings(), unset_fake_temporarily():
             warnings.filterwarnings("ignore", category=FutureWarning)
             return _op_nodes(TRACERS[pattern.ir](fn, pattern.params, example_inputs))
     except Exception:  # noqa: BLE001 - a pattern traced at its own sizes only (a literal view, say)
         return None
-    finally:
-        fake_log.disabled = was
 
 
 def _literal_sites(node: fx.Node):

@@ -35,7 +35,7 @@ import torch.fx as fx
 
 from fxkern.errors import FxkernError
 from fxkern.matcher import Failure, Match, Matcher, index_by_target
-from fxkern.patterns import is_assertion
+from fxkern.patterns import is_assertion, quiet_fake_errors
 from fxkern.rules import Rule, RuleSet, default_rules
 
 log = logging.getLogger("fxkern")
@@ -474,8 +474,11 @@ def _same_bindings(a: Match, b: Match) -> bool:
 
 def _laid_out_otherwise(o: torch.Tensor, want: torch.Tensor) -> bool:
     """Whether two tensors of one shape differ in strides where it matters (a dim of size 1 aside)."""
+    a, b = o.stride(), want.stride()
+    if all(type(x) is int for x in a) and all(type(x) is int for x in b) and a == b:  # most matches: no symbols
+        return False
     known = torch.fx.experimental.symbolic_shapes.statically_known_true
-    return not all(known(d <= 1) or known(a == b) for d, a, b in zip(want.shape, o.stride(), want.stride()))
+    return not all(known(d <= 1) or known(x == y) for d, x, y in zip(want.shape, a, b))
 
 
 # Ops that read their input's storage as laid out: given another layout they read other elements
@@ -508,13 +511,17 @@ def _subgraph_nodes(node: fx.Node):
                         yield from _subgraph_nodes(n)
 
 
+# Views that fail on some layouts (a transpose or a slice takes any): view needs strides it can
+# merge, view(dtype) and view_as_complex a last stride of 1
+_FRAGILE_VIEWS = _VIEWS | {torch.ops.aten.view.dtype, torch.ops.aten.view_as_complex.default}
+# Ops whose result is laid out afresh, whatever their inputs' layout: past them a layout is the graph's
+_FRESH_LAYOUT = {torch.ops.aten.mm.default, torch.ops.aten.bmm.default, torch.ops.aten.addmm.default,
+                 torch.ops.aten.matmul.default, torch.ops.aten.linear.default, torch.ops.aten.baddbmm.default}
+
+
 def _layout_dependent(n: fx.Node) -> bool:
-    """Whether ``n`` may fail, or read other elements, given its input in another layout: a view of
-    any kind (its result aliases its input: view, view_as_complex...) or a storage read."""
-    if n.target in _STORAGE_READS:
-        return True
-    schema = getattr(n.target, "_schema", None)
-    return schema is not None and any(r.alias_info is not None for r in schema.returns)
+    """Whether ``n`` may fail, or read other elements, given its input in another layout."""
+    return n.target in _FRAGILE_VIEWS or n.target in _STORAGE_READS
 
 
 def _layout_users(fake: Tuple[Any, ...], match: Match, facts: "_Facts") -> Optional[str]:
@@ -581,7 +588,7 @@ def _layout_step(u: fx.Node, changed: Dict[fx.Node, Any], source: fx.Node) -> Tu
     first = changed[source]
     mode = getattr(first[0] if isinstance(first, (list, tuple)) else first, "fake_mode", None)
     try:
-        with mode or contextlib.nullcontext():
+        with quiet_fake_errors(), mode or contextlib.nullcontext():
             value = u.target(*args, **kwargs)
     except Exception as exc:  # noqa: BLE001 - the op's own check, as at run time
         return refused(f"refuses it: {str(exc).splitlines()[0]}")
@@ -589,7 +596,8 @@ def _layout_step(u: fx.Node, changed: Dict[fx.Node, Any], source: fx.Node) -> Tu
 
 
 def _later_layout_dependent(node: fx.Node) -> Optional[fx.Node]:
-    """A view or storage read among the nodes computed from ``node``, or None."""
+    """A view that may fail, or a storage read, among the nodes computed from ``node`` before a
+    matmul lays its result out afresh, or None (a review found every later transpose refusing)."""
     seen, todo = set(), list(node.users)
     while todo:
         n = todo.pop()
@@ -598,7 +606,8 @@ def _later_layout_dependent(node: fx.Node) -> Optional[fx.Node]:
         seen.add(n)
         if _layout_dependent(n):
             return n
-        todo.extend(n.users)
+        if n.target not in _FRESH_LAYOUT:
+            todo.extend(n.users)
     return None
 
 

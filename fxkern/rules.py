@@ -69,10 +69,11 @@ class Rule:
                 self._traced[key] = patterns.trace(self.pattern, ir, dtype=dtype or torch.float32,
                                                    example_inputs=self.examples(dtype or torch.float32))
             traced = self._traced[key]
-            if sized:
-                found = patterns.sized_sites(traced, self.pattern, self.examples(dtype or torch.float32))
-                traced = dataclasses.replace(traced, sized=found)
-            self._compiled[key + (sized,)] = matcher.compile_pattern(traced, self.noise)
+            found = patterns.sized_sites(traced, self.pattern, self.examples(dtype or torch.float32)) if sized else {}
+            if not found and sized:  # the same pattern: one object, whose candidates a matcher keeps
+                self._compiled[key + (sized,)] = self.compiled(ir, dtype)
+            else:
+                self._compiled[key + (sized,)] = matcher.compile_pattern(dataclasses.replace(traced, sized=found), self.noise)
         return self._compiled[key + (sized,)]
 
     def compiled_at(self, ir: str, inputs: Tuple[Tuple[Tuple[int, ...], torch.dtype], ...]) -> matcher.CompiledPattern:

@@ -1075,6 +1075,30 @@ def test_a_report_without_rules_says_where_rules_come_from():
     assert "fxkern.library.rules()" in text and "fxkern.region" in text
 
 
+class NoGradThen(torch.nn.Module):
+    def __init__(self, after):
+        super().__init__()
+        self.after, self.w = after, torch.nn.Parameter(torch.randn(6, 6))
+
+    def forward(self, x, r):
+        y = x * 3 + r
+        with torch.no_grad():
+            z = torch.relu(y)
+        return self.after(z, self.w)
+
+
+@pytest.mark.parametrize("after", [lambda z, w: (z @ w).view(-1), lambda z, w: z.t() + 1],
+                         ids=["a matmul, then a view", "a transpose"])
+def test_what_follows_a_no_grad_block_refuses_only_views_that_may_fail(layouts, after):
+    """After the block, a transpose takes any layout, and a matmul lays its result out afresh: every
+    later aliasing op refused the match (found by a review)."""
+    _, _, cols = layouts
+    args = (torch.randn(6, 6), torch.randn(6, 6))
+    ep = torch.export.export(NoGradThen(after), args)
+    assert len(fxkern.explain(ep, cols).matches) == 1
+    torch.testing.assert_close(fxkern.apply(ep, cols).module()(*args), ep.module()(*args))
+
+
 def mul_add(x, y, r):
     return x * y + r
 
