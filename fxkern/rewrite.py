@@ -185,6 +185,7 @@ class _Facts:
         # change every later node the same way, run once
         self.layouts: Dict[Any, Tuple[Any, Optional[str]]] = {}
         self.layouts_done: Set[Any] = set()
+        self.anchor_dtypes: Dict[Any, List[Optional[torch.dtype]]] = {}
 
     def autocast_at(self, node: fx.Node) -> Tuple[str, ...]:
         """The device types whose autocast is on where ``node`` runs."""
@@ -661,7 +662,10 @@ def _rule_candidates(rule: Rule, irs: Sequence[str], by_target: Dict[Any, List[f
     for ir in irs:
         if rule.irs is not None and ir not in rule.irs:
             continue
-        for dtype in _anchor_dtypes(rule, ir, by_target):
+        key = (rule, ir)  # the same on a rule's second look
+        if key not in facts.anchor_dtypes:
+            facts.anchor_dtypes[key] = _anchor_dtypes(rule, ir, by_target)
+        for dtype in facts.anchor_dtypes[key]:
             cp = rule.compiled(ir, dtype, sized)
             key = tuple((n.target, repr(n.args)) for n in cp.nodes)
             variants.setdefault(key, (set(), cp))[0].add(dtype)
