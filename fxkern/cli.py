@@ -57,10 +57,12 @@ def load_rules(ref: str | None, default: str = "library") -> Any:
     except Exception as exc:  # noqa: BLE001  (the module's own code failed: a SyntaxError, a bad import time call)
         raise CliError(f"--rules {ref!r}: importing {module_name!r} raised {type(exc).__name__}: {exc}") from None
     obj: Any = module
+    where = f"module {module_name!r}"
     for part in attr.split("."):
         if not hasattr(obj, part):
-            raise CliError(f"--rules {ref!r}: module {module_name!r} has no attribute {attr!r}")
+            raise CliError(f"--rules {ref!r}: {where} has no attribute {part!r}")
         obj = getattr(obj, part)
+        where = f"{where}'s {part} ({type(obj).__name__})"
     if not isinstance(obj, RuleSet) and callable(obj):
         try:
             obj = obj()

@@ -264,7 +264,7 @@ def resolve(args: argparse.Namespace) -> tuple[Config, torch.device, torch.dtype
         raise CliError(f"--device {args.device!r} is not a device ({exc})") from None
     if device.type == "cuda":
         if not cuda:
-            raise CliError("--device cuda: no CUDA GPU is visible here; run without --device for the CPU path")
+            raise CliError(f"--device {args.device}: no CUDA GPU is visible here; run without --device for the CPU path")
         if device.index is not None and device.index >= torch.cuda.device_count():
             raise CliError(f"--device {device}: only {torch.cuda.device_count()} CUDA device(s) visible")
     elif device.type != "cpu":

@@ -101,6 +101,14 @@ def test_demo_size_flags_override_the_preset():
     assert device.type == "cpu" and dtype == torch.float32
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on a machine without a GPU")
+def test_demo_names_the_device_asked_for_without_a_gpu():
+    """It said "--device cuda:" for --device cuda:1 (found by a usability test)."""
+    args = cli.build_parser().parse_args(["demo", "--device", "cuda:1"])
+    with pytest.raises(cli.CliError, match=r"--device cuda:1: no CUDA GPU is visible"):
+        demo.resolve(args)
+
+
 def test_demo_trt_says_why_it_is_unavailable(capsys):
     assert cli.main(["demo", "--size", "tiny", "--device", "cpu", "--rules", "test_cli:RULES", "--trt"]) == 0
     line = next(ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("--trt"))
@@ -204,6 +212,7 @@ def broken_module(tmp_path, monkeypatch):
         ("test_cli", "expected MODULE:ATTR"),
         ("no_such_module_xyz:RULES", "cannot import module 'no_such_module_xyz'"),
         ("test_cli:NOPE", "has no attribute 'NOPE'"),
+        ("test_cli:RULES.nope", "module 'test_cli''s RULES (RuleSet) has no attribute 'nope'"),  # named 'RULES.nope
         ("test_cli:ROOT", "is a PosixPath, not a fxkern.RuleSet"),
         ("test_cli:not_rules", "is a list, not a fxkern.RuleSet"),
         ("test_cli:swiglu", "calling it without arguments failed"),
