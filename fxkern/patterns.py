@@ -281,7 +281,8 @@ def sized_sites(pattern: Pattern, fn: Callable[..., Any], example_inputs: Sequen
     sizes equal and scale each distinct size by a factor of its own (so a ratio of two sizes changes
     too); where the pattern needs sizes in proportion (halves), every size is doubled instead; dims
     of 1 change too where broadcasting allows. None found when no trace succeeds or ops differ."""
-    literal = [(n.name, dict(_literal_sites(n))) for n in _op_nodes(pattern.graph)]
+    ops = _op_nodes(pattern.graph)
+    literal = [(n.name, dict(_literal_sites(n))) for n in ops]
     if not any(sites for _, sites in literal):
         return {}
     sizes = sorted({d for v in example_inputs if isinstance(v, torch.Tensor) for d in v.shape})
@@ -294,7 +295,7 @@ def sized_sites(pattern: Pattern, fn: Callable[..., Any], example_inputs: Sequen
         resized = [torch.empty([(scale[d] if scale else 2 * d) if d >= least else d for d in v.shape],
                                dtype=v.dtype, device="meta") if isinstance(v, torch.Tensor) else v for v in example_inputs]
         other = _trace_quietly(fn, pattern, resized)
-        if other is not None and [n.target for n in other] == [n.target for n in _op_nodes(pattern.graph)]:
+        if other is not None and [n.target for n in other] == [n.target for n in ops]:
             break
         other = None
     if other is None:

@@ -473,19 +473,25 @@ def _same_bindings(a: Match, b: Match) -> bool:
     return a.bindings.keys() == b.bindings.keys() and all(same(a.bindings[k], b.bindings[k]) for k in b.bindings)
 
 
-def _laid_out_otherwise(o: torch.Tensor, want: torch.Tensor) -> bool:
-    """Whether two tensors of one shape differ in strides where it matters (a dim of size 1 aside)."""
+def _laid_out_otherwise(o: torch.Tensor, want: torch.Tensor, size_one_too: bool = False) -> bool:
+    """Whether two tensors of one shape differ in strides where it matters: a dim of size 1 aside,
+    unless ``size_one_too`` (torch.cond compares its branches' strides whole)."""
     a, b = o.stride(), want.stride()
     if all(type(x) is int for x in a) and all(type(x) is int for x in b) and a == b:  # most matches: no symbols
         return False
     known = torch.fx.experimental.symbolic_shapes.statically_known_true
-    return not all(known(d <= 1) or known(x == y) for d, x, y in zip(want.shape, a, b))
+    return not all((not size_one_too and known(d <= 1)) or known(x == y) for d, x, y in zip(want.shape, a, b))
 
 
 # Ops that read their input's storage as laid out: given another layout they read other elements
 _STORAGE_READS = {torch.ops.aten.as_strided.default, torch.ops.aten.as_strided_copy.default}
-# Ops a later layout may make fail: a view needs strides it can be taken of
-_VIEWS = {torch.ops.aten.view.default, torch.ops.aten._unsafe_view.default}
+# Views that fail on some layouts (a transpose or a slice takes any): view needs strides it can
+# merge, view(dtype) and view_as_complex a last stride of 1
+_FRAGILE_VIEWS = {torch.ops.aten.view.default, torch.ops.aten._unsafe_view.default, torch.ops.aten.view.dtype,
+                  torch.ops.aten.view_as_complex.default}
+# Ops whose result is laid out afresh, whatever their inputs' layout: past them a layout is the graph's
+_FRESH_LAYOUT = {torch.ops.aten.mm.default, torch.ops.aten.bmm.default, torch.ops.aten.addmm.default,
+                 torch.ops.aten.matmul.default, torch.ops.aten.linear.default, torch.ops.aten.baddbmm.default}
 
 
 def _strides(v: Any) -> Any:
@@ -510,14 +516,6 @@ def _subgraph_nodes(node: fx.Node):
                     yield n
                     if isinstance(n.target, torch._ops.HigherOrderOperator):
                         yield from _subgraph_nodes(n)
-
-
-# Views that fail on some layouts (a transpose or a slice takes any): view needs strides it can
-# merge, view(dtype) and view_as_complex a last stride of 1
-_FRAGILE_VIEWS = _VIEWS | {torch.ops.aten.view.dtype, torch.ops.aten.view_as_complex.default}
-# Ops whose result is laid out afresh, whatever their inputs' layout: past them a layout is the graph's
-_FRESH_LAYOUT = {torch.ops.aten.mm.default, torch.ops.aten.bmm.default, torch.ops.aten.addmm.default,
-                 torch.ops.aten.matmul.default, torch.ops.aten.linear.default, torch.ops.aten.baddbmm.default}
 
 
 def _layout_dependent(n: fx.Node) -> bool:
@@ -618,9 +616,7 @@ def _other_strides(fake: Tuple[Any, ...], match: Match) -> Optional[str]:
     run_decompositions() and re-export; found by a review)."""
     for i, (o, g) in enumerate(zip(fake, match.outputs)):
         want = g.meta.get("val")
-        if isinstance(o, torch.Tensor) and isinstance(want, torch.Tensor) and not all(
-                torch.fx.experimental.symbolic_shapes.statically_known_true(a == b)
-                for a, b in zip(o.stride(), want.stride())):
+        if isinstance(o, torch.Tensor) and isinstance(want, torch.Tensor) and _laid_out_otherwise(o, want, True):
             return (f"inside a torch.cond branch, output {i} would have strides {tuple(o.stride())} where the graph "
                     f"has {tuple(want.stride())} ({g.name}), and both branches must return the same")
     return None
@@ -662,10 +658,9 @@ def _rule_candidates(rule: Rule, irs: Sequence[str], by_target: Dict[Any, List[f
     for ir in irs:
         if rule.irs is not None and ir not in rule.irs:
             continue
-        key = (rule, ir)  # the same on a rule's second look
-        if key not in facts.anchor_dtypes:
-            facts.anchor_dtypes[key] = _anchor_dtypes(rule, ir, by_target)
-        for dtype in facts.anchor_dtypes[key]:
+        if (rule, ir) not in facts.anchor_dtypes:  # the same on a rule's second look
+            facts.anchor_dtypes[rule, ir] = _anchor_dtypes(rule, ir, by_target)
+        for dtype in facts.anchor_dtypes[rule, ir]:
             cp = rule.compiled(ir, dtype, sized)
             key = tuple((n.target, repr(n.args)) for n in cp.nodes)
             variants.setdefault(key, (set(), cp))[0].add(dtype)
