@@ -28,7 +28,7 @@ import operator
 import re
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Sequence, Set, Tuple, Union
+from typing import Any, Dict, FrozenSet, Iterable, List, Optional, Sequence, Set, Tuple, Union
 
 import torch
 import torch.fx as fx
@@ -140,12 +140,14 @@ def mutates(node: fx.Node) -> bool:
 
 @dataclass(frozen=True)
 class _Where:
-    """Where a graph runs: the device types whose autocast is on, whether it is a torch.cond branch
-    (whose outputs must keep the other branch's strides), and whether it is the program's own graph
+    """Where a graph runs: the device types whose autocast is on, which of its outputs may change
+    strides (None: all) and why the others may not (a torch.cond branch must return the other
+    branch's; a block's caller was traced on them), and whether it is the program's own graph
     (regions are found there only: a block's nodes inside a subgraph are part of a run)."""
 
     autocast: Tuple[str, ...] = ()
-    cond_branch: bool = False
+    free_outputs: Optional[FrozenSet[int]] = None
+    outputs_held_by: str = ""
     top: bool = True
 
 
@@ -186,6 +188,11 @@ class _Facts:
         self.layouts: Dict[Any, Tuple[Any, Optional[str]]] = {}
         self.layouts_done: Set[Any] = set()
         self.anchor_dtypes: Dict[Any, List[Optional[torch.dtype]]] = {}
+        self.output_at: Dict[fx.Node, List[int]] = {}  # the graph's outputs, by position
+        if where.free_outputs is not None:
+            for i, n in enumerate(torch.utils._pytree.tree_leaves(graph.find_nodes(op="output")[0].args[0])):
+                if isinstance(n, fx.Node) and i not in where.free_outputs:
+                    self.output_at.setdefault(n, []).append(i)
 
     def autocast_at(self, node: fx.Node) -> Tuple[str, ...]:
         """The device types whose autocast is on where ``node`` runs."""
@@ -407,7 +414,7 @@ def _check(rule: Rule, match: Match, facts: _Facts) -> Tuple[Optional[Tuple[Any,
         return None, reason
     fake, reason = _fake_run(rule, match, facts)
     if fake is not None:
-        reason = _other_strides(fake, match) if facts.where.cond_branch else _layout_users(fake, match, facts)
+        reason = _layout_users(fake, match, facts)
     return (None, reason) if reason else (fake, None)
 
 
@@ -534,6 +541,9 @@ def _layout_users(fake: Tuple[Any, ...], match: Match, facts: "_Facts") -> Optio
     changed: Dict[fx.Node, Any] = {}
     for o, g in zip(fake, match.outputs):
         want = g.meta.get("val")
+        held = _held_output(g, o, facts)
+        if held is not None:
+            return held
         if _layout_changed(o, want):
             changed[g] = _with_layout(want, o)
     if not changed:
@@ -543,7 +553,12 @@ def _layout_users(fake: Tuple[Any, ...], match: Match, facts: "_Facts") -> Optio
     heapq.heapify(todo)
     while todo:
         u = heapq.heappop(todo)[2]
-        if u.op == "output" or u in changed:
+        if u.op == "output":
+            held = next(filter(None, (_held_output(a, changed[a], facts) for a in u.all_input_nodes if a in changed)), None)
+            if held is not None:
+                return held
+            continue
+        if u in changed:
             continue
         sources = [a for a in u.all_input_nodes if a in changed]
         key = (u, repr([(a.name, _strides(changed[a])) for a in sources]))  # symbolic strides print, not hash
@@ -610,15 +625,15 @@ def _later_layout_dependent(node: fx.Node) -> Optional[fx.Node]:
     return None
 
 
-def _other_strides(fake: Tuple[Any, ...], match: Match) -> Optional[str]:
-    """Why the op's outputs would not keep the graph's strides, or None: a torch.cond branch must
-    return the other branch's (a transposed result replaced by a contiguous one broke
-    run_decompositions() and re-export; found by a review)."""
-    for i, (o, g) in enumerate(zip(fake, match.outputs)):
-        want = g.meta.get("val")
-        if isinstance(o, torch.Tensor) and isinstance(want, torch.Tensor) and _laid_out_otherwise(o, want, True):
-            return (f"inside a torch.cond branch, output {i} would have strides {tuple(o.stride())} where the graph "
-                    f"has {tuple(want.stride())} ({g.name}), and both branches must return the same")
+def _held_output(node: fx.Node, value: Any, facts: "_Facts") -> Optional[str]:
+    """Why ``node``, now laid out as ``value``, may not leave the graph so, or None. Strides are
+    compared whole: torch.cond compares its branches' so (a transposed result replaced by a
+    contiguous one broke run_decompositions() and re-export; found by a review)."""
+    want = node.meta.get("val")
+    for i in facts.output_at.get(node, ()):
+        if isinstance(value, torch.Tensor) and isinstance(want, torch.Tensor) and _laid_out_otherwise(value, want, True):
+            return (f"output {i} would have strides {tuple(value.stride())} where the graph has "
+                    f"{tuple(want.stride())} ({node.name}), and {facts.where.outputs_held_by}")
     return None
 
 
@@ -767,6 +782,12 @@ _BLOCKS = {
 }
 
 
+_HELD_BY = {
+    "cond": "both branches of a torch.cond must return the same",
+    None: "the graph around this block was traced on those",
+}
+
+
 def _nested(gm: fx.GraphModule, rules: Any, irs: Sequence[str], report: Report, facts: _Facts) -> Dict[str, _Analysis]:
     """The subgraphs of higher-order ops: ``torch.no_grad()`` and ``torch.autocast`` blocks export
     as ``wrap_with_set_grad_enabled``/``wrap_with_autocast`` of a submodule, ``torch.cond`` as
@@ -795,7 +816,7 @@ def _nested(gm: fx.GraphModule, rules: Any, irs: Sequence[str], report: Report, 
                     inner[arg.target] = done[id(sub)]
                 continue
             where = _Where(_autocast_state(node, facts.autocast_at(node)) if hop == "wrap_with_autocast"
-                           else facts.autocast_at(node), cond_branch=hop == "cond", top=False)
+                           else facts.autocast_at(node), frozenset(), _HELD_BY.get(hop, _HELD_BY[None]), top=False)
             tree, sub_report = _analyse(sub, rules, irs, where)
             done[id(sub)] = tree
             if rewritable:
@@ -1087,15 +1108,20 @@ def apply(program: Any, rules: Union[RuleSet, Sequence[Rule], None] = None, *, v
 
 
 def rewrite_graph(graph: fx.Graph, rules: Union[RuleSet, Sequence[Rule], None], irs: Sequence[str],
-                  subgraphs: bool = True) -> Report:
+                  subgraphs: bool = True, free_outputs: Optional[Iterable[int]] = None,
+                  outputs_held_by: str = "") -> Report:
     """Rewrite ``graph`` in place (a compiler pass: no copy, no recompile); returns the report.
     ``subgraphs=False`` leaves higher-order ops' subgraphs alone, for a compiler that hands each to
-    the pass itself (inductor passes torch.cond's branches on before the graph holding them)."""
+    the pass itself (inductor passes torch.cond's branches on before the graph holding them).
+    ``free_outputs``, the positions of the outputs whose strides may change (default: all), for a
+    compiler that lays the others out as the graph says; ``outputs_held_by`` says why."""
     gm = graph.owning_module
     if gm is None:
         gm = fx.GraphModule(torch.nn.Module(), graph)
+    where = _Where(free_outputs=None if free_outputs is None else frozenset(free_outputs),
+                   outputs_held_by=outputs_held_by)
     with _collector_paused():
-        tree, report = _analyse(gm, rules, irs, subgraphs=subgraphs)
+        tree, report = _analyse(gm, rules, irs, where, subgraphs=subgraphs)
         if tree.replaced():
             _rewrite_tree(gm, tree, inplace=True, recompile=False)
     return report

@@ -319,6 +319,28 @@ def test_torch_cond_branches_are_rewritten_and_analysed_once(inner, monkeypatch)
     assert len(analysed) == len({id(gm) for gm in analysed}) == 3
 
 
+@pytest.mark.parametrize("inner", ["aot_eager", "inductor"])
+def test_a_transposed_match_in_a_cond_branch_keeps_the_branch_compilable(inner):
+    """Inductor hands a torch.cond branch to the pass alone and lays its outputs out as their nodes
+    say: the op's contiguous result against the other branch's transposed one failed inductor's
+    check that both branches return the same strides (InductorError). Such an output is kept."""
+    def f(x, b, r):
+        xt, rt = x.t(), r.t()
+        return torch.cond(x.sum() > 0, lambda xt, b, rt: bias_gelu_res(xt, b, rt), lambda xt, b, rt: xt - rt, (xt, b, rt))
+
+    reports = []
+    be = fxkern.backend(RULES, inner=inner, report=reports.append,
+                        **({"config_patches": {"fx_graph_cache": False}} if inner == "inductor" else {}))
+    compiled = torch.compile(f, backend=be)
+    b, r = torch.randn(8), torch.randn(8, 4)
+    for x in (torch.randn(8, 4).abs(), -torch.randn(8, 4).abs()):
+        out = compiled(x, b, r)
+        torch.testing.assert_close(out, f(x, b, r))
+        assert out.stride() == f(x, b, r).stride()
+    assert not any(rep.matches for rep in reports)
+    assert any("would have strides" in nm.reason for rep in reports for nm in rep.near_misses)
+
+
 def test_the_library_through_aot_eager_on_the_demo_model():
     """fxkern.backend(library.rules(), inner="aot_eager") failed on every model: a rule first traced
     inside the compile ran under dynamo's fake mode, which refuses real example tensors (found by a

@@ -625,6 +625,26 @@ def test_a_cond_branch_keeps_its_output_strides(bgr):
     torch.testing.assert_close(new.run_decompositions().module()(*args), ep.module()(*args))
 
 
+class TransposedCondSum(torch.nn.Module):
+    def forward(self, x, b, r):
+        xt, rt = x.t(), r.t()
+        return torch.cond(x.sum() > 0, lambda xt, b, rt: (F.gelu(xt + b, approximate="tanh") + rt).sum(1),
+                          lambda xt, b, rt: xt.sum(1), (xt, b, rt))
+
+
+def test_a_cond_branch_result_that_does_not_leave_the_branch_may_change_layout(bgr):
+    """Only what a branch returns must keep its strides: a transposed match summed inside the
+    branch was refused too."""
+    rs, rule = bgr
+    args = (torch.randn(8, 4), torch.randn(8), torch.randn(8, 4))
+    ep = torch.export.export(TransposedCondSum(), args)
+    assert len(fxkern.explain(ep, rs).matches) == 1
+    new = fxkern.apply(ep, rs)
+    assert count_nested(new, rule.op) == 1
+    for x in (args[0], -args[0].abs()):
+        torch.testing.assert_close(new.run_decompositions().module()(x, *args[1:]), ep.module()(x, *args[1:]))
+
+
 def gelu_bias_ref(x, b):
     return F.gelu(x + b, approximate="tanh")
 
@@ -1145,6 +1165,25 @@ def test_a_view_of_any_kind_in_a_no_grad_block_refuses_a_changed_layout(layouts)
     ep = torch.export.export(ComplexInNoGrad(), args)
     report = fxkern.explain(ep, rs)
     assert not report.matches and "in its subgraph, which depends on the layout" in report.near_misses[0].reason
+    torch.testing.assert_close(fxkern.apply(ep, rs).module()(*args), ep.module()(*args))
+
+
+class ViewAfterNoGrad(torch.nn.Module):
+    def forward(self, x, r):
+        with torch.no_grad():
+            y = x.t() * 3 + r.t()
+        return y.t().view(-1) + 1
+
+
+def test_a_block_result_leaving_in_another_layout_is_refused(layouts):
+    """The match inside the no_grad block wrote rows where eager kept the transposed layout, and the
+    view after the block, traced on eager's, failed when the program ran (the graph around a
+    block was never told of its new layout). A block's outputs keep their strides."""
+    rs, _, _ = layouts
+    args = (torch.randn(4, 6), torch.randn(4, 6))
+    ep = torch.export.export(ViewAfterNoGrad(), args)
+    report = fxkern.explain(ep, rs)
+    assert not report.matches and "the graph around this block was traced on those" in report.near_misses[0].reason
     torch.testing.assert_close(fxkern.apply(ep, rs).module()(*args), ep.module()(*args))
 
 

@@ -86,8 +86,15 @@ class _Pass(_PassBase):
 
     def __call__(self, graph: fx.Graph) -> None:
         # inductor runs this pass on each torch.cond branch before the graph holding it: analysing
-        # the branches again from there cost a second analysis and found nothing new
-        self.owner._rewrite(graph, ("inductor",), self.facts, subgraphs=False)
+        # the branches again from there cost a second analysis and found nothing new. It lays out
+        # the outputs it marks user-visible as eager did; the others (a branch's, which must match
+        # the other branch's, or a value saved for the backward) as their node's value says, so
+        # those keep their strides (a transposed match in a branch failed inductor's check).
+        (output,) = graph.find_nodes(op="output")
+        self.owner._rewrite(graph, ("inductor",), self.facts, subgraphs=False,
+                            free_outputs=output.meta.get("user_visible_output_idxs", ()),
+                            outputs_held_by="inductor lays this output out as the graph says (a torch.cond branch's, "
+                                            "or a value saved for the backward)")
 
     def uuid(self) -> str:
         from torch._inductor.custom_graph_pass import get_hash_for_files
@@ -117,9 +124,9 @@ class FxkernBackend:
         return _rule_key(self.current_rules())
 
     def _rewrite(self, graph: fx.Graph, irs: Sequence[str], facts: Optional[region.CompileFacts] = None,
-                 subgraphs: bool = True) -> None:
+                 subgraphs: bool = True, **outputs: Any) -> None:
         with region.compiling(facts):
-            report = rewrite_graph(graph, self.current_rules(), irs, subgraphs)
+            report = rewrite_graph(graph, self.current_rules(), irs, subgraphs, **outputs)
         self.reports.append(report)
         if report.matches:
             log.info("fxkern: replaced %d subgraphs (%s)", len(report.matches),
