@@ -320,15 +320,18 @@ def creates_cycle_networkx(graph: fx.Graph, match_nodes: Set[fx.Node]) -> bool:
 
 
 def _meta_key(v: Any) -> Any:
+    """What a fake run depends on: a tensor's strides too (a meta_fn refusing a transposed input, or
+    laying its output out as its input, was asked once for a contiguous input of one shape and its
+    answer reused for the transposed one: the rewritten program failed when traced again)."""
     if isinstance(v, fx.Node):
         val = v.meta.get("val")
         if isinstance(val, torch.Tensor):
-            shape = tuple(val.shape)
+            layout = (tuple(val.shape), tuple(val.stride()))
             try:
-                hash(shape)
+                hash(layout)
             except TypeError:  # symbolic sizes
-                shape = tuple(map(str, shape))
-            return ("T", shape, val.dtype, val.device)
+                layout = tuple(tuple(map(str, t)) for t in layout)
+            return ("T", layout, val.dtype, val.device)
         return ("N", type(val).__name__)
     return ("S", type(v).__name__, v)
 

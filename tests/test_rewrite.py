@@ -1187,6 +1187,27 @@ def test_a_block_result_leaving_in_another_layout_is_refused(layouts):
     torch.testing.assert_close(fxkern.apply(ep, rs).module()(*args), ep.module()(*args))
 
 
+def test_a_fake_run_is_not_reused_for_an_input_of_another_layout():
+    """The op's meta_fn takes contiguous inputs only. Its answer for a contiguous input was reused
+    for a transposed one of the same shape: accepted, and run_decompositions() failed on it."""
+    def contiguous_only(x, r):
+        if not x.is_contiguous():
+            raise ValueError("x must be contiguous")
+        return torch.empty_like(x)
+
+    rs = RuleSet("contiguous_only")
+    op = fxkern.cuda_kernel_op("test_rewrite::t3p_contiguous", spec_like(times3_plus), meta_fn=contiguous_only,
+                               reference=times3_plus)
+    fxkern.replace(times3_plus, op, name="t3p_contiguous", rules=rs)
+    model = Fn(lambda x, z, r: (x * 3 + r) + (z.t() * 3 + r))
+    args = (torch.randn(4, 4), torch.randn(4, 4), torch.randn(4, 4))
+    ep = torch.export.export(model, args)
+    report = fxkern.explain(ep, rs)
+    assert len(report.matches) == 1 and "x must be contiguous" in report.near_misses[0].reason
+    new = fxkern.apply(ep, rs)
+    torch.testing.assert_close(new.run_decompositions().module()(*args), model(*args))
+
+
 def times_ratio(x):
     return x * (x.shape[1] // x.shape[0])
 
