@@ -140,11 +140,120 @@ def _export_graph(fn, params, example_inputs, decompose: bool, table: Optional[d
 def _core_aten_graph(fn, params, example_inputs) -> fx.Graph:
     """Export, then decompose to core ATen. A graph whose every op is already a core ATen op that the
     default table leaves alone is returned as exported: decomposing it would change nothing and costs
-    0.2-0.4 s a pattern (most of a first ``apply``)."""
+    0.2-0.4 s a pattern (most of a first ``apply``). One decomposed with others (see
+    :func:`decompose_together`) is taken as it was left."""
+    done = _decomposed.pop(_inputs_key(fn, example_inputs), None)
+    if done is not None:
+        return done
     ep = _export(fn, params, example_inputs)
-    if all(keeps_core_op(n.target) for n in ep.graph.nodes if n.op == "call_function"):
+    if _all_core(ep):
         return ep.graph_module.graph
     return ep.run_decompositions().graph_module.graph
+
+
+def _all_core(ep: torch.export.ExportedProgram) -> bool:
+    return all(keeps_core_op(n.target) for n in ep.graph.nodes if n.op == "call_function")
+
+
+# Core ATen graphs decomposed together, until their pattern's own trace takes them
+_decomposed: Dict[Any, fx.Graph] = {}
+
+
+def _inputs_key(fn: Callable[..., Any], example_inputs: Sequence[Any]) -> Any:
+    return fn, tuple((tuple(v.shape), v.dtype, v.device) if isinstance(v, torch.Tensor) else (type(v), v)
+                     for v in example_inputs)
+
+
+class _Together(torch.nn.Module):
+    """Several patterns' calls, each on its own inputs, as one program."""
+
+    def __init__(self, calls: List[Tuple[_Call, int]]):
+        super().__init__()
+        self.calls = calls
+
+    def forward(self, *tensors):
+        outs, k, self.counts = [], 0, []
+        for call, n in self.calls:
+            out = call(*tensors[k:k + n])
+            out = list(out) if isinstance(out, (tuple, list)) else [out]
+            outs.extend(out)
+            self.counts.append(len(out))
+            k += n
+        return tuple(outs)
+
+
+def decompose_together(requests: Sequence[Tuple[Callable[..., Any], Sequence[Any]]]) -> None:
+    """Prepare the core ATen traces of these patterns (each a function and its example inputs) in one
+    go: ``run_decompositions()`` costs about 150 ms a call however small the program, and the
+    library's patterns that need it, decomposed one by one, made 4 of a first ``apply``'s 5 s. Those
+    are exported as one program, decomposed once, and split again; :func:`trace` then takes each.
+    Anything unusual (a pattern that fails to export, lifted constants, a split that does not come
+    apart) leaves the patterns to their own traces."""
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    todo = []
+    try:
+        with warnings.catch_warnings(), unset_fake_temporarily():
+            warnings.filterwarnings("ignore", category=FutureWarning)
+            for fn, examples in requests:
+                params = pattern_params(fn)
+                if len(examples) != len(params):
+                    continue
+                ep = _export(fn, params, examples)
+                key = _inputs_key(fn, examples)
+                if _all_core(ep):
+                    _decomposed[key] = ep.graph_module.graph
+                    continue
+                scalars = {i: v for i, (p, v) in enumerate(zip(params, examples)) if p.kind == "scalar"}
+                # each its own tensors: export takes one tensor passed twice (rules share examples) as one input
+                tensors = [v.clone() for p, v in zip(params, examples) if p.kind == "tensor"]
+                todo.append((key, _Call(fn, scalars, len(params)), tensors))
+            if len(todo) < 2:
+                return
+            together = _Together([(c, len(t)) for _, c, t in todo])
+            ep = torch.export.export(together, tuple(t for _, _, ts in todo for t in ts)).run_decompositions()
+    except Exception:  # noqa: BLE001 - each pattern's own trace says what is wrong with it
+        return
+    kinds = {s.kind for s in ep.graph_signature.input_specs}
+    if kinds != {torch.export.graph_signature.InputKind.USER_INPUT}:
+        return
+    graph = ep.graph_module.graph
+    inputs = [n for n in graph.nodes if n.op == "placeholder"]
+    outputs = list(graph.find_nodes(op="output")[0].args[0])
+    split = {}
+    for (key, _, tensors), n_out in zip(todo, together.counts):
+        mine, inputs = inputs[:len(tensors)], inputs[len(tensors):]
+        outs, outputs = outputs[:n_out], outputs[n_out:]
+        part = _part(graph, mine, outs)
+        if part is None:
+            return
+        split[key] = part
+    _decomposed.update(split)
+
+
+def _part(graph: fx.Graph, inputs: List[fx.Node], outputs: List[fx.Node]) -> Optional[fx.Graph]:
+    """The nodes computing ``outputs`` from ``inputs``, as a graph of their own (None when they read
+    anything else)."""
+    needed, todo = set(), list(outputs)
+    while todo:
+        n = todo.pop()
+        if n in needed:
+            continue
+        needed.add(n)
+        todo.extend(n.all_input_nodes)
+    if any(n.op == "placeholder" and n not in inputs for n in needed) or any(n.op == "get_attr" for n in needed):
+        return None
+    part, env = fx.Graph(), {}
+    for n in inputs:
+        env[n] = part.placeholder(n.name)
+        env[n].meta = dict(n.meta)
+    for n in graph.nodes:
+        if n in needed and n.op == "call_function":
+            env[n] = part.create_node(n.op, n.target, fx.node.map_arg(n.args, env.__getitem__),
+                                      fx.node.map_arg(n.kwargs, env.__getitem__))
+            env[n].meta = dict(n.meta)
+    part.output(tuple(env[o] for o in outputs))
+    return part
 
 
 def keeps_core_op(target: Any) -> bool:

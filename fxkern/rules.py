@@ -76,6 +76,9 @@ class Rule:
                 self._compiled[key + (sized,)] = matcher.compile_pattern(dataclasses.replace(traced, sized=found), self.noise)
         return self._compiled[key + (sized,)]
 
+    def traced(self, ir: str, dtype: Optional[torch.dtype]) -> bool:
+        return (ir, None if self.traced_once else dtype) in self._traced
+
     def compiled_at(self, ir: str, inputs: Tuple[Tuple[Tuple[int, ...], torch.dtype], ...]) -> matcher.CompiledPattern:
         """The pattern traced in ``ir`` with tensors of these (shape, dtype) (cached): the numbers it
         computes from its inputs' sizes are then literals, those of a match's own inputs."""
@@ -87,6 +90,16 @@ class Rule:
             traced = patterns.trace(self.pattern, ir, example_inputs=examples)
             self._compiled[key] = matcher.compile_pattern(traced, self.noise)
         return self._compiled[key]
+
+
+def trace_together(rules: Sequence[Rule], ir: str, dtype: torch.dtype) -> None:
+    """Trace in one go the rules not yet traced in ``ir`` for ``dtype``, where that is cheaper than
+    one by one (core ATen: :func:`patterns.decompose_together`)."""
+    if ir != "core_aten":
+        return
+    todo = [r for r in rules if (r.irs is None or ir in r.irs) and not r.traced(ir, dtype)]
+    if len(todo) > 1:
+        patterns.decompose_together([(r.pattern, r.examples(dtype)) for r in todo])
 
 
 def _meta(shape: Tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
