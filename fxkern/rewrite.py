@@ -28,7 +28,7 @@ import operator
 import re
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Dict, FrozenSet, Iterable, List, Optional, Sequence, Set, Tuple, Union
+from typing import Any, Dict, FrozenSet, List, Optional, Sequence, Set, Tuple, Union
 
 import torch
 import torch.fx as fx
@@ -139,15 +139,27 @@ def mutates(node: fx.Node) -> bool:
 
 
 @dataclass(frozen=True)
+class HeldOutputs:
+    """A graph's outputs whose strides what reads them relies on: a torch.cond branch's (the other
+    branch returns the old ones), a no_grad block's that a view after the block takes, and under
+    inductor those it lays out as their node's value says (a branch's, a value saved for the
+    backward). A match whose result would leave the graph there in another layout is refused."""
+
+    free: FrozenSet[int]  # the positions that may change layout all the same
+    what: str  # "the torch.cond branch's output"
+    why: str  # what relies on the old strides
+    whole: bool = False  # strides compared whole, dims of size 1 too (torch.cond compares them so)
+    direct: bool = False  # only the op's own results: inductor lays later values out as their nodes say
+
+
+@dataclass(frozen=True)
 class _Where:
-    """Where a graph runs: the device types whose autocast is on, which of its outputs may change
-    strides (None: all) and why the others may not (a torch.cond branch must return the other
-    branch's; a block's caller was traced on them), and whether it is the program's own graph
-    (regions are found there only: a block's nodes inside a subgraph are part of a run)."""
+    """Where a graph runs: the device types whose autocast is on, which of its outputs must keep
+    their strides (None: none), and whether it is the program's own graph (regions are found there
+    only: a block's nodes inside a subgraph are part of a run)."""
 
     autocast: Tuple[str, ...] = ()
-    free_outputs: Optional[FrozenSet[int]] = None
-    outputs_held_by: str = ""
+    held: Optional[HeldOutputs] = None
     top: bool = True
 
 
@@ -188,11 +200,11 @@ class _Facts:
         self.layouts: Dict[Any, Tuple[Any, Optional[str]]] = {}
         self.layouts_done: Set[Any] = set()
         self.anchor_dtypes: Dict[Any, List[Optional[torch.dtype]]] = {}
-        self.output_at: Dict[fx.Node, List[int]] = {}  # the graph's outputs, by position
-        if where.free_outputs is not None:
+        self.held_at: Dict[fx.Node, List[int]] = {}  # the held outputs' positions, by node
+        if where.held is not None:
             for i, n in enumerate(torch.utils._pytree.tree_leaves(graph.find_nodes(op="output")[0].args[0])):
-                if isinstance(n, fx.Node) and i not in where.free_outputs:
-                    self.output_at.setdefault(n, []).append(i)
+                if isinstance(n, fx.Node) and i not in where.held.free:
+                    self.held_at.setdefault(n, []).append(i)
 
     def autocast_at(self, node: fx.Node) -> Tuple[str, ...]:
         """The device types whose autocast is on where ``node`` runs."""
@@ -509,10 +521,10 @@ def _strides(v: Any) -> Any:
         tuple(v.stride()) if isinstance(v, torch.Tensor) else None)
 
 
-def _layout_changed(new: Any, old: Any) -> bool:
+def _layout_changed(new: Any, old: Any, whole: bool = False) -> bool:
     if isinstance(new, (list, tuple)) and isinstance(old, (list, tuple)):
-        return len(new) == len(old) and any(_layout_changed(a, b) for a, b in zip(new, old))
-    return isinstance(new, torch.Tensor) and isinstance(old, torch.Tensor) and _laid_out_otherwise(new, old)
+        return len(new) == len(old) and any(_layout_changed(a, b, whole) for a, b in zip(new, old))
+    return isinstance(new, torch.Tensor) and isinstance(old, torch.Tensor) and _laid_out_otherwise(new, old, whole)
 
 
 def _subgraph_nodes(node: fx.Node):
@@ -541,14 +553,16 @@ def _layout_users(fake: Tuple[Any, ...], match: Match, facts: "_Facts") -> Optio
     split), may not be a view of the op's (a crash when the program runs), and as_strided would read
     other elements (a wrong result). The fake values are propagated as far as a layout differs; a
     higher-order op is refused if its subgraphs, or what follows it, hold a view."""
+    held = facts.where.held
+    whole = held is not None and held.whole
     changed: Dict[fx.Node, Any] = {}
     for o, g in zip(fake, match.outputs):
         want = g.meta.get("val")
-        held = _held_output(g, o, facts)
-        if held is not None:
-            return held
-        if _layout_changed(o, want):
-            changed[g] = _with_layout(want, o)
+        why = _held_output(g, o, facts, True)
+        if why is not None:
+            return why
+        if _layout_changed(o, want, whole):
+            changed[g] = _with_layout(want, o, whole)
     if not changed:
         return None
     pos, seen = facts.pos, []
@@ -557,9 +571,10 @@ def _layout_users(fake: Tuple[Any, ...], match: Match, facts: "_Facts") -> Optio
     while todo:
         u = heapq.heappop(todo)[2]
         if u.op == "output":
-            held = next(filter(None, (_held_output(a, changed[a], facts) for a in u.all_input_nodes if a in changed)), None)
-            if held is not None:
-                return held
+            if held is not None and not held.direct:
+                why = next(filter(None, (_held_output(a, changed[a], facts) for a in u.all_input_nodes if a in changed)), None)
+                if why is not None:
+                    return why
             continue
         if u in changed:
             continue
@@ -569,7 +584,7 @@ def _layout_users(fake: Tuple[Any, ...], match: Match, facts: "_Facts") -> Optio
             continue
         seen.append(key)
         if key not in facts.layouts:
-            facts.layouts[key] = _layout_step(u, changed, sources[0])
+            facts.layouts[key] = _layout_step(u, changed, sources[0], whole)
         value, why = facts.layouts[key]
         if why is not None:
             return why
@@ -581,7 +596,7 @@ def _layout_users(fake: Tuple[Any, ...], match: Match, facts: "_Facts") -> Optio
     return None
 
 
-def _layout_step(u: fx.Node, changed: Dict[fx.Node, Any], source: fx.Node) -> Tuple[Any, Optional[str]]:
+def _layout_step(u: fx.Node, changed: Dict[fx.Node, Any], source: fx.Node, whole: bool) -> Tuple[Any, Optional[str]]:
     """``u`` run on the changed layouts: (its value where its own layout changes too, else None;
     why it cannot take them, else None)."""
     def refused(what: str) -> Tuple[Any, str]:
@@ -609,12 +624,13 @@ def _layout_step(u: fx.Node, changed: Dict[fx.Node, Any], source: fx.Node) -> Tu
             value = u.target(*args, **kwargs)
     except Exception as exc:  # noqa: BLE001 - the op's own check, as at run time
         return refused(f"refuses it: {str(exc).splitlines()[0]}")
-    return (value if _layout_changed(value, u.meta.get("val")) else None), None
+    return (value if _layout_changed(value, u.meta.get("val"), whole) else None), None
 
 
 def _later_layout_dependent(node: fx.Node) -> Optional[fx.Node]:
     """A view that may fail, or a storage read, among the nodes computed from ``node`` before a
-    matmul lays its result out afresh, or None (a review found every later transpose refusing)."""
+    matmul lays its result out afresh, or in the subgraphs of higher-order ops among them, or None
+    (a review found every later transpose refusing)."""
     seen, todo = set(), list(node.users)
     while todo:
         n = todo.pop()
@@ -623,20 +639,25 @@ def _later_layout_dependent(node: fx.Node) -> Optional[fx.Node]:
         seen.add(n)
         if _layout_dependent(n):
             return n
+        if isinstance(n.target, torch._ops.HigherOrderOperator):
+            inner = next((m for m in _subgraph_nodes(n) if _layout_dependent(m)), None)
+            if inner is not None:
+                return inner
         if n.target not in _FRESH_LAYOUT:
             todo.extend(n.users)
     return None
 
 
-def _held_output(node: fx.Node, value: Any, facts: "_Facts") -> Optional[str]:
-    """Why ``node``, now laid out as ``value``, may not leave the graph so, or None. Strides are
-    compared whole: torch.cond compares its branches' so (a transposed result replaced by a
-    contiguous one broke run_decompositions() and re-export; found by a review)."""
-    want = node.meta.get("val")
-    for i in facts.output_at.get(node, ()):
-        if isinstance(value, torch.Tensor) and isinstance(want, torch.Tensor) and _laid_out_otherwise(value, want, True):
-            return (f"output {i} would have strides {tuple(value.stride())} where the graph has "
-                    f"{tuple(want.stride())} ({node.name}), and {facts.where.outputs_held_by}")
+def _held_output(node: fx.Node, value: Any, facts: "_Facts", the_ops: bool = False) -> Optional[str]:
+    """Why ``node``, now laid out as ``value``, may not leave the graph so, or None (a transposed
+    result in a torch.cond branch, replaced by a contiguous one, broke run_decompositions() and
+    re-export; found by a review). ``the_ops``: ``node`` is the op's own result, not a later value."""
+    held, want = facts.where.held, node.meta.get("val")
+    for i in facts.held_at.get(node, ()):
+        if isinstance(value, torch.Tensor) and isinstance(want, torch.Tensor) and _laid_out_otherwise(value, want, held.whole):
+            via = "" if the_ops else ", computed from the op's result"
+            return (f"{held.what} {i} would have strides {tuple(value.stride())} where the graph has "
+                    f"{tuple(want.stride())} ({node.name}{via}), and {held.why}")
     return None
 
 
@@ -786,10 +807,22 @@ _BLOCKS = {
 }
 
 
-_HELD_BY = {
-    "cond": "both branches of a torch.cond must return the same",
-    None: "the graph around this block was traced on those",
-}
+def _held_block_outputs(node: fx.Node, hop: str, sub: fx.GraphModule, parent: _Where) -> HeldOutputs:
+    """The outputs of the subgraph that ``node`` runs which must keep their strides: all of a torch.cond
+    branch's, and those of a block that a view or ``as_strided`` takes after it (the graph around a
+    block was traced on the old ones). Inside a graph that holds outputs itself, all of them."""
+    if hop == "cond":
+        return HeldOutputs(frozenset(), "the torch.cond branch's output", "both branches must return the same strides",
+                           whole=True)
+    n = len(torch.utils._pytree.tree_leaves(sub.graph.find_nodes(op="output")[0].args[0]))
+    free = set(range(n)) if parent.held is None else set()
+    for u in node.users:
+        if u.target is not operator.getitem or not isinstance(u.args[1], int):
+            free.clear()
+        elif _later_layout_dependent(u) is not None:
+            free.discard(u.args[1])
+    return HeldOutputs(frozenset(free), "the block's output",
+                       "a view after the block takes the old strides (the graph around it was traced on them)")
 
 
 def _nested(gm: fx.GraphModule, rules: Any, irs: Sequence[str], report: Report, facts: _Facts) -> Dict[str, _Analysis]:
@@ -819,8 +852,9 @@ def _nested(gm: fx.GraphModule, rules: Any, irs: Sequence[str], report: Report, 
                 if rewritable:
                     inner[arg.target] = done[id(sub)]
                 continue
-            where = _Where(_autocast_state(node, facts.autocast_at(node)) if hop == "wrap_with_autocast"
-                           else facts.autocast_at(node), frozenset(), _HELD_BY.get(hop, _HELD_BY[None]), top=False)
+            autocast = (_autocast_state(node, facts.autocast_at(node)) if hop == "wrap_with_autocast"
+                        else facts.autocast_at(node))
+            where = _Where(autocast, held=_held_block_outputs(node, hop, sub, facts.where), top=False)
             tree, sub_report = _analyse(sub, rules, irs, where)
             done[id(sub)] = tree
             if rewritable:
@@ -955,10 +989,10 @@ def _anchor_dtypes(rule: Rule, ir: str, by_target) -> List[Optional[torch.dtype]
 # ---- rewriting ------------------------------------------------------------------
 
 
-def _with_layout(old: Any, fake: Any) -> Any:
+def _with_layout(old: Any, fake: Any, whole: bool = False) -> Any:
     """The old output's value with the op's strides: later passes and exports read a node's layout
     from it (the old one, copied, claimed a transposed layout for a contiguous result)."""
-    if not (isinstance(old, torch.Tensor) and isinstance(fake, torch.Tensor) and _laid_out_otherwise(fake, old)):
+    if not (isinstance(old, torch.Tensor) and isinstance(fake, torch.Tensor) and _laid_out_otherwise(fake, old, whole)):
         return old
     with (getattr(old, "fake_mode", None) or contextlib.nullcontext()):
         return torch.empty_strided(old.shape, fake.stride(), dtype=old.dtype, device=old.device)
@@ -1128,18 +1162,15 @@ def apply(program: Any, rules: Union[RuleSet, Sequence[Rule], None] = None, *, v
 
 
 def rewrite_graph(graph: fx.Graph, rules: Union[RuleSet, Sequence[Rule], None], irs: Sequence[str],
-                  subgraphs: bool = True, free_outputs: Optional[Iterable[int]] = None,
-                  outputs_held_by: str = "") -> Report:
+                  subgraphs: bool = True, held: Optional[HeldOutputs] = None) -> Report:
     """Rewrite ``graph`` in place (a compiler pass: no copy, no recompile); returns the report.
     ``subgraphs=False`` leaves higher-order ops' subgraphs alone, for a compiler that hands each to
     the pass itself (inductor passes torch.cond's branches on before the graph holding them).
-    ``free_outputs``, the positions of the outputs whose strides may change (default: all), for a
-    compiler that lays the others out as the graph says; ``outputs_held_by`` says why."""
+    ``held``: the outputs that must keep their strides (default: none)."""
     gm = graph.owning_module
     if gm is None:
         gm = fx.GraphModule(torch.nn.Module(), graph)
-    where = _Where(free_outputs=None if free_outputs is None else frozenset(free_outputs),
-                   outputs_held_by=outputs_held_by)
+    where = _Where(held=held)
     with _collector_paused():
         tree, report = _analyse(gm, rules, irs, where, subgraphs=subgraphs)
         if tree.replaced():

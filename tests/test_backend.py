@@ -341,6 +341,29 @@ def test_a_transposed_match_in_a_cond_branch_keeps_the_branch_compilable(inner):
     assert any("would have strides" in nm.reason for rep in reports for nm in rep.near_misses)
 
 
+def test_a_transposed_match_feeding_a_linear_in_training_is_replaced_under_inductor():
+    """The mm after the match saves a transpose of its result for the backward: a value computed
+    from the op's result, which inductor lays out as its node says. Only the op's own results
+    reaching such an output are held (a review found this match refused)."""
+    torch.manual_seed(0)
+    w, b = torch.randn(8, 8, requires_grad=True), torch.randn(8, requires_grad=True)
+
+    def f(x, r):
+        return bias_gelu_res(x.t(), b, r.t()) @ w
+
+    reports = []
+    be = fxkern.backend(RULES, inner="inductor", report=reports.append, config_patches={"fx_graph_cache": False})
+    x, r = torch.randn(8, 8, requires_grad=True), torch.randn(8, 8)
+    out = torch.compile(f, backend=be)(x, r)
+    out.sum().backward()
+    grad, x.grad = x.grad.clone(), None
+    ref = f(x, r)
+    ref.sum().backward()
+    torch.testing.assert_close(out, ref)
+    torch.testing.assert_close(grad, x.grad)
+    assert [len(rep.matches) for rep in reports][0] == 1
+
+
 def test_the_library_through_aot_eager_on_the_demo_model():
     """fxkern.backend(library.rules(), inner="aot_eager") failed on every model: a rule first traced
     inside the compile ran under dynamo's fake mode, which refuses real example tensors (found by a

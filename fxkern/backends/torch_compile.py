@@ -35,7 +35,7 @@ import torch.fx as fx
 from fxkern.errors import SpecError
 from fxkern import region
 from fxkern.region import site_count, sites
-from fxkern.rewrite import Report, rewrite_graph
+from fxkern.rewrite import HeldOutputs, Report, rewrite_graph
 from fxkern.rules import Rule, RuleSet, default_rules
 
 log = logging.getLogger("fxkern")
@@ -86,15 +86,22 @@ class _Pass(_PassBase):
 
     def __call__(self, graph: fx.Graph) -> None:
         # inductor runs this pass on each torch.cond branch before the graph holding it: analysing
-        # the branches again from there cost a second analysis and found nothing new. It lays out
-        # the outputs it marks user-visible as eager did; the others (a branch's, which must match
-        # the other branch's, or a value saved for the backward) as their node's value says, so
-        # those keep their strides (a transposed match in a branch failed inductor's check).
+        # the branches again from there cost a second analysis and found nothing new. Outputs keep
+        # their strides where something else reads them. In the graph it compiles (whose outputs it
+        # marks user-visible or not), an unmarked output, a value saved for the backward, takes the
+        # strides of its node's value, which the op's result changes. A graph with no marks is a
+        # torch.cond branch, whose values inductor works out again: every output is held, and what
+        # the op's result reaches too (a transposed match failed inductor's check that both
+        # branches return the same strides).
         (output,) = graph.find_nodes(op="output")
-        self.owner._rewrite(graph, ("inductor",), self.facts, subgraphs=False,
-                            free_outputs=output.meta.get("user_visible_output_idxs", ()),
-                            outputs_held_by="inductor lays this output out as the graph says (a torch.cond branch's, "
-                                            "or a value saved for the backward)")
+        marked = output.meta.get("user_visible_output_idxs")
+        if marked is not None:
+            held = HeldOutputs(frozenset(marked), "the graph's output", "the backward reads it as a saved value, "
+                               "in the graph's strides", direct=True)
+        else:
+            held = HeldOutputs(frozenset(), "the output", "inductor compiles this graph alone, as a torch.cond branch "
+                               "whose other branch returns the graph's strides")
+        self.owner._rewrite(graph, ("inductor",), self.facts, subgraphs=False, held=held)
 
     def uuid(self) -> str:
         from torch._inductor.custom_graph_pass import get_hash_for_files
@@ -124,9 +131,9 @@ class FxkernBackend:
         return _rule_key(self.current_rules())
 
     def _rewrite(self, graph: fx.Graph, irs: Sequence[str], facts: Optional[region.CompileFacts] = None,
-                 subgraphs: bool = True, **outputs: Any) -> None:
+                 subgraphs: bool = True, held: Optional[HeldOutputs] = None) -> None:
         with region.compiling(facts):
-            report = rewrite_graph(graph, self.current_rules(), irs, subgraphs, **outputs)
+            report = rewrite_graph(graph, self.current_rules(), irs, subgraphs, held)
         self.reports.append(report)
         if report.matches:
             log.info("fxkern: replaced %d subgraphs (%s)", len(report.matches),
