@@ -185,32 +185,27 @@ class _Together(torch.nn.Module):
 def decompose_together(requests: Sequence[Tuple[Callable[..., Any], Sequence[Any]]]) -> None:
     """Prepare the core ATen traces of these patterns (each a function and its example inputs) in one
     go: ``run_decompositions()`` costs about 150 ms a call however small the program, and the
-    library's patterns that need it, decomposed one by one, made 4 of a first ``apply``'s 5 s. Those
+    library's patterns that need it, decomposed one by one, made 4 of a first ``apply``'s 5 s. They
     are exported as one program, decomposed once, and split again; :func:`trace` then takes each.
     Anything unusual (a pattern that fails to export, lifted constants, a split that does not come
     apart) leaves the patterns to their own traces."""
     from torch._subclasses.fake_tensor import unset_fake_temporarily
 
     todo = []
+    for fn, examples in requests:
+        params = pattern_params(fn)
+        if len(examples) != len(params):
+            continue
+        scalars = {i: v for i, (p, v) in enumerate(zip(params, examples)) if p.kind == "scalar"}
+        # each its own tensors: export takes one tensor passed twice (rules share examples) as one input
+        tensors = [v.clone() for p, v in zip(params, examples) if p.kind == "tensor"]
+        todo.append((_inputs_key(fn, examples), _Call(fn, scalars, len(params)), tensors))
+    if len(todo) < 2:
+        return
+    together = _Together([(c, len(t)) for _, c, t in todo])
     try:
         with warnings.catch_warnings(), unset_fake_temporarily():
             warnings.filterwarnings("ignore", category=FutureWarning)
-            for fn, examples in requests:
-                params = pattern_params(fn)
-                if len(examples) != len(params):
-                    continue
-                ep = _export(fn, params, examples)
-                key = _inputs_key(fn, examples)
-                if _all_core(ep):
-                    _decomposed[key] = ep.graph_module.graph
-                    continue
-                scalars = {i: v for i, (p, v) in enumerate(zip(params, examples)) if p.kind == "scalar"}
-                # each its own tensors: export takes one tensor passed twice (rules share examples) as one input
-                tensors = [v.clone() for p, v in zip(params, examples) if p.kind == "tensor"]
-                todo.append((key, _Call(fn, scalars, len(params)), tensors))
-            if len(todo) < 2:
-                return
-            together = _Together([(c, len(t)) for _, c, t in todo])
             ep = torch.export.export(together, tuple(t for _, _, ts in todo for t in ts)).run_decompositions()
     except Exception:  # noqa: BLE001 - each pattern's own trace says what is wrong with it
         return
