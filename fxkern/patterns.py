@@ -142,7 +142,7 @@ def _core_aten_graph(fn, params, example_inputs) -> fx.Graph:
     default table leaves alone is returned as exported: decomposing it would change nothing and costs
     0.2-0.4 s a pattern (most of a first ``apply``). One decomposed with others (see
     :func:`decompose_together`) is taken as it was left."""
-    done = _decomposed.pop(_inputs_key(fn, example_inputs), None)
+    done = _decomposed.pop(_inputs_key("core_aten", fn, example_inputs), None)
     if done is not None:
         return done
     ep = _export(fn, params, example_inputs)
@@ -155,12 +155,12 @@ def _all_core(ep: torch.export.ExportedProgram) -> bool:
     return all(keeps_core_op(n.target) for n in ep.graph.nodes if n.op == "call_function")
 
 
-# Core ATen graphs decomposed together, until their pattern's own trace takes them
+# Graphs decomposed together, until their pattern's own trace takes them
 _decomposed: Dict[Any, fx.Graph] = {}
 
 
-def _inputs_key(fn: Callable[..., Any], example_inputs: Sequence[Any]) -> Any:
-    return fn, tuple((tuple(v.shape), v.dtype, v.device) if isinstance(v, torch.Tensor) else (type(v), v)
+def _inputs_key(ir: str, fn: Callable[..., Any], example_inputs: Sequence[Any]) -> Any:
+    return ir, fn, tuple((tuple(v.shape), v.dtype, v.device) if isinstance(v, torch.Tensor) else (type(v), v)
                      for v in example_inputs)
 
 
@@ -182,9 +182,9 @@ class _Together(torch.nn.Module):
         return tuple(outs)
 
 
-def decompose_together(requests: Sequence[Tuple[Callable[..., Any], Sequence[Any]]]) -> None:
-    """Prepare the core ATen traces of these patterns (each a function and its example inputs) in one
-    go: ``run_decompositions()`` costs about 150 ms a call however small the program, and the
+def decompose_together(requests: Sequence[Tuple[Callable[..., Any], Sequence[Any]]], ir: str = "core_aten") -> None:
+    """Prepare the traces in ``ir`` (core ATen, or Torch-TensorRT's) of these patterns (each a
+    function and its example inputs) in one go: ``run_decompositions()`` costs about 150 ms a call however small the program, and the
     library's patterns that need it, decomposed one by one, made 4 of a first ``apply``'s 5 s. They
     are exported as one program, decomposed once, and split again; :func:`trace` then takes each.
     Anything unusual (a pattern that fails to export, lifted constants, a split that does not come
@@ -199,14 +199,15 @@ def decompose_together(requests: Sequence[Tuple[Callable[..., Any], Sequence[Any
         scalars = {i: v for i, (p, v) in enumerate(zip(params, examples)) if p.kind == "scalar"}
         # each its own tensors: export takes one tensor passed twice (rules share examples) as one input
         tensors = [v.clone() for p, v in zip(params, examples) if p.kind == "tensor"]
-        todo.append((_inputs_key(fn, examples), _Call(fn, scalars, len(params)), tensors))
+        todo.append((_inputs_key(ir, fn, examples), _Call(fn, scalars, len(params)), tensors))
     if len(todo) < 2:
         return
     together = _Together([(c, len(t)) for _, c, t in todo])
     try:
         with warnings.catch_warnings(), unset_fake_temporarily():
             warnings.filterwarnings("ignore", category=FutureWarning)
-            ep = torch.export.export(together, tuple(t for _, _, ts in todo for t in ts)).run_decompositions()
+            ep = torch.export.export(together, tuple(t for _, _, ts in todo for t in ts))
+            ep = ep.run_decompositions() if ir == "core_aten" else ep.run_decompositions(_tensorrt_table())
     except Exception:  # noqa: BLE001 - each pattern's own trace says what is wrong with it
         return
     kinds = {s.kind for s in ep.graph_signature.input_specs}
@@ -282,9 +283,16 @@ def _inductor_graph(fn, params, example_inputs) -> fx.Graph:
 
 def _tensorrt_graph(fn, params, example_inputs) -> fx.Graph:
     """Torch-TensorRT's lowered IR, as ``torch_tensorrt.compile`` makes it: export, then its table."""
+    done = _decomposed.pop(_inputs_key("tensorrt", fn, example_inputs), None)
+    if done is not None:
+        return done
+    return _export_graph(fn, params, example_inputs, decompose=True, table=_tensorrt_table())
+
+
+def _tensorrt_table() -> Dict[Any, Callable[..., Any]]:
     from fxkern.tensorrt.decompositions import table
 
-    return _export_graph(fn, params, example_inputs, decompose=True, table=table())
+    return table()
 
 
 def _tensorrt_aot_graph(fn, params, example_inputs) -> fx.Graph:

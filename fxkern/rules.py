@@ -94,12 +94,12 @@ class Rule:
 
 def trace_together(rules: Sequence[Rule], ir: str, dtype: torch.dtype) -> None:
     """Trace in one go the rules not yet traced in ``ir`` for ``dtype``, where that is cheaper than
-    one by one (core ATen: :func:`patterns.decompose_together`)."""
-    if ir != "core_aten":
+    one by one (the IRs made by ``run_decompositions``: :func:`patterns.decompose_together`)."""
+    if ir not in ("core_aten", "tensorrt"):
         return
     todo = [r for r in rules if (r.irs is None or ir in r.irs) and not r.traced(ir, dtype)]
     if len(todo) > 1:
-        patterns.decompose_together([(r.pattern, r.examples(dtype)) for r in todo])
+        patterns.decompose_together([(r.pattern, r.examples(dtype)) for r in todo], ir)
 
 
 def _meta(shape: Tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:

@@ -74,21 +74,22 @@ def _structure(pattern):
             for n in pattern.graph.nodes if n.op == "call_function"] + [[index[o] for o in pattern.outputs]]
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_the_library_decomposed_together_is_the_library_decomposed_one_by_one(rules, dtype):
-    """A first apply decomposes its rules' patterns to core ATen as one program, which is 5x faster
-    than one by one: every pattern must come out as its own run_decompositions() makes it (torch's
+@pytest.mark.parametrize("ir, dtype", [("core_aten", torch.float32), ("core_aten", torch.bfloat16),
+                                       ("tensorrt", torch.float16)])
+def test_the_library_decomposed_together_is_the_library_decomposed_one_by_one(rules, ir, dtype):
+    """A first apply decomposes its rules' patterns as one program, which is 5x faster than one by
+    one: every pattern must come out as its own run_decompositions() makes it (torch's
     decompositions are op by op; export takes a tensor passed twice as one input, which the first
     version missed)."""
     from fxkern import patterns
 
-    requests = [(r.pattern, r.examples(dtype)) for r in rules if r.irs is None or "core_aten" in r.irs]
-    patterns.decompose_together(requests)
-    together = {fn: patterns.trace(fn, "core_aten", example_inputs=ex) for fn, ex in requests
-                if patterns._inputs_key(fn, ex) in patterns._decomposed}
+    requests = [(r.pattern, r.examples(dtype)) for r in rules if r.irs is None or ir in r.irs]
+    patterns.decompose_together(requests, ir)
+    together = {fn: patterns.trace(fn, ir, example_inputs=ex) for fn, ex in requests
+                if patterns._inputs_key(ir, fn, ex) in patterns._decomposed}
     assert len(together) == len(requests)
     for fn, ex in requests:
-        alone = patterns.trace(fn, "core_aten", example_inputs=ex)
+        alone = patterns.trace(fn, ir, example_inputs=ex)
         assert _structure(together[fn]) == _structure(alone), fn.__name__
 
 
