@@ -47,7 +47,17 @@ ASSERTION_TARGETS = {
 
 
 def is_assertion(node: fx.Node) -> bool:
-    return node.op == "call_function" and str(node.target) in ASSERTION_TARGETS
+    return node.op == "call_function" and node.target in _assertion_ops()
+
+
+@functools.cache
+def _assertion_ops() -> FrozenSet[Any]:
+    """ASSERTION_TARGETS as ops, those this torch has (a set lookup: the pass asks of every user)."""
+    found = set()
+    for name in ASSERTION_TARGETS:
+        namespace, op, overload = name.split(".")
+        found.add(getattr(getattr(getattr(torch.ops, namespace), op, None), overload, None))
+    return frozenset(found - {None})
 
 
 @dataclass(frozen=True)
