@@ -66,9 +66,15 @@ class NearMiss:
 
 @dataclass
 class RuleReport:
+    """One rule's part of a report: what it replaced, its near-misses, how many candidate sites (nodes
+    with the pattern's last op) the graph has, and for a rule with neither matches nor near-misses
+    the walk that got furthest (``closest``), which says where the model differs from the pattern."""
+
     matches: List[MatchInfo] = field(default_factory=list)
     near_misses: List[NearMiss] = field(default_factory=list)
     candidates: int = 0
+    # with neither: the walk that got furthest, too short a way in to count as a near-miss
+    closest: Optional[NearMiss] = None
 
 
 @dataclass
@@ -103,6 +109,8 @@ class Report:
             if rr.candidates and not rr.matches and not rr.near_misses:
                 lines.append(f"  (the pattern's last op appears {rr.candidates}x, but none of them came close to the "
                              f"pattern's other ops: the model may compute it another way; see troubleshooting.md, near-misses)")
+                if rr.closest is not None:
+                    lines.append(f"  closest    {', '.join(rr.closest.nodes) or '-'}: {rr.closest.reason}")
         return "\n".join(lines) if lines else (
             "no rules: pass a RuleSet (fxkern.library.rules() is fxkern's library), or fill the default set "
             "with fxkern.replace; a fxkern.region block counts once it has run outside torch.compile")
@@ -686,7 +694,7 @@ def analyse(gm: fx.GraphModule, rules: Union[RuleSet, Sequence[Rule], None], irs
 
 
 def _rule_candidates(rule: Rule, irs: Sequence[str], by_target: Dict[Any, List[fx.Node]], matcher: Matcher,
-                     facts: _Facts, sized: bool) -> Optional[Tuple[int, List[_Candidate], List[NearMiss]]]:
+                     facts: _Facts, sized: bool) -> Optional[Tuple[int, List[_Candidate], List[NearMiss], Optional[NearMiss]]]:
     """One rule's candidate sites, safe matches and near-misses in one graph. Without ``sized``,
     None as soon as a walk matches or stops at a literal: the pattern's numbers computed from its
     inputs' sizes must then be known (``Rule.compiled(..., sized=True)``) before any is accepted."""
@@ -711,6 +719,7 @@ def _rule_candidates(rule: Rule, irs: Sequence[str], by_target: Dict[Any, List[f
             anchors.setdefault(a, []).append((dtypes, cp))
     safe: List[_Candidate] = []
     misses: List[NearMiss] = []
+    closest: Optional[Failure] = None
     for anchor in sorted(anchors, key=pos.__getitem__):
         best: Optional[Failure] = None
         refusal: Optional[Tuple[Match, str]] = None
@@ -743,7 +752,15 @@ def _rule_candidates(rule: Rule, irs: Sequence[str], by_target: Dict[Any, List[f
             misses.append(NearMiss(rule.name, [n.name for n in refusal[0].nodes], refusal[1]))
         elif best is not None and best.depth >= max(2, len(next(iter(variants.values()))[1].nodes) // 2):
             misses.append(NearMiss(rule.name, [n.name for n in best.nodes], best.reason))
-    return len(sites), safe, misses
+        elif best is not None and (closest is None or best.depth > closest.depth):
+            closest = best
+    if closest is None and not safe and not misses and sites:  # no walk: the cheap test ruled every site out
+        for _, cp in variants.values():
+            for m, fail in matcher.matches_at(cp, min(sites, key=pos.__getitem__)):
+                if m is None and (closest is None or fail.depth > closest.depth):
+                    closest = fail
+    near = None if closest is None else NearMiss(rule.name, [n.name for n in closest.nodes], closest.reason)
+    return len(sites), safe, misses, near
 
 
 def _analyse(gm: fx.GraphModule, rules: Union[RuleSet, Sequence[Rule], None], irs: Sequence[str],
@@ -762,7 +779,7 @@ def _analyse(gm: fx.GraphModule, rules: Union[RuleSet, Sequence[Rule], None], ir
         found = _rule_candidates(rule, irs, by_target, matcher, facts, sized=False)
         if found is None:  # it matches, or nearly: find the numbers it computes from sizes first
             found = _rule_candidates(rule, irs, by_target, matcher, facts, sized=True)
-        rr.candidates, candidates, misses = found
+        rr.candidates, candidates, misses, rr.closest = found
         safe.extend(candidates)
         rr.near_misses.extend(misses)
 
@@ -877,6 +894,8 @@ def _merge(report: Report, sub: Report, attr: str, block: str) -> None:
                                     f"{m.location}{' ' if ', in ' in m.location else ', '}in {block}")
                           for m in srr.matches)
         rr.near_misses.extend(NearMiss(m.rule, [f"{attr}.{n}" for n in m.nodes], m.reason) for m in srr.near_misses)
+        if rr.closest is None and srr.closest is not None:
+            rr.closest = NearMiss(name, [f"{attr}.{n}" for n in srr.closest.nodes], srr.closest.reason)
 
 
 def _regions(graph: fx.Graph, facts: _Facts, report: Report, safe: List[_Candidate]) -> None:

@@ -98,13 +98,16 @@ def test_a_size_taken_from_an_input_matches_that_input_in_every_ir():
 
 def test_a_report_says_when_no_site_came_close():
     """A hand-written normalize against the F.normalize rule: one div, no walk got halfway, so no
-    near-miss; the report said "0 replaced of 1 candidate sites" and nothing else (found by a usability test)."""
+    near-miss; the report said "0 replaced of 1 candidate sites" and nothing else (found by a usability
+    test). It says so, and where the closest walk stopped: the model divides by clamp_min itself."""
     rs = RuleSet("l2-close")
     op = fxkern.cuda_kernel_op("fxkern_test::l2_normalize_c", spec_like(l2_normalize), reference=l2_normalize)
     fxkern.replace(l2_normalize, op, rules=rs)
     report = fxkern.explain(export(Fn(lambda h: h / h.norm(dim=-1, keepdim=True).clamp_min(1e-12)), torch.randn(2, 8)), rs)
     assert not report.matches and not report["l2_normalize"].near_misses
     assert "appears 1x, but none of them came close" in str(report)
+    assert report["l2_normalize"].closest.reason == "'clamp_min' is aten.clamp_min.default where the pattern has aten.expand_as.default"
+    assert "closest    div: 'clamp_min' is aten.clamp_min.default" in str(report)
 
 
 def test_a_size_that_is_not_the_input_shape_is_refused():
