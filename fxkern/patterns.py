@@ -150,91 +150,84 @@ def _export_graph(fn, params, example_inputs, decompose: bool, table: Optional[d
 def _core_aten_graph(fn, params, example_inputs) -> fx.Graph:
     """Export, then decompose to core ATen. A graph whose every op is already a core ATen op that the
     default table leaves alone is returned as exported: decomposing it would change nothing and costs
-    0.2-0.4 s a pattern (most of a first ``apply``). One decomposed with others (see
-    :func:`decompose_together`) is taken as it was left."""
-    done = _decomposed.pop(_inputs_key("core_aten", fn, example_inputs), None)
-    if done is not None:
-        return done
+    0.2-0.4 s a pattern (most of a first ``apply``)."""
     ep = _export(fn, params, example_inputs)
-    if _all_core(ep):
+    if all(keeps_core_op(n.target) for n in ep.graph.nodes if n.op == "call_function"):
         return ep.graph_module.graph
     return ep.run_decompositions().graph_module.graph
 
 
-def _all_core(ep: torch.export.ExportedProgram) -> bool:
-    return all(keeps_core_op(n.target) for n in ep.graph.nodes if n.op == "call_function")
-
-
-# Graphs decomposed together, until their pattern's own trace takes them
-_decomposed: Dict[Any, fx.Graph] = {}
-
-
-def _inputs_key(ir: str, fn: Callable[..., Any], example_inputs: Sequence[Any]) -> Any:
-    return ir, fn, tuple((tuple(v.shape), v.dtype, v.device) if isinstance(v, torch.Tensor) else (type(v), v)
-                     for v in example_inputs)
-
-
 class _Together(torch.nn.Module):
-    """Several patterns' calls, each on its own inputs, as one program."""
+    """Several patterns' calls, each on its own inputs, as one program returning a tuple of their
+    results (whose leaves the exported graph returns in order)."""
 
     def __init__(self, calls: List[Tuple[_Call, int]]):
         super().__init__()
         self.calls = calls
 
     def forward(self, *tensors):
-        outs, k, self.counts = [], 0, []
+        outs, k = [], 0
         for call, n in self.calls:
-            out = call(*tensors[k:k + n])
-            out = list(out) if isinstance(out, (tuple, list)) else [out]
-            outs.extend(out)
-            self.counts.append(len(out))
+            outs.append(call(*tensors[k:k + n]))
             k += n
         return tuple(outs)
 
 
-def decompose_together(requests: Sequence[Tuple[Callable[..., Any], Sequence[Any]]], ir: str = "core_aten") -> None:
-    """Prepare the traces in ``ir`` (core ATen, or Torch-TensorRT's) of these patterns (each a
-    function and its example inputs) in one go: ``run_decompositions()`` costs about 150 ms a call however small the program, and the
-    library's patterns that need it, decomposed one by one, made 4 of a first ``apply``'s 5 s. They
-    are exported as one program, decomposed once, and split again; :func:`trace` then takes each.
-    Anything unusual (a pattern that fails to export, lifted constants, a split that does not come
-    apart) leaves the patterns to their own traces."""
+def decompose_together(requests: Sequence[Tuple[Callable[..., Any], Sequence[Any]]],
+                       ir: str = "core_aten") -> List[Optional[fx.Graph]]:
+    """The graphs in ``ir`` (core ATen, or Torch-TensorRT's) of these patterns (each a function and
+    its example inputs), decomposed in one go, for :func:`trace`'s ``graph=``; None for a pattern left
+    to its own trace. ``run_decompositions()`` costs about 150 ms a call however small the program,
+    and the library's patterns, decomposed one by one, made 4 of a first ``apply``'s 5 s: they are
+    exported as one program, decomposed once, and split again. A pattern that mutates its inputs,
+    reads a tensor it does not take, or was given examples that are not dense tensors leaves every
+    pattern to its own trace, which says what is wrong."""
     from torch._subclasses.fake_tensor import unset_fake_temporarily
 
+    found: List[Optional[fx.Graph]] = [None] * len(requests)
     todo = []
-    for fn, examples in requests:
+    for i, (fn, examples) in enumerate(requests):
         params = pattern_params(fn)
-        if len(examples) != len(params):
+        tensors = [v for p, v in zip(params, examples) if p.kind == "tensor"]
+        if len(examples) != len(params) or not all(isinstance(v, torch.Tensor) for v in tensors):
             continue
-        scalars = {i: v for i, (p, v) in enumerate(zip(params, examples)) if p.kind == "scalar"}
-        # each its own tensors: export takes one tensor passed twice (rules share examples) as one input
-        tensors = [v.clone() for p, v in zip(params, examples) if p.kind == "tensor"]
-        todo.append((_inputs_key(ir, fn, examples), _Call(fn, scalars, len(params)), tensors))
+        # each its own copies: export takes one tensor passed twice (rules share examples) as one input;
+        # strides kept, which preserve_format does for dense tensors only
+        copies = [v.clone(memory_format=torch.preserve_format) for v in tensors]
+        if any(c.stride() != v.stride() for c, v in zip(copies, tensors)):
+            continue
+        scalars = {k: v for k, (p, v) in enumerate(zip(params, examples)) if p.kind == "scalar"}
+        todo.append((i, _Call(fn, scalars, len(params)), copies))
     if len(todo) < 2:
-        return
+        return found
     together = _Together([(c, len(t)) for _, c, t in todo])
     try:
         with warnings.catch_warnings(), unset_fake_temporarily():
-            warnings.filterwarnings("ignore", category=FutureWarning)
+            warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\).*", category=FutureWarning)
             ep = torch.export.export(together, tuple(t for _, _, ts in todo for t in ts))
             ep = ep.run_decompositions() if ir == "core_aten" else ep.run_decompositions(_tensorrt_table())
     except Exception:  # noqa: BLE001 - each pattern's own trace says what is wrong with it
-        return
-    kinds = {s.kind for s in ep.graph_signature.input_specs}
-    if kinds != {torch.export.graph_signature.InputKind.USER_INPUT}:
-        return
+        return found
+    kinds = torch.export.graph_signature
+    if (any(s.kind != kinds.InputKind.USER_INPUT for s in ep.graph_signature.input_specs)
+            or any(s.kind != kinds.OutputKind.USER_OUTPUT for s in ep.graph_signature.output_specs)):
+        return found  # constants lifted, or inputs mutated: their outputs come first, and the split is off
     graph = ep.graph_module.graph
     inputs = [n for n in graph.nodes if n.op == "placeholder"]
     outputs = list(graph.find_nodes(op="output")[0].args[0])
-    split = {}
-    for (key, _, tensors), n_out in zip(todo, together.counts):
+    spec = ep.call_spec.out_spec  # the tuple of the patterns' results: how many leaves each has
+    counts = [c.num_leaves for c in (spec.children() if callable(getattr(spec, "children", None)) else spec.children_specs)]
+    parts = []
+    for (i, _, tensors), n_out in zip(todo, counts):
         mine, inputs = inputs[:len(tensors)], inputs[len(tensors):]
         outs, outputs = outputs[:n_out], outputs[n_out:]
         part = _part(graph, mine, outs)
         if part is None:
-            return
-        split[key] = part
-    _decomposed.update(split)
+            return found
+        parts.append((i, part))
+    for i, part in parts:
+        found[i] = part
+    return found
 
 
 def _part(graph: fx.Graph, inputs: List[fx.Node], outputs: List[fx.Node]) -> Optional[fx.Graph]:
@@ -293,9 +286,6 @@ def _inductor_graph(fn, params, example_inputs) -> fx.Graph:
 
 def _tensorrt_graph(fn, params, example_inputs) -> fx.Graph:
     """Torch-TensorRT's lowered IR, as ``torch_tensorrt.compile`` makes it: export, then its table."""
-    done = _decomposed.pop(_inputs_key("tensorrt", fn, example_inputs), None)
-    if done is not None:
-        return done
     return _export_graph(fn, params, example_inputs, decompose=True, table=_tensorrt_table())
 
 
@@ -323,8 +313,9 @@ TRACERS: Dict[str, Callable[..., fx.Graph]] = {
 
 
 def trace(fn: Callable[..., Any], ir: str, *, dtype: torch.dtype = torch.float32,
-          example_inputs: Optional[Sequence[Any]] = None) -> Pattern:
-    """Trace ``fn`` in ``ir`` and describe it as a :class:`Pattern`."""
+          example_inputs: Optional[Sequence[Any]] = None, graph: Optional[fx.Graph] = None) -> Pattern:
+    """Trace ``fn`` in ``ir`` and describe it as a :class:`Pattern`; ``graph``: the trace, made
+    already (by :func:`decompose_together`)."""
     if ir not in TRACERS:
         raise SpecError(f"unknown IR {ir!r}; known: {sorted(TRACERS)}")
     params = pattern_params(fn)
@@ -335,7 +326,10 @@ def trace(fn: Callable[..., Any], ir: str, *, dtype: torch.dtype = torch.float32
         raise SpecError(f"pattern {fn.__name__}: example_inputs has {len(example_inputs)} values for {len(params)} parameters")
     sentinel_to_param, tensor_to_param = {}, {}
     for p, v in zip(params, example_inputs):
-        if p.kind == "tensor" and isinstance(v, torch.Tensor):
+        if p.kind == "tensor" and not isinstance(v, torch.Tensor):
+            raise SpecError(f"pattern {fn.__name__}: example_inputs gives {type(v).__name__} {v!r} for tensor parameter "
+                            f"{p.name!r}; give a tensor, or annotate the parameter `{p.name}: float` (or int) to capture a scalar")
+        if p.kind == "tensor":
             # traced once, a tensor passed twice is one input: the pattern would only match x op x
             if id(v) in tensor_to_param:
                 raise SpecError(f"pattern {fn.__name__}: tensors {tensor_to_param[id(v)]!r} and {p.name!r} are traced "
@@ -357,7 +351,8 @@ def trace(fn: Callable[..., Any], ir: str, *, dtype: torch.dtype = torch.float32
         with warnings.catch_warnings(), unset_fake_temporarily():
             # torch's own pytree deprecation, raised inside torch.export on every trace: not the user's to fix
             warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\).*", category=FutureWarning)
-            graph = TRACERS[ir](fn, params, example_inputs)
+            if graph is None:
+                graph = TRACERS[ir](fn, params, example_inputs)
     except Exception as exc:
         raise SpecError(f"pattern {fn.__name__} could not be traced in the {ir!r} IR: {exc} (it is traced with "
                         f"inputs of shape (4, 8) unless the rule gives example_inputs= of the shapes it needs)") from exc
@@ -366,6 +361,9 @@ def trace(fn: Callable[..., Any], ir: str, *, dtype: torch.dtype = torch.float32
         if is_assertion(node):
             graph.erase_node(node)
     placeholders = tuple(n for n in graph.nodes if n.op == "placeholder")
+    if len(placeholders) != sum(p.kind == "tensor" for p in params) or any(n.op == "get_attr" for n in graph.nodes):
+        raise SpecError(f"pattern {fn.__name__} reads a tensor it does not take as a parameter (a global or closed-over "
+                        f"tensor): make it a parameter of the pattern")
     out_node = next(n for n in graph.nodes if n.op == "output")
     outs = out_node.args[0]
     outs = tuple(outs) if isinstance(outs, (tuple, list)) else (outs,)

@@ -63,7 +63,7 @@ class Rule:
         """The pattern traced in ``ir`` for inputs of ``dtype`` (cached). ``sized``: with the numbers
         it computes from its inputs' sizes found (a second trace, made only for rules that match:
         for every rule it cost the demo a third of its time) and matched as :class:`matcher.Sized`."""
-        key = (ir, None if self.traced_once else dtype)
+        key = self._trace_key(ir, dtype)
         if key + (sized,) not in self._compiled:
             if key not in self._traced:
                 self._traced[key] = patterns.trace(self.pattern, ir, dtype=dtype or torch.float32,
@@ -76,8 +76,8 @@ class Rule:
                 self._compiled[key + (sized,)] = matcher.compile_pattern(dataclasses.replace(traced, sized=found), self.noise)
         return self._compiled[key + (sized,)]
 
-    def traced(self, ir: str, dtype: Optional[torch.dtype]) -> bool:
-        return (ir, None if self.traced_once else dtype) in self._traced
+    def _trace_key(self, ir: str, dtype: Optional[torch.dtype]) -> Tuple[str, Any]:
+        return ir, None if self.traced_once else dtype
 
     def compiled_at(self, ir: str, inputs: Tuple[Tuple[Tuple[int, ...], torch.dtype], ...]) -> matcher.CompiledPattern:
         """The pattern traced in ``ir`` with tensors of these (shape, dtype) (cached): the numbers it
@@ -94,12 +94,22 @@ class Rule:
 
 def trace_together(rules: Sequence[Rule], ir: str, dtype: torch.dtype) -> None:
     """Trace in one go the rules not yet traced in ``ir`` for ``dtype``, where that is cheaper than
-    one by one (the IRs made by ``run_decompositions``: :func:`patterns.decompose_together`)."""
+    one by one (the IRs made by ``run_decompositions``: :func:`patterns.decompose_together`). A rule
+    whose trace from there fails is left to trace alone, and say why then."""
     if ir not in ("core_aten", "tensorrt"):
         return
-    todo = [r for r in rules if (r.irs is None or ir in r.irs) and not r.traced(ir, dtype)]
-    if len(todo) > 1:
-        patterns.decompose_together([(r.pattern, r.examples(dtype)) for r in todo], ir)
+    todo = [r for r in rules if (r.irs is None or ir in r.irs) and r._trace_key(ir, dtype) not in r._traced]
+    if len(todo) < 2:
+        return
+    examples = [r.examples(dtype) for r in todo]
+    graphs = patterns.decompose_together([(r.pattern, ex) for r, ex in zip(todo, examples)], ir)
+    for rule, ex, graph in zip(todo, examples, graphs):
+        if graph is not None:
+            try:
+                rule._traced[rule._trace_key(ir, dtype)] = patterns.trace(rule.pattern, ir, dtype=dtype, example_inputs=ex,
+                                                                          graph=graph)
+            except SpecError:
+                pass
 
 
 def _meta(shape: Tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
