@@ -17,7 +17,7 @@ from typing import Any, Dict, Optional, Sequence, Tuple
 import torch
 
 from fxkern import symbolic as sym
-from fxkern.errors import SpecError
+from fxkern.errors import SignatureMismatch, SpecError
 from fxkern.spec import (
     Custom,
     DimSize,
@@ -124,6 +124,90 @@ def _declaration(source: str, name: str) -> Tuple[Optional[str], str]:
         if device is None and re.search(r"\b__device__\b", head):
             device = head
     return ("__device__", device) if device is not None else (None, "")
+
+
+# The element type of a C++ pointer parameter, where the spelling names one (a template's T does not)
+_POINTEE = {"float": torch.float32, "double": torch.float64, "__half": torch.float16, "half": torch.float16,
+            "__nv_bfloat16": torch.bfloat16, "nv_bfloat16": torch.bfloat16, "int": torch.int32,
+            "int32_t": torch.int32, "long long": torch.int64, "long long int": torch.int64, "int64_t": torch.int64,
+            "short": torch.int16, "int16_t": torch.int16, "signed char": torch.int8, "int8_t": torch.int8,
+            "unsigned char": torch.uint8, "uint8_t": torch.uint8, "bool": torch.bool}
+
+
+def _pointer_dtypes(inputs: Sequence[Any], n_extras: int, dtypes: Optional[Tuple[torch.dtype, ...]],
+                    out_dtype_from: Optional[Sequence[Any]], tensor_decls: Sequence[InputDecl], n_outputs: int) -> list:
+    """Per kernel parameter: the one element type its tensor has, or None (a scalar, an extra, an
+    output of a schema, or a dtype each call decides: a templated kernel's T)."""
+    call = torch.float32 if dtypes is None else (dtypes[0] if len(dtypes) == 1 else None)
+    found = [(d.dtype or call) if isinstance(d, InputDecl) else None for d in inputs] + [None] * n_extras
+    for j in range(n_outputs):
+        src = out_dtype_from[j] if out_dtype_from is not None else None
+        found.append(None if out_dtype_from is None else (tensor_decls[src].dtype or call) if src is not None else call)
+    return found
+
+
+def _declared_parameters(code: str, name: str) -> Optional[list]:
+    """The parameters of the ``__global__`` function ``name`` as written: (name, pointee type or None
+    for a value), or None where they cannot be read plainly."""
+    for m in re.finditer(rf"(?<!\w){re.escape(name)}\s*\(", code):
+        start = max(code.rfind(c, 0, m.start()) for c in ";{}")
+        if not re.search(r"\b__global__\b", code[start + 1:m.start()]):
+            continue
+        depth, i, parts, begin = 1, m.end(), [], m.end()
+        while i < len(code) and depth:
+            c = code[i]
+            if c in "(<[":
+                depth += 1
+            elif c in ")>]":
+                depth -= 1
+            if (c == "," and depth == 1) or depth == 0:
+                parts.append(code[begin:i])
+                begin = i + 1
+            i += 1
+        found = []
+        for part in parts:
+            part = part.split("=")[0].strip()
+            if not part:
+                continue
+            word = re.search(r"(\w+)\s*(\[\s*\])?$", part)
+            if word is None:
+                return None
+            head = part[:word.start()]
+            pointee = None
+            if "*" in head or word.group(2):
+                pointee = " ".join(re.sub(r"\b(const|volatile|__restrict__|__restrict|restrict|struct)\b|\*", " ",
+                                          head).split())
+            found.append((word.group(1), pointee))
+        return found
+    return None
+
+
+def _check_declared_parameters(kernel: str, code: str, params: Sequence["Param"], dtypes: list) -> None:
+    """The kernel's own parameter list against the calling convention, where PTX cannot tell: every
+    pointer is .u64 there, so ``(const float* b, const float* a, ...)`` for inputs ``[a, b]`` ran
+    b - a, and ``const double* x`` for a float32 input read its bytes as doubles (found by a probe). A
+    parameter named as the spec names another position, or a pointer to another element type than
+    its tensor's, is an error; other names are the author's."""
+    declared = _declared_parameters(code, kernel)
+    if declared is None or len(declared) != len(params):
+        return  # the count is checked against the PTX, with a message of its own
+    spec_names = [re.search(r"'(\w+)'", p.label).group(1) if p.role != "extra" else None for p in params]
+    convention = ", ".join(p.label for p in params)
+    for i, ((name, pointee), want) in enumerate(zip(declared, params)):
+        if name != spec_names[i] and name in spec_names:
+            other = params[spec_names.index(name)]
+            raise SignatureMismatch(
+                f"kernel {kernel!r}, parameter {i} is named {name!r}, but the spec puts {want.label} there and "
+                f"{other.label} at parameter {spec_names.index(name)}: fxkern passes arguments in this order: "
+                f"({convention}); reorder the kernel's parameters or the spec's inputs")
+        expected = dtypes[i] if i < len(dtypes) else None
+        have = _POINTEE.get(pointee) if pointee else None
+        if expected is not None and have is not None and have != expected:
+            raise SignatureMismatch(
+                f"kernel {kernel!r}, parameter {i} ({name}) points to {pointee}, but {want.label} is a "
+                f"{expected} tensor (declare it as {CTYPES[expected]}*, or "
+                + ("set OutputDecl.dtype_from to the input whose dtype it has)" if want.role == "output" else
+                   "pin the input's dtype with InputDecl.dtype)"))
 
 
 def _resolve_tensor(ref: Any, tensor_decls: Sequence[InputDecl], field: str) -> int:
@@ -332,6 +416,10 @@ def plan_kernel(
         )
         ret = "Tensor" if n_outputs == 1 else "(" + ", ".join(["Tensor"] * n_outputs) + ")"
         schema = f"({args}) -> {ret}"
+
+    if kind == "__global__":
+        _check_declared_parameters(spec.kernel_name, code, params, _pointer_dtypes(
+            inputs, len(spec.extras or ()), dtypes, out_dtype_from if outputs else None, tensor_decls, len(out_names)))
 
     return KernelPlan(
         spec=spec,

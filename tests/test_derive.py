@@ -1,11 +1,13 @@
 """Spec validation and what a plan derives: schema, calling convention, geometry."""
 
+import re
+
 import pytest
 import torch
 
 from fxkern import (
     Custom, DimSize, Elementwise, InputDecl, KernelSpec, Numel, OutputDecl, ReduceDims, Reduction,
-    SameAs, ScalarInput, SpecError, cdiv,
+    SameAs, ScalarInput, SignatureMismatch, SpecError, cdiv,
 )
 from fxkern import symbolic as sym
 from fxkern.derive import plan_kernel
@@ -180,3 +182,37 @@ def test_one_dtype_for_a_list_of_them_says_so():
     """dtypes=torch.float16 raised a bare "'torch.dtype' object is not iterable" (found by a usability test)."""
     with pytest.raises(SpecError, match=r"dtypes: is torch.float16, one dtype: give a list or tuple of them"):
         plan_kernel(spec(dtypes=torch.float16))
+
+
+@pytest.mark.parametrize("source, inputs, outputs, words", [
+    ('extern "C" __global__ void k(const float* b, const float* a, int n, float* y) {}',
+     [InputDecl("a"), InputDecl("b")], [OutputDecl("y", SameAs("a"))],
+     "parameter 0 is named 'b', but the spec puts input 'a' there"),
+    ('extern "C" __global__ void k(const double* x, int n, float* y) {}',
+     None, None, "points to double, but input 'x' is a torch.float32 tensor (declare it as float*"),
+    ('extern "C" __global__ void k(const int* x, int n, float* y) {}',
+     [InputDecl("x", dtype=torch.int64)], [OutputDecl("y", SameAs("x"), dtype_from=None)],
+     "points to int, but input 'x' is a torch.int64 tensor (declare it as long long*"),
+    ('extern "C" __global__ void k(const long long* x, int n, float* y) {}',
+     [InputDecl("x", dtype=torch.int64)], None, "set OutputDecl.dtype_from"),
+], ids=["inputs swapped", "double for float32", "int for int64", "float output of an int64 input"])
+def test_the_kernels_own_parameter_list_is_checked(source, inputs, outputs, words):
+    """PTX passes every pointer as .u64: a kernel taking (b, a) for inputs [a, b] computed b - a,
+    and a double* read a float32 tensor's bytes (found by a probe). The declaration tells."""
+    kw = {"kernel_source": source, "extras": [Numel(inputs[0].name if inputs else "x")]}
+    if inputs is not None:
+        kw["inputs"] = inputs
+    if outputs is not None:
+        kw["outputs"] = outputs
+    with pytest.raises(SignatureMismatch, match=re.escape(words)):
+        plan_kernel(spec(**kw))
+
+
+@pytest.mark.parametrize("source", [
+    'extern "C" __global__ void k(const float* __restrict__ in, int count, float* __restrict__ out) {}',
+    'extern "C" __global__ void k(const float4* x, int n, float4* y) {}',
+    'template <typename T> __global__ void k(const T* x, int n, T* y) {}',
+], ids=["other names", "vector types", "a template's T"])
+def test_names_and_types_the_spec_does_not_know_are_the_authors(source):
+    dtypes = [torch.float32, torch.float16] if "template" in source else None
+    plan_kernel(spec(kernel_source=source, dtypes=dtypes))
