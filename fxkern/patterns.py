@@ -414,7 +414,7 @@ def sized_sites(pattern: Pattern, fn: Callable[..., Any], example_inputs: Sequen
             continue
         resized = [torch.empty([(scale[d] if scale else 2 * d) if d >= least else d for d in v.shape],
                                dtype=v.dtype, device="meta") if isinstance(v, torch.Tensor) else v for v in example_inputs]
-        other = _trace_quietly(fn, pattern, resized)
+        other = _trace_quietly(fn, pattern.ir, pattern.params, resized)
         if other is not None and [n.target for n in other] == [n.target for n in ops]:
             break
         other = None
@@ -436,14 +436,15 @@ def quiet_fake_errors():
         fake_log.disabled = was
 
 
-def _trace_quietly(fn: Callable[..., Any], pattern: Pattern, example_inputs: List[Any]) -> Optional[List[fx.Node]]:
-    """The op nodes of ``fn`` traced in the pattern's IR at these inputs, or None where it fails."""
+def _trace_quietly(fn: Callable[..., Any], ir: str, params: Sequence[Param],
+                   example_inputs: List[Any]) -> Optional[List[fx.Node]]:
+    """The op nodes of ``fn`` traced in ``ir`` at these inputs, or None where it fails."""
     from torch._subclasses.fake_tensor import unset_fake_temporarily
 
     try:
         with quiet_fake_errors(), warnings.catch_warnings(), unset_fake_temporarily():
             warnings.filterwarnings("ignore", category=FutureWarning)
-            return _op_nodes(TRACERS[pattern.ir](fn, pattern.params, example_inputs))
+            return _op_nodes(TRACERS[ir](fn, params, example_inputs))
     except Exception:  # noqa: BLE001 - a pattern traced at its own sizes only (a literal view, say)
         return None
 

@@ -477,6 +477,43 @@ def _sizes_differ(rule: Rule, cp: Any, match: Match, matcher: Matcher) -> Option
     return None
 
 
+def _scalars_differ(rule: Rule, cp: Any, match: Match) -> Optional[str]:
+    """Why the pattern does not hold at this match's scalar values, or None: traced with them (at the
+    match's sizes) it runs other ops than with its example values (Python control flow on a scalar
+    parameter), so the op, which runs the pattern at those values, would not compute what the graph
+    does. Traced in the export IR where the rule has it: Python's branches are the same in every IR,
+    and it traces fastest."""
+    if not rule.scalar_params:
+        return None
+    values = tuple((name, match.bindings[name]) for name in rule.scalar_params if name in match.bindings)
+    inputs = _bound_sizes(cp, match)
+    ir = "export" if rule.irs is None or "export" in rule.irs else cp.ir
+    if not values or inputs is None or not rule.ops_differ_at(ir, inputs, values):
+        return None
+    shown = ", ".join(f"{name}={value!r}" for name, value in values)
+    return (f"traced with {shown}, the pattern runs other ops than those matched here (Python control flow on a "
+            f"scalar parameter), and the op would run those: write the branch as tensor ops (torch.where), or "
+            f"one rule per case")
+
+
+def _bound_sizes(cp: Any, match: Match) -> Optional[Tuple[Tuple[Tuple[int, ...], torch.dtype], ...]]:
+    """The (shape, dtype) of each tensor the match binds, symbols at their example values (None where
+    one has no metadata or example value)."""
+    dims, dtypes = [], []
+    for name in cp.tensor_params:
+        bound = match.bindings.get(name)
+        val = bound.meta.get("val") if isinstance(bound, fx.Node) else None
+        if not isinstance(val, torch.Tensor):
+            return None
+        dims.append(tuple(val.shape))
+        dtypes.append(val.dtype)
+    values = _symbol_values(dims)
+    if values is None:
+        return None
+    return tuple((tuple(d if type(d) is int else int(d.node.expr.xreplace(values)) for d in shape), dtype)
+                 for shape, dtype in zip(dims, dtypes))
+
+
 def _symbol_values(dims: List[Tuple[Any, ...]]) -> Optional[Dict[Any, int]]:
     """The example value of each symbol in these sizes, or None where one has none (unbacked)."""
     values: Dict[Any, int] = {}
@@ -735,7 +772,7 @@ def _rule_candidates(rule: Rule, irs: Sequence[str], by_target: Dict[Any, List[f
                     if best is None or fail.depth > best.depth:
                         best = fail
                     continue
-                reason = _sizes_differ(rule, cp, m, matcher)
+                reason = _sizes_differ(rule, cp, m, matcher) or _scalars_differ(rule, cp, m)
                 if reason is not None:
                     refusal = refusal or (m, reason)
                     continue

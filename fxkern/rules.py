@@ -9,6 +9,7 @@ and adds the rule to a RuleSet. Traced patterns are cached per (IR, dtype).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import logging
 from dataclasses import dataclass, field
@@ -41,6 +42,7 @@ class Rule:
     irs: Optional[Tuple[str, ...]] = None  # the IRs the rule applies in (None: all)
     _compiled: Dict[Tuple[Any, ...], matcher.CompiledPattern] = field(default_factory=dict, repr=False)
     _traced: Dict[Tuple[str, Any], patterns.Pattern] = field(default_factory=dict, repr=False)
+    _ops_differ: Dict[Tuple[Any, ...], bool] = field(default_factory=dict, repr=False)
 
     @property
     def traced_once(self) -> bool:
@@ -78,6 +80,35 @@ class Rule:
 
     def _trace_key(self, ir: str, dtype: Optional[torch.dtype]) -> Tuple[str, Any]:
         return ir, None if self.traced_once else dtype
+
+    @functools.cached_property
+    def scalar_params(self) -> Tuple[str, ...]:
+        return tuple(p.name for p in patterns.pattern_params(self.pattern) if p.kind == "scalar")
+
+    def ops_differ_at(self, ir: str, inputs: Tuple[Tuple[Tuple[int, ...], torch.dtype], ...],
+                      values: Tuple[Tuple[str, Any], ...]) -> bool:
+        """Whether the pattern, traced at these tensor (shape, dtype)s with these values of its scalar
+        parameters, runs other ops than with its example values (Python control flow on a scalar:
+        ``x * a if a > 1 else x / a`` matched a model's ``x / 2`` and the op ran ``x * 2``; found by a
+        probe). A trace that fails cannot tell: False. Cached per values: Python branches on a scalar
+        the same way at any size (the sizes are only where a pattern traces as it matched)."""
+        key = (ir, values)
+        if key not in self._ops_differ:
+            given, sizes = dict(values), iter(inputs)
+            params = patterns.pattern_params(self.pattern)
+            examples = [_meta(*next(sizes)) if p.kind == "tensor" else v
+                        for p, v in zip(params, self.examples(inputs[0][1]))]
+            at_values = patterns._trace_quietly(self.pattern, ir, params, [given.get(p.name, v) for p, v in zip(params, examples)])
+            differ = False
+            if at_values is not None:
+                # most patterns run the ops they were traced with: one trace; else at the example values too
+                traced = next((t for (i, _), t in self._traced.items() if i == ir), None)
+                ops = [n.target for n in at_values]
+                if traced is None or ops != [n.target for n in patterns._op_nodes(traced.graph)]:
+                    at_examples = patterns._trace_quietly(self.pattern, ir, params, examples)
+                    differ = at_examples is not None and ops != [n.target for n in at_examples]
+            self._ops_differ[key] = differ
+        return self._ops_differ[key]
 
     def compiled_at(self, ir: str, inputs: Tuple[Tuple[Tuple[int, ...], torch.dtype], ...]) -> matcher.CompiledPattern:
         """The pattern traced in ``ir`` with tensors of these (shape, dtype) (cached): the numbers it

@@ -1241,6 +1241,29 @@ def test_a_fake_run_is_not_reused_for_an_input_of_another_layout():
     torch.testing.assert_close(new.run_decompositions().module()(*args), model(*args))
 
 
+def scale_up_or_down(x, alpha: float):
+    if alpha > 1.0:
+        return x * alpha
+    return x / alpha
+
+
+def test_a_pattern_branching_on_a_scalar_is_refused_where_the_branch_differs():
+    """Traced with a sentinel under 1, the pattern is a division: it matched a model's x / 2.0, and
+    the op, which runs the pattern at alpha = 2.0, multiplied (found by a probe). Traced again at the
+    match's values it runs a mul: refused, with the reason. At 0.5 both take the division."""
+    rs = RuleSet("branching")
+    fxkern.replace(scale_up_or_down, spec_like(scale_up_or_down), rules=rs)
+    x = torch.randn(4, 8)
+    for divisor, matched in ((2.0, False), (0.5, True)):
+        model = Fn(lambda t: t / divisor)
+        ep = torch.export.export(model, (x,))
+        report = fxkern.explain(ep, rs)
+        assert bool(report.matches) == matched, str(report)
+        if not matched:
+            assert "Python control flow on a scalar parameter" in report.near_misses[0].reason
+        torch.testing.assert_close(fxkern.apply(ep, rs).module()(x), model(x))
+
+
 def times_ratio(x):
     return x * (x.shape[1] // x.shape[0])
 
