@@ -10,6 +10,7 @@ an error naming the field.
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass
 from typing import Any, Dict, Optional, Sequence, Tuple
@@ -253,6 +254,13 @@ def plan_kernel(
     if kind == "__device__":
         raise _fail("kernel_name", f"{spec.kernel_name!r} is a __device__ function, not a kernel; pass the name "
                                    f"of the __global__ function that calls it")
+    if isinstance(spec.include_paths, (str, bytes)) or (spec.include_paths is not None
+                                                        and not hasattr(spec.include_paths, "__iter__")):
+        # a string was read as one directory per character (found by a probe)
+        raise _fail("include_paths", f"is {spec.include_paths!r}: give a list of directories, e.g. [{str(spec.include_paths)!r}]")
+    missing = [p for p in spec.include_paths or () if not os.path.isdir(p)]
+    if missing:
+        raise _fail("include_paths", f"{missing} is not a directory here")
     inputs = tuple(spec.inputs or ())
     if not inputs:
         raise _fail("inputs", "declare at least one InputDecl")
@@ -355,7 +363,7 @@ def plan_kernel(
         if not has_eager_fn:
             raise _fail("geometry", "is required unless eager_fn= launches the kernel itself")
     elif isinstance(geom, Elementwise):
-        blk = tuple(geom.block)
+        blk = (geom.block,) if isinstance(geom.block, int) else tuple(geom.block) if hasattr(geom.block, "__iter__") else ()
         if not 1 <= len(blk) <= 3 or not all(isinstance(b, int) and b > 0 for b in blk):
             raise _fail("geometry", f"Elementwise.block must be 1 to 3 positive ints, got {geom.block!r}")
         if _prod(blk) > 1024:

@@ -189,6 +189,9 @@ def cuda_kernel_op(
     lays an output out otherwise, the result is copied into that layout,
     unless ``strided_outputs=True`` says the kernel writes the layout itself.
     """
+    for what, fn in (("meta_fn", meta_fn), ("eager_fn", eager_fn), ("aot_fn", aot_fn), ("reference", reference)):
+        if fn is not None and not callable(fn):
+            raise SpecError(f"{op_name}: {what}= must be a function of the op's arguments, got {fn!r}")
     ns, name = _split_name(op_name)
     identity = (_spec_id(spec), schema, _fn_id(meta_fn), _fn_id(eager_fn), _fn_id(aot_fn), _fn_id(reference),
                 bool(strided_outputs))

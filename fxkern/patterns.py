@@ -98,6 +98,9 @@ def pattern_params(fn: Callable[..., Any]) -> Tuple[Param, ...]:
     for p in sig.parameters.values():
         if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
             raise SpecError(f"pattern {fn.__name__}: *args/**kwargs are not allowed; name every parameter")
+        if p.kind == p.KEYWORD_ONLY:
+            raise SpecError(f"pattern {fn.__name__}: parameter {p.name!r} is keyword-only; the pattern is called "
+                            f"with its arguments in order, so put it before the *")
         ann = hints.get(p.name, p.annotation)
         if ann in SCALAR_TYPES or ann in ("float", "int", "bool"):
             py_type = ann if isinstance(ann, type) else {"float": float, "int": int, "bool": bool}[ann]

@@ -706,7 +706,15 @@ def _held_output(node: fx.Node, value: Any, facts: "_Facts", the_ops: bool = Fal
     return None
 
 
-def _ordered_rules(rules: Union[RuleSet, Sequence[Rule], None]) -> List[Rule]:
+def _ordered_rules(rules: Union[RuleSet, Sequence[Rule], Rule, None]) -> List[Rule]:
+    given = rules
+    if isinstance(rules, Rule):  # what fxkern.replace returns: a set of one
+        rules = [rules]
+    elif rules is not None and not isinstance(rules, RuleSet):
+        rules = list(rules) if hasattr(rules, "__iter__") and not isinstance(rules, (str, bytes)) else [rules]
+    if rules is not None and not isinstance(rules, RuleSet) and not all(isinstance(r, Rule) for r in rules):
+        raise TypeError(f"rules= takes a fxkern.RuleSet, a list of rules or one rule (what fxkern.replace returns), "
+                        f"got {given!r}; fxkern.library.rules() is the library's set")
     rs = list(rules if rules is not None else default_rules())
     return sorted(rs, key=lambda r: (r.priority if r.priority is not None else 0, r.order))
 
@@ -1208,6 +1216,7 @@ def apply(program: Any, rules: Union[RuleSet, Sequence[Rule], None] = None, *, v
     if isinstance(program, fx.GraphModule):
         if verify and inplace:
             raise TypeError("verify=True compares old and new: it cannot be combined with inplace=True")
+        _check_aten(program)
         gm, _ = _rewritten(program, rules, irs, inplace)
         if gm is None:
             return program
@@ -1240,9 +1249,24 @@ def explain(program: Any, rules: Union[RuleSet, Sequence[Rule], None] = None, *,
     gm = program.graph_module if isinstance(program, torch.export.ExportedProgram) else program
     if not isinstance(gm, fx.GraphModule):
         raise TypeError(f"explain takes an ExportedProgram or an fx.GraphModule, not {type(program).__name__}")
+    _check_aten(gm)
     with _collector_paused():
         _, report, _ = analyse(gm, rules, _irs(ir))
     return report
+
+
+def _check_aten(gm: fx.GraphModule) -> None:
+    """Patterns are matched as ATen ops: a graph of torch-level calls (``fx.symbolic_trace``'s modules,
+    methods and torch functions) never matches, and said only "0 candidate sites" (found by a probe)."""
+    calls = [n for n in gm.graph.nodes if n.op in ("call_function", "call_module", "call_method")]
+    if any(isinstance(n.target, torch._ops.OpOverload) for n in calls):
+        return  # an ATen graph (ep.module() calls its guards as a module too)
+    torch_level = next((n for n in calls if n.target is not operator.getitem
+                        and not isinstance(n.target, torch._ops.HigherOrderOperator)), None)
+    if torch_level is not None:
+        raise TypeError(f"this GraphModule calls {torch_level.target!r} ({torch_level.op}), not ATen ops (fx.symbolic_trace "
+                        f"makes such graphs), and fxkern matches patterns as ATen ops: export the model with "
+                        f"torch.export.export(model, args) and pass the ExportedProgram")
 
 
 def _irs(ir: Optional[Union[str, Sequence[str]]]) -> Tuple[str, ...]:

@@ -219,6 +219,12 @@ def replace(
     """
     if not callable(pattern):
         raise SpecError(f"a pattern must be a function, got {pattern!r}")
+    if filter is not None and not callable(filter):
+        raise SpecError(f"filter= must be a function of the match returning True to replace it, got {filter!r}")
+    if priority is not None and (isinstance(priority, bool) or not isinstance(priority, int)):
+        raise SpecError(f"priority= must be an int (lower wins an overlap), got {priority!r}")
+    if rules is not None and not isinstance(rules, RuleSet):
+        raise SpecError(f"rules= must be a fxkern.RuleSet, got {type(rules).__name__}: make one with RuleSet('name')")
     rule_name = (name or pattern.__name__).split("::")[-1]
     if not rule_name.isidentifier():
         raise SpecError(f"rule name {rule_name!r} is not an identifier; pass name= (a lambda has no usable name)")
@@ -250,12 +256,41 @@ def replace(
     if all(str(r.type) == "Tensor" for r in returns) and len(returns) != len(compiled.outputs):
         raise SpecError(f"pattern {pattern.__name__} returns {len(compiled.outputs)} tensor(s) but {overload} returns "
                         f"{len(returns)}; make the spec's outputs (or the op's schema) match what the pattern returns")
+    _check_outputs(rule, overload, "export" if irs is None or "export" in irs else irs[0])
     (rules if rules is not None else _DEFAULT).add(rule)
     return rule
 
 
+def _check_outputs(rule: Rule, overload: Any, ir: str) -> None:
+    """The op, run (fake) on the pattern's example inputs, must give what the pattern gives there: a
+    pattern summing rows against an op declaring its output ``SameAs`` the input registered, and
+    every match was then refused for the output's shape (found by a probe). An op that refuses the
+    examples cannot tell."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    traced = rule._traced[rule._trace_key(ir, torch.float32)]
+    want = [o.meta.get("val") for o in traced.outputs]
+    given = dict(zip((p.name for p in traced.params), rule.examples(torch.float32)))
+    try:
+        with FakeTensorMode(allow_non_fake_inputs=True) as mode:
+            args = [mode.from_tensor(given[n]) if isinstance(given[n], torch.Tensor) else given[n] for n in rule.arg_params]
+            got = overload(*args)
+    except Exception:  # noqa: BLE001 - the op's own checks: it may take other inputs than the examples
+        return
+    got = list(got) if isinstance(got, (tuple, list)) else [got]
+    for i, (g, w) in enumerate(zip(got, want)):
+        if isinstance(g, torch.Tensor) and isinstance(w, torch.Tensor) and (g.dtype, tuple(g.shape)) != (w.dtype, tuple(w.shape)):
+            raise SpecError(f"pattern {rule.pattern.__name__} returns {w.dtype} {tuple(w.shape)} at its example inputs, "
+                            f"where {overload} returns {g.dtype} {tuple(g.shape)} (output {i}): no match could be "
+                            f"replaced; make the spec's outputs (shape, dtype_from) say what the pattern computes")
+
+
 def rule(target: Any, **options: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Decorator form of :func:`replace`; returns the pattern function unchanged."""
+    if not (isinstance(target, (KernelSpec, torch._ops.OpOverload, torch._ops.OpOverloadPacket))):
+        # a bare @fxkern.rule took the pattern as its target and registered nothing (found by a probe)
+        raise SpecError(f"fxkern.rule takes the op or KernelSpec the pattern becomes, got {target!r}: "
+                        f"write @fxkern.rule(my_op) or @fxkern.rule(my_spec)")
 
     def register(pattern: Callable[..., Any]) -> Callable[..., Any]:
         replace(pattern, target, **options)

@@ -216,3 +216,17 @@ def test_the_kernels_own_parameter_list_is_checked(source, inputs, outputs, word
 def test_names_and_types_the_spec_does_not_know_are_the_authors(source):
     dtypes = [torch.float32, torch.float16] if "template" in source else None
     plan_kernel(spec(kernel_source=source, dtypes=dtypes))
+
+
+def test_an_elementwise_block_may_be_one_int():
+    """Elementwise(block=256) failed with "'int' object is not iterable" (found by a probe)."""
+    assert plan_kernel(spec(geometry=Elementwise(block=256))).block == (256, 1, 1)
+
+
+@pytest.mark.parametrize("paths, words", [("/usr/include", "give a list of directories"),
+                                          (["/no/such/dir"], "is not a directory here")])
+def test_include_paths_are_checked(paths, words):
+    """A string was read as one directory per character, and NVRTC then missed the header without
+    naming include_paths (found by a probe)."""
+    with pytest.raises(SpecError, match=f"KernelSpec.include_paths: .*{words}"):
+        plan_kernel(spec(include_paths=paths))

@@ -218,3 +218,73 @@ def test_core_aten_patterns_skip_decomposition_only_where_it_changes_nothing(dty
             decomposed += 1
             assert _ops(fast) != _ops(exported), rule.name
     assert skipped >= 5 and decomposed >= 5  # both paths ran: the GELU forms skip, the norms decompose
+
+
+def triple(x):
+    return x * 3
+
+
+def triple_kw(x, *, alpha: float):
+    return x * alpha
+
+
+@pytest.mark.parametrize("make, words", [
+    (lambda: fxkern.rule(triple), "fxkern.rule takes the op or KernelSpec the pattern becomes"),
+    (lambda: fxkern.replace(triple, spec_like(triple), rules=RuleSet("a"), filter=True), "filter= must be a function"),
+    (lambda: fxkern.replace(triple, spec_like(triple), rules=RuleSet("b"), priority="high"), "priority= must be an int"),
+    (lambda: fxkern.replace(triple, spec_like(triple), rules=[]), "rules= must be a fxkern.RuleSet"),
+    (lambda: fxkern.replace(triple_kw, spec_like(triple), rules=RuleSet("c")), "'alpha' is keyword-only"),
+    (lambda: fxkern.cuda_kernel_op("fxkern_test::bad_reference", spec_like(triple), reference=42),
+     "reference= must be a function"),
+], ids=["bare @rule", "filter", "priority", "rules", "keyword-only scalar", "reference"])
+def test_a_mistyped_argument_is_refused_where_it_is_given(make, words):
+    """Each was accepted and failed later as a raw Python error far from its cause, or (a bare
+    @fxkern.rule) registered nothing at all (found by a probe)."""
+    with pytest.raises(SpecError, match=words):
+        make()
+
+
+def test_apply_takes_one_rule_and_says_what_rules_are():
+    rs = RuleSet("one")
+    rule = fxkern.replace(triple, spec_like(triple), rules=rs)
+    x = torch.randn(4, 8)
+    ep = torch.export.export(Fn(triple), (x,))
+    assert len(fxkern.explain(ep, rule).matches) == 1
+    with pytest.raises(TypeError, match="rules= takes a fxkern.RuleSet, a list of rules or one rule"):
+        fxkern.apply(ep, "default")
+
+
+def test_a_torch_level_graph_is_refused_with_what_to_do():
+    """fx.symbolic_trace's graph holds torch calls, which no ATen pattern matches: explain said
+    "0 candidate sites" and apply(verify=True) returned it unchanged (found by a probe)."""
+    class Triple(torch.nn.Module):
+        def forward(self, x):
+            return triple(x)
+
+    gm = torch.fx.symbolic_trace(Triple())
+    with pytest.raises(TypeError, match="export the model with torch.export.export"):
+        fxkern.explain(gm, RuleSet("empty"))
+    ep = torch.export.export(Fn(triple), (torch.randn(4, 8),))
+    fxkern.explain(ep.module(), RuleSet("empty"))  # an unlifted export calls its guards as a module: still ATen
+
+
+def test_the_string_backend_takes_inductors_options():
+    """torch.compile(backend="fxkern", options=...) failed: the backend took no options (found by a probe)."""
+    f = torch.compile(lambda x: x * 0.5, backend="fxkern", options={"fx_graph_cache": False})
+    torch.testing.assert_close(f(torch.ones(4)), torch.full((4,), 0.5))
+    torch._dynamo.reset()
+    with pytest.raises(Exception, match=r"\['verfy'\] are not inductor options"):
+        torch.compile(lambda x: x * 0.5, backend="fxkern", options={"verfy": True})(torch.ones(4))
+    torch._dynamo.reset()
+
+
+def row_sums(x):
+    return x.sum(-1)
+
+
+def test_a_pattern_computing_another_shape_than_its_op_is_refused_at_registration():
+    """An op declaring its output SameAs the input, for a pattern summing rows, registered: every
+    match was then refused for the output's shape, and apply did nothing (found by a probe)."""
+    with pytest.raises(SpecError, match=r"returns torch.float32 \(4,\) at its example inputs, where .* returns "
+                                        r"torch.float32 \(4, 8\)"):
+        fxkern.replace(row_sums, spec_like(triple), rules=RuleSet("sums"))

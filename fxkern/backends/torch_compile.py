@@ -254,9 +254,19 @@ def backend(rules: Union[RuleSet, Sequence[Rule], None] = None, inner: Any = "in
     return FxkernBackend(rules, inner, report, options)
 
 
-def _registered(gm: fx.GraphModule, example_inputs: List[Any]) -> Callable[..., Any]:
-    """``torch.compile(model, backend="fxkern")``: the default rule set, inductor after it."""
-    return backend()(gm, example_inputs)
+def _registered(gm: fx.GraphModule, example_inputs: List[Any], options: Optional[dict] = None) -> Callable[..., Any]:
+    """``torch.compile(model, backend="fxkern")``: the default rule set, inductor after it;
+    ``options=`` are inductor's, as ``backend="inductor"`` takes them (dynamo passed them, and this
+    failed: found by a probe)."""
+    if not options:
+        return backend()(gm, example_inputs)
+    from torch._inductor import config
+
+    unknown = sorted(set(options) - set(config.get_config_copy()))
+    if unknown:
+        raise SpecError(f'torch.compile(backend="fxkern", options=...): {unknown} are not inductor options (the '
+                        f"string backend passes options to inductor; fxkern.backend(...) takes fxkern's)")
+    return backend(config_patches=dict(options))(gm, example_inputs)
 
 
 try:
