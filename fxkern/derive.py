@@ -58,12 +58,14 @@ class Param:
 
     ``kind`` is ``pointer``, ``f32``, ``i32`` or ``bool``; ``role`` is
     ``input``, ``scalar``, ``extra`` or ``output``; ``label`` is what an
-    error message calls it (``input x``, ``extra Numel('x')``...).
+    error message calls it (``input x``, ``extra Numel('x')``...); ``name``
+    the spec's name for it (an extra has none).
     """
 
     kind: str
     role: str
     label: str
+    name: Optional[str] = None
 
 
 @dataclass(frozen=True)
@@ -127,12 +129,14 @@ def _declaration(source: str, name: str) -> Tuple[Optional[str], str]:
     return ("__device__", device) if device is not None else (None, "")
 
 
-# The element type of a C++ pointer parameter, where the spelling names one (a template's T does not)
-_POINTEE = {"float": torch.float32, "double": torch.float64, "__half": torch.float16, "half": torch.float16,
-            "__nv_bfloat16": torch.bfloat16, "nv_bfloat16": torch.bfloat16, "int": torch.int32,
-            "int32_t": torch.int32, "long long": torch.int64, "long long int": torch.int64, "int64_t": torch.int64,
-            "short": torch.int16, "int16_t": torch.int16, "signed char": torch.int8, "int8_t": torch.int8,
-            "unsigned char": torch.uint8, "uint8_t": torch.uint8, "bool": torch.bool}
+# The element size of a C++ pointer parameter, where the spelling names a scalar type (a template's T,
+# a vector type or a struct does not). Sizes, not types, are compared: a bool mask read as unsigned
+# char, or float32 bits read as int, are the author's choice (found by a review).
+_POINTEE_SIZE = {"float": 4, "double": 8, "__half": 2, "half": 2, "__nv_bfloat16": 2, "nv_bfloat16": 2,
+                 "int": 4, "unsigned int": 4, "unsigned": 4, "int32_t": 4, "uint32_t": 4,
+                 "long long": 8, "long long int": 8, "unsigned long long": 8, "long": 8, "int64_t": 8, "uint64_t": 8,
+                 "short": 2, "unsigned short": 2, "int16_t": 2, "uint16_t": 2,
+                 "char": 1, "signed char": 1, "unsigned char": 1, "int8_t": 1, "uint8_t": 1, "bool": 1}
 
 
 def _pointer_dtypes(inputs: Sequence[Any], n_extras: int, dtypes: Optional[Tuple[torch.dtype, ...]],
@@ -187,28 +191,28 @@ def _check_declared_parameters(kernel: str, code: str, params: Sequence["Param"]
     """The kernel's own parameter list against the calling convention, where PTX cannot tell: every
     pointer is .u64 there, so ``(const float* b, const float* a, ...)`` for inputs ``[a, b]`` ran
     b - a, and ``const double* x`` for a float32 input read its bytes as doubles (found by a probe). A
-    parameter named as the spec names another position, or a pointer to another element type than
-    its tensor's, is an error; other names are the author's."""
+    parameter named as the spec names another of the same role (input, scalar, output), or a pointer
+    to elements of another size than its tensor's, is an error; other names are the author's."""
     declared = _declared_parameters(code, kernel)
     if declared is None or len(declared) != len(params):
         return  # the count is checked against the PTX, with a message of its own
-    spec_names = [re.search(r"'(\w+)'", p.label).group(1) if p.role != "extra" else None for p in params]
     convention = ", ".join(p.label for p in params)
+    at = {(p.role, p.name): j for j, p in enumerate(params) if p.name is not None}
     for i, ((name, pointee), want) in enumerate(zip(declared, params)):
-        if name != spec_names[i] and name in spec_names:
-            other = params[spec_names.index(name)]
+        j = at.get((want.role, name))
+        if want.name is not None and name != want.name and j is not None:
             raise SignatureMismatch(
                 f"kernel {kernel!r}, parameter {i} is named {name!r}, but the spec puts {want.label} there and "
-                f"{other.label} at parameter {spec_names.index(name)}: fxkern passes arguments in this order: "
+                f"{params[j].label} at parameter {j}: fxkern passes arguments in this order: "
                 f"({convention}); reorder the kernel's parameters or the spec's inputs")
         expected = dtypes[i] if i < len(dtypes) else None
-        have = _POINTEE.get(pointee) if pointee else None
-        if expected is not None and have is not None and have != expected:
+        size = _POINTEE_SIZE.get(pointee) if pointee else None
+        if expected is not None and size is not None and size != expected.itemsize:
             raise SignatureMismatch(
-                f"kernel {kernel!r}, parameter {i} ({name}) points to {pointee}, but {want.label} is a "
-                f"{expected} tensor (declare it as {CTYPES[expected]}*, or "
-                + ("set OutputDecl.dtype_from to the input whose dtype it has)" if want.role == "output" else
-                   "pin the input's dtype with InputDecl.dtype)"))
+                f"kernel {kernel!r}, parameter {i} ({name}) points to {pointee} ({size}-byte elements), but "
+                f"{want.label} is a {expected} tensor ({expected.itemsize}-byte elements): declare it as "
+                f"{CTYPES[expected]}*, or " + ("set OutputDecl.dtype_from to the input whose dtype it has"
+                                               if want.role == "output" else "pin the input's dtype with InputDecl.dtype"))
 
 
 def _resolve_tensor(ref: Any, tensor_decls: Sequence[InputDecl], field: str) -> int:
@@ -402,9 +406,9 @@ def plan_kernel(
     params = []
     for i, d in enumerate(inputs):
         if isinstance(d, InputDecl):
-            params.append(Param("pointer", "input", f"input {d.name!r}"))
+            params.append(Param("pointer", "input", f"input {d.name!r}", d.name))
         else:
-            params.append(Param(SCALAR_KINDS[d.py_type], "scalar", f"scalar {d.name!r} ({d.py_type.__name__})"))
+            params.append(Param(SCALAR_KINDS[d.py_type], "scalar", f"scalar {d.name!r} ({d.py_type.__name__})", d.name))
     for e in spec.extras or ():
         axis = f", {e.axis}" if isinstance(e, DimSize) else ""
         params.append(Param("i32", "extra", f"extra {type(e).__name__}({e.input_name!r}{axis})"))
@@ -413,7 +417,7 @@ def plan_kernel(
     if not out_names and schema is not None:
         out_names = [f"out{j}" for j in range(_schema_outputs(schema))]
     for name in out_names:
-        params.append(Param("pointer", "output", f"output {name!r}"))
+        params.append(Param("pointer", "output", f"output {name!r}", name))
 
     if schema is None:
         if not outputs:
@@ -427,7 +431,8 @@ def plan_kernel(
 
     if kind == "__global__":
         _check_declared_parameters(spec.kernel_name, code, params, _pointer_dtypes(
-            inputs, len(spec.extras or ()), dtypes, out_dtype_from if outputs else None, tensor_decls, len(out_names)))
+            inputs, len(spec.extras or ()), dtypes, out_dtype_from if outputs and not has_meta_fn else None,
+            tensor_decls, len(out_names)))
 
     return KernelPlan(
         spec=spec,

@@ -1259,8 +1259,10 @@ def _check_aten(gm: fx.GraphModule) -> None:
     """Patterns are matched as ATen ops: a graph of torch-level calls (``fx.symbolic_trace``'s modules,
     methods and torch functions) never matches, and said only "0 candidate sites" (found by a probe)."""
     calls = [n for n in gm.graph.nodes if n.op in ("call_function", "call_module", "call_method")]
-    if any(isinstance(n.target, torch._ops.OpOverload) for n in calls):
+    if any(isinstance(n.target, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)) for n in calls):
         return  # an ATen graph (ep.module() calls its guards as a module too)
+    if any(n.op == "call_module" and isinstance(gm.get_submodule(n.target), fx.GraphModule) for n in calls):
+        return  # split into submodules (split_module): what they hold is theirs to say
     torch_level = next((n for n in calls if n.target is not operator.getitem
                         and not isinstance(n.target, torch._ops.HigherOrderOperator)), None)
     if torch_level is not None:

@@ -90,9 +90,9 @@ class Rule:
         """Whether the pattern, traced at these tensor (shape, dtype)s with these values of its scalar
         parameters, runs other ops than with its example values (Python control flow on a scalar:
         ``x * a if a > 1 else x / a`` matched a model's ``x / 2`` and the op ran ``x * 2``; found by a
-        probe). A trace that fails cannot tell: False. Cached per values: Python branches on a scalar
-        the same way at any size (the sizes are only where a pattern traces as it matched)."""
-        key = (ir, values)
+        probe). A trace that fails cannot tell: False. Cached per sizes and values (a branch may read
+        both: keyed by values alone, one match's answer served another's sizes; found by a review)."""
+        key = (ir, inputs, values)
         if key not in self._ops_differ:
             given, sizes = dict(values), iter(inputs)
             params = patterns.pattern_params(self.pattern)

@@ -189,10 +189,10 @@ def test_one_dtype_for_a_list_of_them_says_so():
      [InputDecl("a"), InputDecl("b")], [OutputDecl("y", SameAs("a"))],
      "parameter 0 is named 'b', but the spec puts input 'a' there"),
     ('extern "C" __global__ void k(const double* x, int n, float* y) {}',
-     None, None, "points to double, but input 'x' is a torch.float32 tensor (declare it as float*"),
+     None, None, "points to double (8-byte elements), but input 'x' is a torch.float32 tensor"),
     ('extern "C" __global__ void k(const int* x, int n, float* y) {}',
      [InputDecl("x", dtype=torch.int64)], [OutputDecl("y", SameAs("x"), dtype_from=None)],
-     "points to int, but input 'x' is a torch.int64 tensor (declare it as long long*"),
+     "points to int (4-byte elements), but input 'x' is a torch.int64 tensor"),
     ('extern "C" __global__ void k(const long long* x, int n, float* y) {}',
      [InputDecl("x", dtype=torch.int64)], None, "set OutputDecl.dtype_from"),
 ], ids=["inputs swapped", "double for float32", "int for int64", "float output of an int64 input"])
@@ -212,10 +212,23 @@ def test_the_kernels_own_parameter_list_is_checked(source, inputs, outputs, word
     'extern "C" __global__ void k(const float* __restrict__ in, int count, float* __restrict__ out) {}',
     'extern "C" __global__ void k(const float4* x, int n, float4* y) {}',
     'template <typename T> __global__ void k(const T* x, int n, T* y) {}',
-], ids=["other names", "vector types", "a template's T"])
+    'extern "C" __global__ void k(const float* a, int n, float* x) {}',
+    'extern "C" __global__ void k(const int* x, int n, float* y) {}',
+], ids=["other names", "vector types", "a template's T", "a name of another role", "float32 bits as int"])
 def test_names_and_types_the_spec_does_not_know_are_the_authors(source):
+    """A name the spec gives a parameter of another role (the output called like the input), and
+    elements of the tensor's size read as another type, are the author's (found by a review)."""
     dtypes = [torch.float32, torch.float16] if "template" in source else None
     plan_kernel(spec(kernel_source=source, dtypes=dtypes))
+
+
+def test_a_bool_mask_read_as_bytes_and_a_meta_fn_output_are_the_authors():
+    src = 'extern "C" __global__ void k(const float* x, const unsigned char* m, int n, float* y) {}'
+    plan_kernel(spec(kernel_source=src, inputs=[InputDecl("x"), InputDecl("m", dtype=torch.bool)]))
+    src = 'template <typename T> __global__ void k(const T* x, int n, float* y) {}'
+    plan_kernel(spec(kernel_source=src, dtypes=[torch.float16]), has_meta_fn=True)  # meta_fn says float32
+    with pytest.raises(SignatureMismatch, match="output 'y' is a torch.float16 tensor"):
+        plan_kernel(spec(kernel_source=src, dtypes=[torch.float16]))
 
 
 def test_an_elementwise_block_may_be_one_int():

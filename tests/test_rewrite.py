@@ -1264,6 +1264,26 @@ def test_a_pattern_branching_on_a_scalar_is_refused_where_the_branch_differs():
         torch.testing.assert_close(fxkern.apply(ep, rs).module()(x), model(x))
 
 
+def scale_wide_rows_up(x, alpha: float):
+    if alpha > 1 and x.shape[-1] >= 8:
+        return x * alpha
+    return x / alpha
+
+
+@pytest.mark.parametrize("order", ["narrow first", "wide first"])
+def test_a_branch_on_a_scalar_and_a_size_is_judged_at_each_size(order):
+    """The check was cached per scalar values: the first match's sizes decided for every later one,
+    a wrong result in one order and a false refusal in the other (found by a review)."""
+    rs = RuleSet("wide_rows")
+    fxkern.replace(scale_wide_rows_up, spec_like(scale_wide_rows_up), rules=rs, name=f"scale_wide_rows_up_{order[0]}")
+    shapes = [(4, 2), (4, 16)] if order == "narrow first" else [(4, 16), (4, 2)]
+    for shape in shapes:
+        x, model = torch.randn(*shape), Fn(lambda t: t / 4.0)
+        ep = torch.export.export(model, (x,))
+        assert len(fxkern.explain(ep, rs).matches) == (shape[-1] < 8)
+        torch.testing.assert_close(fxkern.apply(ep, rs).module()(x), model(x))
+
+
 def times_ratio(x):
     return x * (x.shape[1] // x.shape[0])
 

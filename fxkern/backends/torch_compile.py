@@ -262,11 +262,12 @@ def _registered(gm: fx.GraphModule, example_inputs: List[Any], options: Optional
         return backend()(gm, example_inputs)
     from torch._inductor import config
 
-    unknown = sorted(set(options) - set(config.get_config_copy()))
+    patches = {k.replace("-", "_"): v for k, v in options.items()}  # inductor takes "max-autotune" too
+    unknown = sorted(set(patches) - set(config.get_config_copy()))
     if unknown:
         raise SpecError(f'torch.compile(backend="fxkern", options=...): {unknown} are not inductor options (the '
                         f"string backend passes options to inductor; fxkern.backend(...) takes fxkern's)")
-    return backend(config_patches=dict(options))(gm, example_inputs)
+    return backend(config_patches=patches)(gm, example_inputs)
 
 
 try:
