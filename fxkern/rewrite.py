@@ -361,6 +361,10 @@ def _fake_run(rule: Rule, match: Match, facts: _Facts) -> Tuple[Optional[Tuple[A
 
     Outcomes are cached by the inputs' and outputs' metadata: a model's layers repeat them.
     """
+    unbound = [p for p in rule.arg_params if p not in match.bindings]
+    if unbound:  # a scalar the walk never met as a literal (a view's size, inside a list): explain crashed
+        return None, (f"the match binds no value for the pattern's parameter(s) {unbound}; a scalar used inside a list "
+                      f"argument (a view's size) is not captured: pass it as a tensor, or make it a constant")
     key = (rule, tuple(facts.meta_key(match.bindings[p]) for p in rule.arg_params),
            tuple(facts.meta_key(o) for o in match.outputs))
     result = facts.fake_runs.get(key)

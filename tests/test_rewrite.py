@@ -1324,3 +1324,27 @@ def test_the_layout_check_costs_little_on_a_model_of_another_layout(layouts):
     assert time.perf_counter() - start < 5.0
     assert count_target(new, rows.op) == 300
     torch.testing.assert_close(new.module()(*args), ep.module()(*args))
+
+
+@torch.library.custom_op("fxkern_test::rows_of", mutates_args=())
+def rows_of(x: torch.Tensor, k: int) -> torch.Tensor:
+    return x.view(-1, k) * 2
+
+
+rows_of.register_fake(lambda x, k: x.new_empty((x.numel() // k, k)))
+
+
+def view_rows(x, k: int):
+    return x.view(-1, k) * 2
+
+
+def test_a_scalar_inside_a_list_argument_is_a_near_miss_not_a_crash():
+    """A view's size inside its list argument is not captured, and explain crashed with KeyError: 'k'
+    (found by a review)."""
+    rs = RuleSet("view_rows")
+    fxkern.replace(view_rows, torch.ops.fxkern_test.rows_of, rules=rs, example_inputs=[torch.randn(4, 8), 8])
+    x = torch.randn(4, 8)
+    ep = torch.export.export(Fn(lambda t: t.view(-1, 8) * 2), (x,))
+    report = fxkern.explain(ep, rs)
+    assert not report.matches and "binds no value for the pattern's parameter(s) ['k']" in report.near_misses[0].reason
+    torch.testing.assert_close(fxkern.apply(ep, rs).module()(x), x.view(-1, 8) * 2)
