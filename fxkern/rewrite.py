@@ -28,7 +28,7 @@ import operator
 import re
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Dict, FrozenSet, List, Optional, Sequence, Set, Tuple, Union
+from typing import Any, Callable, Dict, FrozenSet, List, Optional, Sequence, Set, Tuple, Union
 
 import torch
 import torch.fx as fx
@@ -734,6 +734,11 @@ class _Analysis:
     def replaced(self) -> List[_Candidate]:
         return self.accepted + [c for a in self.inner.values() for c in a.replaced()]
 
+    def only(self, rule: Rule) -> "_Analysis":
+        """The same analysis with ``rule``'s matches alone (verification's search for the culprit)."""
+        return _Analysis([c for c in self.accepted if c.rule is rule], self.pos,
+                         {name: a.only(rule) for name, a in self.inner.items()})
+
 
 def analyse(gm: fx.GraphModule, rules: Union[RuleSet, Sequence[Rule], None], irs: Sequence[str]):
     """Every rule's safe candidates, the accepted (non-overlapping) ones, and the report (the
@@ -1144,21 +1149,18 @@ def _collector_paused():
 
 
 
-def _rewritten(gm: fx.GraphModule, rules: Any, irs: Sequence[str], inplace: bool = False) -> Tuple[Optional[fx.GraphModule], Dict[str, str]]:
+def _rewritten(gm: fx.GraphModule, rules: Any, irs: Sequence[str],
+               inplace: bool = False) -> Tuple[Optional[fx.GraphModule], Dict[str, str], _Analysis]:
     """Analyse ``gm`` as it is; when something is replaced, rewrite a copy (or ``gm`` itself when
-    ``inplace``). Returns (new GraphModule or None when nothing matched, renamed outputs).
+    ``inplace``). Returns (new GraphModule or None when nothing matched, renamed outputs, the analysis).
     """
     with _collector_paused():
-        return _rewritten_now(gm, rules, irs, inplace)
-
-
-def _rewritten_now(gm: fx.GraphModule, rules: Any, irs: Sequence[str], inplace: bool) -> Tuple[Optional[fx.GraphModule], Dict[str, str]]:
-    tree, _ = _analyse(gm, rules, irs)
-    replaced = tree.replaced()
-    if not replaced:
-        return None, {}
-    log.info("fxkern: replacing %d subgraphs (%s)", len(replaced), ", ".join(sorted({c.rule.name for c in replaced})))
-    return _rewrite_tree(gm, tree, inplace)
+        tree, _ = _analyse(gm, rules, irs)
+        replaced = tree.replaced()
+        if not replaced:
+            return None, {}, tree
+        log.info("fxkern: replacing %d subgraphs (%s)", len(replaced), ", ".join(sorted({c.rule.name for c in replaced})))
+        return (*_rewrite_tree(gm, tree, inplace), tree)
 
 
 def _rewrite_tree(gm: fx.GraphModule, tree: _Analysis, inplace: bool, recompile: bool = True) -> Tuple[fx.GraphModule, Dict[str, str]]:
@@ -1200,9 +1202,11 @@ def apply(program: Any, rules: Union[RuleSet, Sequence[Rule], None] = None, *, v
     """Replace every safe match of ``rules`` (default: the default rule set) and every
     ``fxkern.region`` in an ExportedProgram or GraphModule; returns a rewritten copy of the same kind.
 
-    ``verify=True`` runs old and new on inputs made from the program's fake
-    values and raises :class:`VerificationError` on the first output that differs. On a CPU
-    program the ops run their references, so it checks the rewrite's wiring, not the kernels.
+    ``verify=True`` runs old and new once, on the program's example inputs (or random ones of
+    its shapes), and raises :class:`VerificationError` on the first output that differs, naming
+    the rule whose matches alone change it and where they matched. One sample: an op that is
+    wrong only for some values can pass. On a CPU program the ops run their references, so it
+    checks the rewrite's wiring and the references, not the kernels.
     ``inplace=True`` (GraphModules only: a compiler pass owns its graph) rewrites
     ``program`` itself and skips the copy.
     """
@@ -1210,22 +1214,29 @@ def apply(program: Any, rules: Union[RuleSet, Sequence[Rule], None] = None, *, v
     if inplace and not isinstance(program, fx.GraphModule):
         raise TypeError("inplace=True takes an fx.GraphModule; an ExportedProgram is always copied")
     if isinstance(program, torch.export.ExportedProgram):
-        gm, renamed = _rewritten(program.graph_module, rules, irs)
+        gm, renamed, tree = _rewritten(program.graph_module, rules, irs)
         if gm is None:
             return program
         new = program._update(gm, _rename_outputs(program.graph_signature, renamed))
         if verify:
-            verify_program(program, new)
+            def alone(rule: Rule) -> Callable:
+                g, r = _rewrite_tree(program.graph_module, tree.only(rule), False)
+                return program._update(g, _rename_outputs(program.graph_signature, r)).module()
+            args, kwargs = _program_inputs(program)
+            _verify(program.module(), new.module(), args, kwargs, tree, alone,
+                    [s.arg.name if hasattr(s.arg, "name") else str(s.arg) for s in program.graph_signature.output_specs
+                     if str(s.kind).endswith("USER_OUTPUT")])
         return new
     if isinstance(program, fx.GraphModule):
         if verify and inplace:
             raise TypeError("verify=True compares old and new: it cannot be combined with inplace=True")
         _check_aten(program)
-        gm, _ = _rewritten(program, rules, irs, inplace)
+        gm, _, tree = _rewritten(program, rules, irs, inplace)
         if gm is None:
             return program
         if verify:
-            verify_graph_module(program, gm)
+            _verify(program, gm, _graph_module_inputs(program), {}, tree,
+                    lambda rule: _rewrite_tree(program, tree.only(rule), False)[0], _output_names(program))
         return gm
     raise TypeError(f"apply takes an ExportedProgram or an fx.GraphModule, not {type(program).__name__}")
 
@@ -1318,32 +1329,66 @@ def _concrete(val: Any, device: Optional[torch.device] = None) -> Any:
     return torch.randint(0, 8, shape, device=dev, dtype=val.dtype)
 
 
-def _compare(old_out: Any, new_out: Any) -> None:
-    olds, _ = torch.utils._pytree.tree_flatten(old_out)
-    news, _ = torch.utils._pytree.tree_flatten(new_out)
+def _mismatch(a: Any, b: Any) -> Optional[str]:
+    """Why ``b`` (the rewritten program's output) is not ``a`` (the original's), or None. NaN where
+    the original has NaN counts as equal: random inputs can take a model out of its domain."""
+    if not isinstance(a, torch.Tensor):
+        return None
+    tol = {torch.float16: 2e-3, torch.bfloat16: 1.6e-2}.get(a.dtype, 1e-5)
+    try:
+        torch.testing.assert_close(b, a, rtol=tol, atol=tol, equal_nan=True)
+    except AssertionError as exc:
+        return str(exc)
+    return None
+
+
+def _verify(old: Callable, new: Callable, args: Tuple, kwargs: Dict, tree: _Analysis,
+            alone: Callable[[Rule], Callable], names: List[str]) -> None:
+    """Run ``old`` and ``new`` on one set of inputs; on the first output that differs, rewrite with
+    each rule's matches alone (``alone(rule)``) to say which rule changed it, and where it matched."""
+    olds = torch.utils._pytree.tree_leaves(old(*args, **kwargs))
+    news = torch.utils._pytree.tree_leaves(new(*args, **kwargs))
     if len(olds) != len(news):
         raise VerificationError(f"the rewritten program returns {len(news)} outputs, the original {len(olds)}")
     for i, (a, b) in enumerate(zip(olds, news)):
-        if isinstance(a, torch.Tensor):
-            tol = {torch.float16: 2e-3, torch.bfloat16: 1.6e-2}.get(a.dtype, 1e-5)
-            try:
-                torch.testing.assert_close(b, a, rtol=tol, atol=tol)
-            except AssertionError as exc:
-                raise VerificationError(f"output {i} changed after the rewrite: {exc}") from None
+        why = _mismatch(a, b)
+        if why is None:
+            continue
+        name = f" ({names[i]!r})" if i < len(names) else ""
+        rules = list(dict.fromkeys(c.rule for c in tree.replaced()))
+        guilty = [r for r in rules if len(rules) == 1
+                  or _mismatch(a, torch.utils._pytree.tree_leaves(alone(r)(*args, **kwargs))[i]) is not None]
+        if guilty:
+            where = "; ".join(
+                f"rule {r.name} ({r.overload}), its matches at "
+                + ", ".join(sorted({_location(c.match.anchor) for c in tree.replaced() if c.rule is r})) for r in guilty)
+            blame = (f"{where}. The op computes something other than the nodes it replaced: check its kernel, "
+                     f"its reference, and the order of its arguments (a region's inputs map to the op's "
+                     f"arguments in order of first use)")
+        else:
+            blame = (f"no rule changes it alone ({', '.join(r.name for r in rules)}): their replacements "
+                     f"together do; apply them one at a time to see which pair")
+        raise VerificationError(f"output {i}{name} changed after the rewrite: {blame}.\n{why}")
 
 
-def verify_program(old: torch.export.ExportedProgram, new: torch.export.ExportedProgram) -> None:
-    if old.example_inputs is not None:
-        args, kwargs = old.example_inputs
+def _program_inputs(program: torch.export.ExportedProgram) -> Tuple[Tuple, Dict]:
+    """The program's example inputs, or random ones of its placeholders' shapes and dtypes."""
+    if program.example_inputs is not None:
+        args, kwargs = program.example_inputs
     else:
-        user = [n for n, s in zip(old.graph.nodes, old.graph_signature.input_specs) if str(s.kind).endswith("USER_INPUT")]
+        user = [n for n, s in zip(program.graph.nodes, program.graph_signature.input_specs)
+                if str(s.kind).endswith("USER_INPUT")]
         args, kwargs = tuple(_concrete(n.meta.get("val")) for n in user), {}
-    args = tuple(_concrete(a) if isinstance(a, torch.Tensor) else a for a in args)
-    _compare(old.module()(*args, **kwargs), new.module()(*args, **kwargs))
+    return tuple(_concrete(a) if isinstance(a, torch.Tensor) else a for a in args), kwargs
 
 
-def verify_graph_module(old: fx.GraphModule, new: fx.GraphModule) -> None:
-    args = [_concrete(n.meta.get("val")) for n in old.graph.nodes if n.op == "placeholder"]
+def _graph_module_inputs(gm: fx.GraphModule) -> Tuple:
+    args = [_concrete(n.meta.get("val")) for n in gm.graph.nodes if n.op == "placeholder"]
     if any(a is None for a in args):
         raise VerificationError("verify=True needs meta['val'] on every placeholder (an exported or fake-traced graph)")
-    _compare(old(*args), new(*args))
+    return tuple(args)
+
+
+def _output_names(gm: fx.GraphModule) -> List[str]:
+    out = gm.graph.output_node()
+    return [n.name if isinstance(n, fx.Node) else repr(n) for n in torch.utils._pytree.tree_leaves(out.args[0])]

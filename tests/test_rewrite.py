@@ -858,8 +858,41 @@ def test_verify_catches_a_wrong_rewrite():
     rs = RuleSet()
     fxkern.replace(bias_gelu_res, op, name="wrong", rules=rs)
     ep = export(Fn(bias_gelu_res), torch.randn(4, 8), torch.randn(8), torch.randn(4, 8))
-    with pytest.raises(fxkern.VerificationError, match="output 0 changed"):
+    with pytest.raises(fxkern.VerificationError, match="output 0 .* changed"):
         fxkern.apply(ep, rs, verify=True)
+
+
+class TwoBlocks(torch.nn.Module):
+    def forward(self, x, b, r, w):
+        y = F.gelu(x + b, approximate="tanh") + r
+        return rms(y, w, 1e-6), y.sum()
+
+
+def _minus_residual(x, b, r):
+    return F.gelu(x + b, approximate="tanh") - r  # not what bias_gelu_res computes
+
+
+@pytest.fixture(scope="module")
+def wrong_bgr():
+    return fxkern.cuda_kernel_op("fxkern_test::wrong_bgr2", spec_like(bias_gelu_res), reference=_minus_residual)
+
+
+@pytest.mark.parametrize("kind", ["program", "graph_module"])
+def test_verify_names_the_rule_that_changed_an_output(rmsr, wrong_bgr, kind):
+    """Of two rules, the one whose op is wrong is named with where it matched; the right one is not."""
+    op = wrong_bgr
+    rs = RuleSet()
+    fxkern.replace(bias_gelu_res, op, name="wrong_bgr", rules=rs)
+    fxkern.replace(rms, rmsr[1].op, name="right_rms", rules=rs)
+    ep = export(TwoBlocks(), torch.randn(4, 8), torch.randn(8), torch.randn(4, 8), torch.randn(8))
+    program = ep if kind == "program" else ep.module()
+    with pytest.raises(fxkern.VerificationError) as info:
+        fxkern.apply(program, rs, verify=True)
+    message = str(info.value)
+    assert "rule wrong_bgr (fxkern_test.wrong_bgr2.default), its matches at " in message
+    assert "test_rewrite.py:" in message and "right_rms" not in message
+    # the right rule alone passes: the check does not blame whatever else was replaced
+    assert count_target(fxkern.apply(program, rs["right_rms"], verify=True), rmsr[1].op) == 1
 
 
 class MLPTail(torch.nn.Module):
