@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import functools
 import hashlib
 import json
 import logging
@@ -100,6 +101,18 @@ def nvrtc_version() -> Tuple[int, int]:
     err, major, minor = nvrtc.nvrtcVersion()
     _check(err, "nvrtcVersion")
     return major, minor
+
+
+@functools.lru_cache(maxsize=None)
+def supported_archs() -> Tuple[int, ...]:
+    """The archs this NVRTC compiles for (75, 80, ... 90, ...); empty where it cannot say."""
+    from cuda.bindings import nvrtc
+
+    try:
+        err, archs = nvrtc.nvrtcGetSupportedArchs()
+    except (AttributeError, RuntimeError):  # an NVRTC without the call
+        return ()
+    return tuple(archs) if err == nvrtc.nvrtcResult.NVRTC_SUCCESS else ()
 
 
 def normalize_arch(arch: str) -> str:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import re
 from dataclasses import dataclass
-from typing import Any, Dict, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -127,6 +127,50 @@ def _declaration(source: str, name: str) -> Tuple[Optional[str], str]:
         if device is None and re.search(r"\b__device__\b", head):
             device = head
     return ("__device__", device) if device is not None else (None, "")
+
+
+# NVRTC's --std values (its option of that name); anything else failed in NVRTC without the field's name
+_STANDARDS = ("c++03", "c++11", "c++14", "c++17", "c++20")
+
+
+def _check_compile_options(spec: KernelSpec) -> None:
+    """``compile_std`` and ``arch_override`` checked here, where the error can name the field: NVRTC
+    said only "invalid value for --std" or "--gpu-architecture" (found by a probe)."""
+    if spec.compile_std not in _STANDARDS:
+        raise _fail("compile_std", f"{spec.compile_std!r} is not a standard NVRTC takes; use one of {', '.join(_STANDARDS)}")
+    if spec.arch_override is None:
+        return
+    from fxkern import compiler
+    from fxkern.errors import CompileError
+
+    try:
+        arch = compiler.normalize_arch(spec.arch_override)
+    except CompileError as exc:
+        raise _fail("arch_override", f"{exc} (or None: the GPU's own arch)") from None
+    supported = compiler.supported_archs()
+    number = int(re.match(r"sm_(\d+)", arch).group(1))
+    if supported and number not in supported:
+        raise _fail("arch_override", f"{spec.arch_override!r} is not an arch this NVRTC compiles for; it takes "
+                                     f"{', '.join(f'sm_{a}' for a in supported)}")
+
+
+def _namespace_around(source: str, name: str) -> Optional[str]:
+    """The namespace a ``__global__`` function ``name`` is declared in (``"a::b"``, ``"(anonymous)"``),
+    or None at global scope. NVRTC looks fxkern's kernels up by their plain name, and one in a namespace
+    failed with errors about ``__nv_name_map`` (found by a probe)."""
+    m = next((m for m in re.finditer(rf"(?<!\w){re.escape(name)}\s*\(", source)
+              if re.search(r"\b__global__\b", source[max(source.rfind(c, 0, m.start()) for c in ";{}") + 1:m.start()])), None)
+    if m is None:
+        return None
+    opened: List[Optional[str]] = []
+    for b in re.finditer(r"\bnamespace\s*(\w*(?:\s*::\s*\w+)*)\s*\{|[{}]", source[:m.start()]):
+        if b.group(0) == "}":
+            if opened:
+                opened.pop()
+        else:
+            opened.append(None if b.group(0) == "{" else (re.sub(r"\s", "", b.group(1)) or "(anonymous)"))
+    names = [n for n in opened if n is not None]
+    return "::".join(names) if names else None
 
 
 # The element size of a C++ pointer parameter, where the spelling names a scalar type (a template's T,
@@ -258,6 +302,11 @@ def plan_kernel(
     if kind == "__device__":
         raise _fail("kernel_name", f"{spec.kernel_name!r} is a __device__ function, not a kernel; pass the name "
                                    f"of the __global__ function that calls it")
+    namespace = _namespace_around(code, spec.kernel_name) if kind == "__global__" else None
+    if namespace is not None:
+        raise _fail("kernel_name", f"kernel {spec.kernel_name!r} is declared inside namespace {namespace}, and fxkern "
+                                   f"looks kernels up at global scope: declare the __global__ function outside the "
+                                   f"namespace (helpers may stay in it)")
     if isinstance(spec.include_paths, (str, bytes)) or (spec.include_paths is not None
                                                         and not hasattr(spec.include_paths, "__iter__")):
         # a string was read as one directory per character (found by a probe)
@@ -265,6 +314,7 @@ def plan_kernel(
     missing = [p for p in spec.include_paths or () if not os.path.isdir(p)]
     if missing:
         raise _fail("include_paths", f"{missing} is not a directory here")
+    _check_compile_options(spec)
     inputs = tuple(spec.inputs or ())
     if not inputs:
         raise _fail("inputs", "declare at least one InputDecl")
@@ -579,4 +629,7 @@ def _custom_geometry(geom: Custom, n_inputs: int, n_outputs: int):
         shared = sym.lift(shared)
     except TypeError as exc:
         raise _fail("geometry", f"Custom.fn: {exc}") from exc
+    if any(isinstance(g, sym.Const) and g.value < 1 for g in grid):
+        raise _fail("geometry", f"Custom.fn: a grid entry is a constant under 1 ({result[0]!r}), so no block would "
+                                f"ever run; give at least 1 block on each axis")
     return grid, tuple(block) + (1,) * (3 - len(block)), shared

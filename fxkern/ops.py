@@ -466,6 +466,7 @@ def _cuda_impl(entry: KernelOp) -> Callable[..., Any]:
     extra_fns = [symbolic.compile_expr(e) for e in plan.extras]
     smem_fn = symbolic.compile_expr(plan.shared_mem)
     extra_labels = [p.label for p in plan.params if p.role == "extra"]
+    output_names = [p.name for p in plan.params if p.role == "output"]
     kinds = [p.kind for p in plan.params]
     block = plan.block
     dtypes = plan.dtypes
@@ -568,6 +569,8 @@ def _cuda_impl(entry: KernelOp) -> Callable[..., Any]:
         grid = (grid_x(env), gy, gz) if grid_yz_const else (grid_x(env), grid_fns[1](env), grid_fns[2](env))
         if grid[0] > int32_max or grid[1] > 65535 or grid[2] > 65535:
             validate.check_grid(op, grid)
+        if min(grid) <= 0:
+            validate.check_no_blocks(op, grid, output_names, outs)
         extras = [f(env) for f in extra_fns]
         if extras and max(extras) > int32_max:
             validate.check_int32(op, extra_labels, extras)

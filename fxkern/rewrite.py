@@ -989,7 +989,12 @@ def _regions(graph: fx.Graph, facts: _Facts, report: Report, safe: List[_Candida
             continue
         overload = site.op.default if hasattr(site.op, "default") else site.op
         n_args = len(overload._schema.arguments)
-        if n_args != len(inputs) or not outputs:
+        if not outputs:
+            rr.near_misses.append(NearMiss(site.label, [n.name for n in nodes], (
+                "nothing the block computes is used after it (its results are unused here), so there is no "
+                "value for the op to return; use the block's result, or drop the block")))
+            continue
+        if n_args != len(inputs):
             rr.near_misses.append(NearMiss(site.label, [n.name for n in nodes], (
                 f"the region has inputs {[i.name for i in inputs]} and outputs {[o.name for o in outputs]}, "
                 f"but {overload} takes {n_args} arguments")))

@@ -240,6 +240,19 @@ def check_grid(op: str, grid: Sequence[int]) -> None:
             )
 
 
+def check_no_blocks(op: str, grid: Sequence[int], names: Sequence[str], outputs: Sequence[Any]) -> None:
+    """A grid of no blocks launches nothing, which is right for empty outputs only: otherwise the
+    outputs would be returned unwritten (``torch.empty``'s garbage)."""
+    unwritten = next(((name, tuple(o.shape)) for name, o in zip(names, outputs) if o.numel()), None)
+    if unwritten is None and min(grid) == 0:
+        return
+    left = f": output {unwritten[0]!r} {unwritten[1]} would be left unwritten" if unwritten else ""
+    raise KernelInputError(
+        f"{op}: the launch geometry gives grid {tuple(grid)} for these inputs, so no block runs{left}; "
+        f"a grid that rounds down (n // 256) must round up (fxkern.cdiv(n, 256))"
+    )
+
+
 def coerce_scalar(op: str, name: str, py_type: type, value: Any) -> Any:
     if py_type is bool:
         if not isinstance(value, (bool, int)):

@@ -75,6 +75,10 @@ def test_multi_output_schema():
         (dict(geometry=Reduction(reduce_dims=(-1,), block_size=2048)), "geometry", "block_size"),
         (dict(geometry=Custom(lambda i, o: "nonsense")), "geometry", "Custom.fn must return"),
         (dict(geometry=Custom(lambda i, o: ((1.5,), (32,)))), "geometry", "Custom.fn"),
+        (dict(geometry=Custom(lambda i, o: ((0,), (32,)))), "geometry", "no block would ever run"),
+        (dict(compile_std="c++99"), "compile_std", "one of c++03"),
+        (dict(arch_override="sm90"), "arch_override", "not an architecture like 'sm_90'"),
+        (dict(arch_override="sm_10"), "arch_override", "not an arch this NVRTC compiles for"),
         (dict(dtypes=()), "dtypes", "empty"),
         (dict(dtypes=(torch.float32, torch.float32)), "dtypes", "twice"),
         (dict(dtypes=(torch.complex64,)), "dtypes", "not a supported dtype"),
@@ -243,3 +247,19 @@ def test_include_paths_are_checked(paths, words):
     naming include_paths (found by a probe)."""
     with pytest.raises(SpecError, match=f"KernelSpec.include_paths: .*{words}"):
         plan_kernel(spec(include_paths=paths))
+
+
+@pytest.mark.parametrize("wrap, where", [
+    ("namespace foo {{\n{}\n}}", "namespace foo"),
+    ("namespace a {{ namespace b {{\n{}\n}} }}", "namespace a::b"),
+    ("namespace a::b {{\n{}\n}}", "namespace a::b"),
+    ("namespace {{\n{}\n}}", "namespace (anonymous)"),
+])
+def test_a_kernel_inside_a_namespace_is_refused_by_name(wrap, where):
+    with pytest.raises(SpecError, match=f"kernel 'k' is declared inside {re.escape(where)}.*outside the namespace"):
+        plan_kernel(spec(kernel_source=wrap.format(SRC)))
+
+
+def test_helpers_in_a_namespace_and_a_kernel_outside_it_are_fine():
+    helpers = "namespace fxk { struct S { int a; }; __device__ float twice(float v) { return 2 * v; } }\n"
+    assert plan_kernel(spec(kernel_source=helpers + SRC)).kernel_name == "k"

@@ -370,3 +370,17 @@ def test_shared_memory_past_48k_is_granted_and_past_the_device_limit_refused():
         too_much(x)
     torch.cuda.synchronize()  # nothing sticky: the refused launch never ran
     torch.testing.assert_close(op(x), want, rtol=0, atol=0)
+
+
+def test_a_grid_rounding_down_is_refused_not_returned_unwritten():
+    spec = fxkern.KernelSpec(
+        'extern "C" __global__ void copy_rd(const float* x, int n, float* y) {\n'
+        "    int i = blockIdx.x * blockDim.x + threadIdx.x; if (i < n) y[i] = x[i]; }",
+        "copy_rd", inputs=[fxkern.InputDecl("x")], outputs=[fxkern.OutputDecl("y", fxkern.SameAs("x"))],
+        extras=[fxkern.Numel("x")], geometry=fxkern.Custom(lambda ins, outs: ((ins[0].numel() // 256,), (256,))))
+    op = fxkern.cuda_kernel_op("fxkern_test::copy_round_down", spec)
+    x = torch.randn(1000, device="cuda")
+    torch.testing.assert_close(op(x)[:768], x[:768])  # 3 blocks: the bug shows only in the tail
+    with pytest.raises(KernelInputError, match="would be left unwritten"):
+        op(torch.randn(100, device="cuda"))
+    assert op(torch.randn(0, device="cuda")).shape == (0,)  # empty: no launch, no error

@@ -487,3 +487,14 @@ def test_a_schema_unlike_the_spec_is_refused_at_registration(op_name, schema, sa
     with pytest.raises(SpecError, match=says.replace("(", r"\(").replace(")", r"\)")):
         fxkern.cuda_kernel_op(op_name, scale_spec(), schema=schema)
     assert fxkern.cuda_kernel_op(op_name, scale_spec(), schema="(Tensor x, float alpha) -> Tensor") is not None
+
+
+def test_a_grid_of_no_blocks_for_a_nonempty_output_is_refused():
+    """A grid that rounds down launches nothing: the output would be returned unwritten."""
+    from fxkern import validate
+
+    with pytest.raises(KernelInputError, match=r"grid \(0, 1, 1\).*output 'y' \(100,\) would be left unwritten.*cdiv"):
+        validate.check_no_blocks("ns::op", (0, 1, 1), ["y"], [torch.empty(100)])
+    validate.check_no_blocks("ns::op", (0, 1, 1), ["y"], [torch.empty(0, 4)])  # empty: nothing to write
+    with pytest.raises(KernelInputError, match=r"grid \(-1, 1, 1\)"):
+        validate.check_no_blocks("ns::op", (-1, 1, 1), ["y"], [torch.empty(0)])

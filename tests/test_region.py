@@ -741,3 +741,23 @@ def test_a_looped_block_under_torch_compile_is_refused_not_merged(model, inner, 
     assert not [m for r in be.reports for m in r.matches]
     assert any("more than once" in nm.reason or "removed part of the block" in nm.reason  # inductor's CSE: one sigmoid
                for r in be.reports for rr in r.rules.values() for nm in rr.near_misses)
+
+
+class UnusedResult(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.b = torch.nn.Parameter(torch.randn(8))
+
+    def forward(self, x):
+        with fxkern.region(GELU_BIAS):
+            y = F.gelu(x + self.b, approximate="tanh")  # noqa: F841 (never used)
+        return x * 2
+
+
+def test_a_region_whose_result_is_unused_says_so():
+    """It said "outputs [], but ... takes 2 arguments", which pointed at the inputs (found by a probe)."""
+    ep = torch.export.export(UnusedResult(), (torch.randn(4, 8),))
+    report = fxkern.explain(ep, RuleSet("empty"))
+    (miss,) = [m for m in report.near_misses if m.rule.startswith("region@")]
+    assert "nothing the block computes is used after it" in miss.reason
+    assert fxkern.apply(ep, RuleSet("empty")) is ep
