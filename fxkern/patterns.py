@@ -137,10 +137,15 @@ def default_example_inputs(params: Sequence[Param], dtype: torch.dtype) -> List[
     return out
 
 
-def _export(fn, params, example_inputs) -> torch.export.ExportedProgram:
+def _call(fn, params, example_inputs) -> Tuple["_Call", List[Any]]:
+    """``fn`` with its scalar parameters bound to their examples, and the tensors it is called with."""
     scalars = {i: v for i, (p, v) in enumerate(zip(params, example_inputs)) if p.kind == "scalar"}
-    tensors = tuple(v for p, v in zip(params, example_inputs) if p.kind == "tensor")
-    return torch.export.export(_Call(fn, scalars, len(params)), tensors)
+    return _Call(fn, scalars, len(params)), [v for p, v in zip(params, example_inputs) if p.kind == "tensor"]
+
+
+def _export(fn, params, example_inputs) -> torch.export.ExportedProgram:
+    call, tensors = _call(fn, params, example_inputs)
+    return torch.export.export(call, tuple(tensors))
 
 
 def _export_graph(fn, params, example_inputs, decompose: bool, table: Optional[dict] = None) -> fx.Graph:
@@ -191,7 +196,7 @@ def decompose_together(requests: Sequence[Tuple[Callable[..., Any], Sequence[Any
     todo = []
     for i, (fn, examples) in enumerate(requests):
         params = pattern_params(fn)
-        tensors = [v for p, v in zip(params, examples) if p.kind == "tensor"]
+        call, tensors = _call(fn, params, examples)
         if len(examples) != len(params) or not all(isinstance(v, torch.Tensor) for v in tensors):
             continue
         # each its own copies: export takes one tensor passed twice (rules share examples) as one input;
@@ -199,8 +204,7 @@ def decompose_together(requests: Sequence[Tuple[Callable[..., Any], Sequence[Any
         copies = [v.clone(memory_format=torch.preserve_format) for v in tensors]
         if any(c.stride() != v.stride() for c, v in zip(copies, tensors)):
             continue
-        scalars = {k: v for k, (p, v) in enumerate(zip(params, examples)) if p.kind == "scalar"}
-        todo.append((i, _Call(fn, scalars, len(params)), copies))
+        todo.append((i, call, copies))
     if len(todo) < 2:
         return found
     together = _Together([(c, len(t)) for _, c, t in todo])

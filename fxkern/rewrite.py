@@ -454,21 +454,15 @@ def _sizes_differ(rule: Rule, cp: Any, match: Match, matcher: Matcher) -> Option
     depends on one is a symbol in the graph, and one that does not is the same in every trace."""
     if not cp.sized:
         return None
-    dims, dtypes = [], []
-    for name in cp.tensor_params:
-        bound = match.bindings.get(name)
-        val = bound.meta.get("val") if isinstance(bound, fx.Node) else None
-        if not isinstance(val, torch.Tensor):
-            return f"input {name!r} has no tensor metadata, and the pattern computes {', '.join(cp.sized)} from its sizes"
-        dims.append(tuple(val.shape))
-        dtypes.append(val.dtype)
+    missing, dims, dtypes = _bound_tensors(cp, match)
+    if missing is not None:
+        return f"input {missing!r} has no tensor metadata, and the pattern computes {', '.join(cp.sized)} from its sizes"
     values = _symbol_values(dims)
     if values is None:
         return (f"the pattern computes {', '.join(cp.sized)} from its inputs' sizes, and {dims} have sizes with no "
                 f"example value here: pass such numbers as scalar parameters (`n: int`)")
     for doubled in [None] + sorted(values, key=str):
-        env = {sym: 2 * v if sym == doubled else v for sym, v in values.items()}
-        sizes = [tuple(d if type(d) is int else int(d.node.expr.xreplace(env)) for d in shape) for shape in dims]
+        sizes = _sizes_at(dims, {sym: 2 * v if sym == doubled else v for sym, v in values.items()})
         try:
             at = rule.compiled_at(cp.ir, tuple(zip(sizes, dtypes)))
         except Exception as exc:  # noqa: BLE001 - the pattern's own trace at these sizes
@@ -503,19 +497,30 @@ def _scalars_differ(rule: Rule, cp: Any, match: Match) -> Optional[str]:
 def _bound_sizes(cp: Any, match: Match) -> Optional[Tuple[Tuple[Tuple[int, ...], torch.dtype], ...]]:
     """The (shape, dtype) of each tensor the match binds, symbols at their example values (None where
     one has no metadata or example value)."""
+    missing, dims, dtypes = _bound_tensors(cp, match)
+    values = None if missing is not None else _symbol_values(dims)
+    if values is None:
+        return None
+    return tuple(zip(_sizes_at(dims, values), dtypes))
+
+
+def _bound_tensors(cp: Any, match: Match) -> Tuple[Optional[str], List[Tuple[Any, ...]], List[torch.dtype]]:
+    """The shape and dtype of each tensor the match binds to the pattern's tensor parameters, and the
+    first parameter bound to no tensor metadata (None when all are)."""
     dims, dtypes = [], []
     for name in cp.tensor_params:
         bound = match.bindings.get(name)
         val = bound.meta.get("val") if isinstance(bound, fx.Node) else None
         if not isinstance(val, torch.Tensor):
-            return None
+            return name, dims, dtypes
         dims.append(tuple(val.shape))
         dtypes.append(val.dtype)
-    values = _symbol_values(dims)
-    if values is None:
-        return None
-    return tuple((tuple(d if type(d) is int else int(d.node.expr.xreplace(values)) for d in shape), dtype)
-                 for shape, dtype in zip(dims, dtypes))
+    return None, dims, dtypes
+
+
+def _sizes_at(dims: List[Tuple[Any, ...]], values: Dict[Any, int]) -> List[Tuple[int, ...]]:
+    """``dims`` with each symbolic size at ``values``."""
+    return [tuple(d if type(d) is int else int(d.node.expr.xreplace(values)) for d in shape) for shape in dims]
 
 
 def _symbol_values(dims: List[Tuple[Any, ...]]) -> Optional[Dict[Any, int]]:

@@ -750,7 +750,7 @@ class UnusedResult(torch.nn.Module):
 
     def forward(self, x):
         with fxkern.region(GELU_BIAS):
-            y = F.gelu(x + self.b, approximate="tanh")  # noqa: F841 (never used)
+            F.gelu(x + self.b, approximate="tanh")  # its result never used
         return x * 2
 
 
