@@ -231,6 +231,27 @@ def _declared_parameters(code: str, name: str) -> Optional[list]:
     return None
 
 
+def _type_aliases(code: str) -> Dict[str, str]:
+    """The source's names for scalar types: ``typedef double real;``, ``using real = double;`` and
+    ``#define real double`` (a ``const real* x`` is read as the type it names; a review found the
+    check blind to such names)."""
+    found: Dict[str, str] = {}
+    for m in re.finditer(r"\btypedef\s+([\w\s]+?)\s+(\w+)\s*;|\busing\s+(\w+)\s*=\s*([\w\s]+?)\s*;"
+                         r"|^[ \t]*#[ \t]*define[ \t]+(\w+)[ \t]+([\w \t]+?)[ \t]*$", code, flags=re.M):
+        name, target = (m.group(2), m.group(1)) if m.group(2) else (m.group(3), m.group(4)) if m.group(3) else (m.group(5), m.group(6))
+        found[name] = " ".join(re.sub(r"\b(const|volatile)\b", " ", target).split())
+    return found
+
+
+def _unaliased(pointee: str, aliases: Dict[str, str]) -> str:
+    """``pointee`` with the source's type aliases followed (a few steps: aliases of aliases)."""
+    for _ in range(8):
+        if pointee not in aliases:
+            break
+        pointee = aliases[pointee]
+    return pointee
+
+
 def _check_declared_parameters(kernel: str, code: str, params: Sequence["Param"], dtypes: list) -> None:
     """The kernel's own parameter list against the calling convention, where PTX cannot tell: every
     pointer is .u64 there, so ``(const float* b, const float* a, ...)`` for inputs ``[a, b]`` ran
@@ -241,6 +262,7 @@ def _check_declared_parameters(kernel: str, code: str, params: Sequence["Param"]
     if declared is None or len(declared) != len(params):
         return  # the count is checked against the PTX, with a message of its own
     convention = ", ".join(p.label for p in params)
+    aliases = _type_aliases(code)
     at = {(p.role, p.name): j for j, p in enumerate(params) if p.name is not None}
     for i, ((name, pointee), want) in enumerate(zip(declared, params)):
         j = at.get((want.role, name))
@@ -250,10 +272,12 @@ def _check_declared_parameters(kernel: str, code: str, params: Sequence["Param"]
                 f"{params[j].label} at parameter {j}: fxkern passes arguments in this order: "
                 f"({convention}); reorder the kernel's parameters or the spec's inputs")
         expected = dtypes[i] if i < len(dtypes) else None
-        size = _POINTEE_SIZE.get(pointee) if pointee else None
+        real = _unaliased(pointee, aliases) if pointee else None
+        size = _POINTEE_SIZE.get(real) if real else None
         if expected is not None and size is not None and size != expected.itemsize:
+            spelled = pointee if real == pointee else f"{pointee} ({real})"
             raise SignatureMismatch(
-                f"kernel {kernel!r}, parameter {i} ({name}) points to {pointee} ({size}-byte elements), but "
+                f"kernel {kernel!r}, parameter {i} ({name}) points to {spelled}, {size}-byte elements, but "
                 f"{want.label} is a {expected} tensor ({expected.itemsize}-byte elements): declare it as "
                 f"{CTYPES[expected]}*, or " + ("set OutputDecl.dtype_from to the input whose dtype it has"
                                                if want.role == "output" else "pin the input's dtype with InputDecl.dtype"))

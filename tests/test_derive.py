@@ -193,13 +193,20 @@ def test_one_dtype_for_a_list_of_them_says_so():
      [InputDecl("a"), InputDecl("b")], [OutputDecl("y", SameAs("a"))],
      "parameter 0 is named 'b', but the spec puts input 'a' there"),
     ('extern "C" __global__ void k(const double* x, int n, float* y) {}',
-     None, None, "points to double (8-byte elements), but input 'x' is a torch.float32 tensor"),
+     None, None, "points to double, 8-byte elements, but input 'x' is a torch.float32 tensor"),
     ('extern "C" __global__ void k(const int* x, int n, float* y) {}',
      [InputDecl("x", dtype=torch.int64)], [OutputDecl("y", SameAs("x"), dtype_from=None)],
-     "points to int (4-byte elements), but input 'x' is a torch.int64 tensor"),
+     "points to int, 4-byte elements, but input 'x' is a torch.int64 tensor"),
     ('extern "C" __global__ void k(const long long* x, int n, float* y) {}',
      [InputDecl("x", dtype=torch.int64)], None, "set OutputDecl.dtype_from"),
-], ids=["inputs swapped", "double for float32", "int for int64", "float output of an int64 input"])
+    ('typedef double real;\nextern "C" __global__ void k(const real* x, int n, float* y) {}',
+     None, None, "points to real (double), 8-byte elements"),
+    ('using real = double;\nextern "C" __global__ void k(const real* x, int n, float* y) {}',
+     None, None, "points to real (double), 8-byte elements"),
+    ('#define real_t double\ntypedef real_t scalar;\nextern "C" __global__ void k(const scalar* x, int n, float* y) {}',
+     None, None, "points to scalar (double), 8-byte elements"),
+], ids=["inputs swapped", "double for float32", "int for int64", "float output of an int64 input",
+        "a typedef", "a using alias", "a macro behind a typedef"])
 def test_the_kernels_own_parameter_list_is_checked(source, inputs, outputs, words):
     """PTX passes every pointer as .u64: a kernel taking (b, a) for inputs [a, b] computed b - a,
     and a double* read a float32 tensor's bytes (found by a probe). The declaration tells."""
@@ -218,7 +225,9 @@ def test_the_kernels_own_parameter_list_is_checked(source, inputs, outputs, word
     'template <typename T> __global__ void k(const T* x, int n, T* y) {}',
     'extern "C" __global__ void k(const float* a, int n, float* x) {}',
     'extern "C" __global__ void k(const int* x, int n, float* y) {}',
-], ids=["other names", "vector types", "a template's T", "a name of another role", "float32 bits as int"])
+    'typedef float real;\nusing out_t = float;\nextern "C" __global__ void k(const real* x, int n, out_t* y) {}',
+], ids=["other names", "vector types", "a template's T", "a name of another role", "float32 bits as int",
+        "aliases of float"])
 def test_names_and_types_the_spec_does_not_know_are_the_authors(source):
     """A name the spec gives a parameter of another role (the output called like the input), and
     elements of the tensor's size read as another type, are the author's (found by a review)."""
