@@ -214,7 +214,7 @@ def cuda_kernel_op(
         strided_outputs=bool(strided_outputs),
     )
     entry.cuda_impl = eager_fn if eager_fn is not None else _cuda_impl(entry)
-    entry.fake_impl = meta_fn if meta_fn is not None else _fake_impl(entry)
+    entry.fake_impl = _checked_meta(entry) if meta_fn is not None else _fake_impl(entry)
     lib.impl(name, entry.cuda_impl, "CUDA")
     lib.impl(name, _cpu_impl(entry), "CPU")
     torch.library.register_fake(op_name, entry.fake_impl, lib=lib)
@@ -381,6 +381,21 @@ def _fake_impl(entry: KernelOp) -> Callable[..., Any]:
         device = tensors[0].device
         outs = [tensors[0].new_empty(s, dtype=d, device=device) for s, d in zip(shapes, dtypes)]
         return outs[0] if single else tuple(outs)
+
+    return fake
+
+
+def _checked_meta(entry: KernelOp) -> Callable[..., Any]:
+    """``meta_fn`` behind the spec's dtype check, as the launch checks them: a meta_fn that gave shapes
+    only let a rewrite accept matches the kernel then refused at run time (float64 scores, a float32
+    LayerNorm weight with bfloat16 activations; found by a probe)."""
+    plan, op, meta_fn = entry.plan, entry.qualname, entry.meta_fn
+    positions = plan.tensor_positions
+
+    def fake(*args: Any) -> Any:
+        outs = meta_fn(*args)  # first: its own checks say more than the generic one
+        validate.call_dtype(op, plan, [args[i] for i in positions])
+        return outs
 
     return fake
 

@@ -1478,3 +1478,37 @@ def test_add_layer_norm_near_misses_and_checks():
 def test_an_unknown_library_op_lists_the_ops():
     with pytest.raises(KeyError, match=r"fxkern.library has no op 'nope'; its ops: .*rms_norm"):
         lib.op("nope")
+
+
+class _MaskedScores(nn.Module):
+    def forward(self, s, m):
+        return F.softmax(s * 0.125 + m, dim=-1)
+
+
+class _AddNorm(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.ln = nn.LayerNorm(16)
+
+    def forward(self, x, r):
+        return self.ln(x + r)
+
+
+class _ChunkedSwiGLU(nn.Module):
+    def forward(self, x):
+        g, u = x.chunk(2, dim=-1)
+        return u * F.silu(g)
+
+
+@pytest.mark.parametrize("model, args", [
+    (_MaskedScores(), (torch.randn(2, 4, 5, 6, dtype=torch.float64), torch.randn(2, 1, 5, 6, dtype=torch.float64))),
+    (_AddNorm().double(), (torch.randn(2, 3, 16, dtype=torch.float64), torch.randn(2, 3, 16, dtype=torch.float64))),
+    (_AddNorm(), (torch.randn(2, 3, 16, dtype=torch.bfloat16), torch.randn(2, 3, 16, dtype=torch.bfloat16))),
+    (_ChunkedSwiGLU(), (torch.randn(3, 16, dtype=torch.float64),)),
+], ids=["float64 scores", "float64 add + LayerNorm", "float32 LayerNorm of bfloat16", "float64 chunked SwiGLU"])
+def test_ops_with_a_meta_fn_refuse_the_dtypes_their_kernels_refuse(rules, model, args):
+    """Their meta_fns checked shapes only: these matches were replaced, and the CUDA launch then
+    refused the dtypes at run time (found by a probe). Now they are near-misses, left as they are."""
+    ep = torch.export.export(model, args)
+    assert fxkern.apply(ep, rules) is ep
+    assert any("refuses these inputs" in m.reason and "dtype" in m.reason for m in fxkern.explain(ep, rules).near_misses)
