@@ -19,7 +19,8 @@ of a loop are told apart by where each call starts in the source. At run
 time the context does nothing.
 
 ``apply`` replaces every region it finds, whatever rule set it is given: the
-region's inputs (values made outside and used inside, in order of first use)
+region's inputs (values made outside and used inside, in order of first use in
+torch.export's graph, which compiled graphs are held to: :func:`in_call_order`, :func:`unordered_inputs`)
 and outputs (values made inside and used after it, in graph order) map to
 the op's tensor arguments and returns by position.
 """
@@ -208,6 +209,9 @@ class CompileFacts:
     calls: Dict[str, frozenset] = field(default_factory=dict)
     in_subgraph: frozenset = frozenset()
     places: Tuple[str, ...] = ()
+    # each call in a site's block by its place in dynamo's graph, the order Python ran them in
+    # (``(node name, graph id)``); a later graph may move calls (inductor's post-grad graph does)
+    order: Dict[Tuple[str, int], int] = field(default_factory=dict)
 
     def key(self) -> str:
         """The same in every process (graph ids left out), for a compile cache's key. It holds the
@@ -215,7 +219,8 @@ class CompileFacts:
         of the same ops, one written inside a region and one not, shared a cached compile (found by a
         test)."""
         calls = sorted((tag, sorted(name for name, _ in names)) for tag, names in self.calls.items())
-        return repr((self.cut, calls, sorted(self.in_subgraph), self.places))
+        order = [name for (name, _), _ in sorted(self.order.items(), key=lambda item: item[1])]
+        return repr((self.cut, calls, sorted(self.in_subgraph), self.places, order))
 
 
 _COMPILE: contextvars.ContextVar[Optional[CompileFacts]] = contextvars.ContextVar("fxkern_compile", default=None)
@@ -255,12 +260,14 @@ def compile_facts(gm: fx.GraphModule, cut: Optional[Tuple[Tuple[str, int], ...]]
     calls: Dict[str, set] = {}
     in_subgraph = set()
     places = []
+    order: Dict[Tuple[str, int], int] = {}
     for n in gm.graph.nodes if found else ():
         if n.op in ("call_function", "call_method"):
             for site in found:
                 position = _source_position(n, site)
                 if position is not None:
                     places.append(repr((site.tag, position)))
+                    order.setdefault((n.name, id(gm.graph)), len(order))
                     if _checked_call(n):
                         calls.setdefault(site.tag, set()).add((n.name, id(gm.graph)))
         if n.op == "call_function" and getattr(n.target, "__name__", "") not in _INLINED:
@@ -270,7 +277,7 @@ def compile_facts(gm: fx.GraphModule, cut: Optional[Tuple[Tuple[str, int], ...]]
                     in_subgraph.update(site.tag for m in sub.graph.nodes for site in found
                                        if m.op in ("call_function", "call_method") and _source_position(m, site) is not None)
     return CompileFacts(dynamo_cut() if cut is None else cut, {k: frozenset(v) for k, v in calls.items()},
-                        frozenset(in_subgraph), tuple(places))
+                        frozenset(in_subgraph), tuple(places), order)
 
 
 def dynamo_cut() -> Tuple[Tuple[str, int], ...]:
@@ -514,6 +521,50 @@ def interface(nodes: List[fx.Node]) -> Tuple[List[fx.Node], List[fx.Node]]:
                 inputs.append(a)
     outputs = [n for n in nodes if any(u not in inside for u in n.users if not _assertion(u))]
     return inputs, outputs
+
+
+def in_call_order(nodes: List[fx.Node], inputs: List[fx.Node]) -> List[fx.Node]:
+    """``inputs`` (in order of first use) in the order torch.export's graph reads them, where this graph
+    comes from a dynamo graph: by the place in dynamo's graph of the call that first reads each, which
+    is the order Python ran the calls in, as in torch.export's graph. Inductor's post-grad graph moves
+    calls: ``softmax(q @ k.mT) @ v`` read q before k there, and k first in the exported program, so the
+    op got its arguments in another order under torch.compile (found by a probe)."""
+    facts = _COMPILE.get()
+    if facts is None or not facts.order or len(inputs) < 2:
+        return inputs
+    wanted, first = set(inputs), {}
+    for n in nodes:
+        for a in n.all_input_nodes:
+            if a in wanted and a not in first:
+                first[a] = facts.order.get(_origin(n))
+    if any(place is None for place in first.values()):
+        return inputs  # a call dynamo's graph does not show: the graph's own order
+    return sorted(inputs, key=lambda a: first[a])  # stable: one call's inputs keep their order
+
+
+def unordered_inputs(nodes: List[fx.Node], inputs: List[fx.Node]) -> Optional[Tuple[List[fx.Node], List[fx.Node]]]:
+    """Inputs whose order this graph cannot tell, with the nodes of the call that first reads them;
+    None when it can. Inputs map to the op's arguments in order of first use in torch.export's graph,
+    where each call is one node whose arguments are in the order written. A graph that decomposed a
+    call into several (``from_node``: aot_autograd, inductor, ``run_decompositions``) keeps the calls'
+    order but not the order within one: ``linear(x, W, B)`` became ``t(W)``, ``addmm(B, x, ...)``, and
+    the op got (W, B, x), a wrong result (found by a probe). Two inputs first read by such a call are
+    refused."""
+    origin = {n: _origin(n) for n in nodes}
+    calls: Dict[Any, List[fx.Node]] = {}
+    for n in nodes:
+        calls.setdefault(origin[n], []).append(n)
+    first: Dict[Any, List[fx.Node]] = {}
+    wanted, seen = set(inputs), set()
+    for n in nodes:
+        for a in n.all_input_nodes:
+            if a in wanted and a not in seen:
+                seen.add(a)
+                first.setdefault(origin[n], []).append(a)
+    for call, read in first.items():
+        if len(read) > 1 and len(calls[call]) > 1:
+            return read, calls[call]
+    return None
 
 
 def _assertion(node: fx.Node) -> bool:

@@ -960,7 +960,7 @@ def _merge(report: Report, sub: Report, attr: str, block: str) -> None:
 def _regions(graph: fx.Graph, facts: _Facts, report: Report, safe: List[_Candidate]) -> None:
     """Region instances become candidates ahead of every rule (a region is an instruction)."""
     from fxkern.region import (columns_known, find, interface, repeated_run,  # the module, not the context manager
-                               shares_its_line, unfinished)
+                               in_call_order, shares_its_line, unfinished, unordered_inputs)
 
     present: Dict[str, set] = {}  # what unfinished() reads of the whole graph, computed once
     for site, nodes, exact in find(graph):
@@ -993,6 +993,17 @@ def _regions(graph: fx.Graph, facts: _Facts, report: Report, safe: List[_Candida
                                            f"the region updates a tensor in place ({writer.name!r}); an op call would drop that"))
             continue
         overload = site.op.default if hasattr(site.op, "default") else site.op
+        inputs = in_call_order(nodes, inputs)
+        unordered = unordered_inputs(nodes, inputs)
+        if unordered is not None:
+            read, call = unordered
+            rr.near_misses.append(NearMiss(site.label, [n.name for n in nodes], (
+                f"the block's inputs {[i.name for i in read]} are first read by one call that this graph holds as "
+                f"{len(call)} ops ({', '.join(n.name for n in call)}), so the order that maps them to {overload}'s "
+                f"arguments cannot be read here (it is the order written, which torch.export's graph keeps): apply "
+                f"the region to the exported program before run_decompositions(), or, under torch.compile, "
+                f"replace the block with a rule (fxkern.replace)")))
+            continue
         n_args = len(overload._schema.arguments)
         if not outputs:
             rr.near_misses.append(NearMiss(site.label, [n.name for n in nodes], (

@@ -761,3 +761,67 @@ def test_a_region_whose_result_is_unused_says_so():
     (miss,) = [m for m in report.near_misses if m.rule.startswith("region@")]
     assert "nothing the block computes is used after it" in miss.reason
     assert fxkern.apply(ep, RuleSet("empty")) is ep
+
+
+def linear_gelu(x, w, b):
+    return F.gelu(F.linear(x, w, b))
+
+
+def attention_kqv(k, q, v):
+    return torch.softmax(q @ k.mT, -1) @ v  # k first: torch.export's graph reads k.mT before the matmul
+
+
+LINEAR_GELU = fxkern.cuda_kernel_op("fxkern_test::region_linear_gelu", spec_like(linear_gelu), reference=linear_gelu)
+ATTENTION_KQV = fxkern.cuda_kernel_op("fxkern_test::region_attention_kqv", spec_like(attention_kqv),
+                                      reference=attention_kqv)
+
+
+class LinearGelu(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w, self.b = torch.nn.Parameter(torch.randn(8, 8)), torch.nn.Parameter(torch.randn(8))
+
+    def forward(self, x):
+        with fxkern.region(LINEAR_GELU):
+            y = F.gelu(F.linear(x, self.w, self.b))
+        return y * 2
+
+
+class Attention(torch.nn.Module):
+    def forward(self, q, k, v):
+        with fxkern.region(ATTENTION_KQV):
+            y = torch.softmax(q @ k.mT, -1) @ v
+        return y + 1
+
+
+@pytest.mark.parametrize("inner", ["aot_eager", "inductor"])
+def test_region_inputs_reach_the_op_in_one_order_in_every_graph(inner):
+    """A region's inputs map to the op's arguments in the order torch.export's graph first reads them.
+    Compiled graphs broke it (found by a probe): aot_autograd writes linear(x, W, B) as t(W), addmm(B,
+    x, ...), and the op got (W, B, x); inductor moved k.mT after q's expand, and the op got (q, k, v)
+    where the exported program gives (k, q, v). The first is refused where the order is lost, the
+    second follows the order Python ran the calls in."""
+    x = torch.randn(8, 8)
+    model = LinearGelu().eval().requires_grad_(False)
+    model(x)
+    new = fxkern.apply(torch.export.export(model, (x,)), RuleSet("empty"), verify=True)
+    assert count_target(new, LINEAR_GELU) == 1
+    for graph_of in ("core_aten", "compiled"):
+        if graph_of == "core_aten":
+            report = fxkern.explain(torch.export.export(model, (x,)).run_decompositions(), RuleSet("empty"))
+            reasons = [m.reason for m in report.near_misses]
+        else:
+            got, want, reports = compiled_reports(model, x, inner=inner)
+            torch.testing.assert_close(got, want)
+            reasons = [m.reason for r in reports for m in r.near_misses]
+            assert not [m for r in reports for m in r.matches]
+        assert any("are first read by one call that this graph holds as" in r and "cannot be read here" in r
+                   for r in reasons), reasons
+
+    q, k, v = (torch.randn(2, 4, 4) for _ in range(3))
+    model = Attention()
+    new = fxkern.apply(torch.export.export(model, (q, k, v)), RuleSet("empty"), verify=True)
+    assert count_target(new, ATTENTION_KQV) == 1
+    got, want, reports = compiled_reports(model, q, k, v, inner=inner)
+    torch.testing.assert_close(got, want)
+    assert [m for r in reports for m in r.matches if m.rule.startswith("region@")], [str(r) for r in reports]
