@@ -372,6 +372,7 @@ def _fake_impl(entry: KernelOp) -> Callable[..., Any]:
 
     def fake(*args: Any) -> Any:
         tensors = [args[i] for i in positions]
+        validate.warn_no_backward(op, tensors)
         dtype = validate.call_dtype(op, plan, tensors)
         validate.check_ranks(op, plan, tensors)
         env = ([t.shape for t in tensors], ())
@@ -394,7 +395,9 @@ def _checked_meta(entry: KernelOp) -> Callable[..., Any]:
 
     def fake(*args: Any) -> Any:
         outs = meta_fn(*args)  # first: its own checks say more than the generic one
-        validate.call_dtype(op, plan, [args[i] for i in positions])
+        tensors = [args[i] for i in positions]
+        validate.call_dtype(op, plan, tensors)
+        validate.warn_no_backward(op, tensors)
         return outs
 
     return fake
@@ -411,6 +414,7 @@ def _cpu_impl(entry: KernelOp) -> Callable[..., Any]:
                if isinstance(d, ScalarInput)] if entry.plan is not None else []
 
     def cpu(*args: Any) -> Any:
+        validate.warn_no_backward(op, args)
         for i, name, py_type in scalars:
             validate.coerce_scalar(op, name, py_type, args[i])
         expected = _as_tuple(fake(*args))  # validates the call like the CUDA path
@@ -518,6 +522,7 @@ def _cuda_impl(entry: KernelOp) -> Callable[..., Any]:
 
     fast_check = validate.fast_checker(plan)
     all_tensors = len(inputs) == len(positions)
+    grad_enabled = torch.is_grad_enabled
     # Output shapes that are an input's shape (SameAs) need no evaluation.
     same_as = [s.index if isinstance(s, symbolic.ShapeOf) else None for s in (plan.output_shapes or ())]
     simple_outputs = meta_fn is None and all(i is not None for i in same_as)
@@ -598,6 +603,8 @@ def _cuda_impl(entry: KernelOp) -> Callable[..., Any]:
 
     def cuda(*args: Any) -> Any:
         tensors = list(args) if all_tensors else [args[i] for i in positions]
+        if grad_enabled():
+            validate.warn_no_backward(op, tensors)
         key = signature(args, tensors)
         known = launches.get(key)
         if known is None:

@@ -401,12 +401,13 @@ def _fake_run_uncached(rule: Rule, match: Match) -> Tuple[Optional[Tuple[Any, ..
             args = _refake(args)
             modes = {id(a.fake_mode): a.fake_mode for a in args if hasattr(a, "fake_mode")}
         fake_mode = next(iter(modes.values()), None)
-        if fake_mode is not None:
-            with fake_mode:
-                out = rule.overload(*args)
-        else:
-            with torch._subclasses.FakeTensorMode(allow_non_fake_inputs=True):
-                out = rule.overload(*args)
+        with torch.no_grad():  # metadata only: no autograd graph (and no warning of the op's missing backward)
+            if fake_mode is not None:
+                with fake_mode:
+                    out = rule.overload(*args)
+            else:
+                with torch._subclasses.FakeTensorMode(allow_non_fake_inputs=True):
+                    out = rule.overload(*args)
     except Exception as exc:  # the op's own checks: dtype, shape, device
         return None, f"{rule.overload} refuses these inputs: {exc}"
     outs = tuple(out) if isinstance(out, (tuple, list)) else (out,)
@@ -1367,8 +1368,9 @@ def _verify(old: Callable, new: Callable, args: Tuple, kwargs: Dict, tree: _Anal
             alone: Callable[[Rule], Callable], names: List[str]) -> None:
     """Run ``old`` and ``new`` on one set of inputs; on the first output that differs, rewrite with
     each rule's matches alone (``alone(rule)``) to say which rule changed it, and where it matched."""
-    olds = torch.utils._pytree.tree_leaves(old(*args, **kwargs))
-    news = torch.utils._pytree.tree_leaves(new(*args, **kwargs))
+    with torch.no_grad():
+        olds = torch.utils._pytree.tree_leaves(old(*args, **kwargs))
+        news = torch.utils._pytree.tree_leaves(new(*args, **kwargs))
     if len(olds) != len(news):
         raise VerificationError(f"the rewritten program returns {len(news)} outputs, the original {len(olds)}")
     for i, (a, b) in enumerate(zip(olds, news)):
@@ -1377,8 +1379,9 @@ def _verify(old: Callable, new: Callable, args: Tuple, kwargs: Dict, tree: _Anal
             continue
         name = f" ({names[i]!r})" if i < len(names) else ""
         rules = list(dict.fromkeys(c.rule for c in tree.replaced()))
-        guilty = [r for r in rules if len(rules) == 1
-                  or _mismatch(a, torch.utils._pytree.tree_leaves(alone(r)(*args, **kwargs))[i]) is not None]
+        with torch.no_grad():
+            guilty = [r for r in rules if len(rules) == 1
+                      or _mismatch(a, torch.utils._pytree.tree_leaves(alone(r)(*args, **kwargs))[i]) is not None]
         if guilty:
             where = "; ".join(
                 f"rule {r.name} ({r.overload}), its matches at "

@@ -7,6 +7,7 @@ failure is a :class:`KernelInputError` that names the op and the argument.
 
 from __future__ import annotations
 
+import warnings
 from typing import Any, List, Optional, Sequence
 
 import torch
@@ -238,6 +239,24 @@ def check_grid(op: str, grid: Sequence[int]) -> None:
                 f"{op}: grid {tuple(grid)} is past CUDA's limit of {limit} blocks on axis "
                 f"{'xyz'[axis]}; the input is too large for this launch geometry"
             )
+
+
+_WARNED_NO_BACKWARD = []
+
+
+def warn_no_backward(op: str, tensors: Sequence[Any]) -> None:
+    """A call whose inputs require grad in grad mode: fxkern ops have no backward, so on CUDA and
+    under torch.compile no gradient reaches those inputs, and torch says so only at backward, in
+    its own words (training a rewritten program left grad None; found by a probe). Once a process."""
+    if (not _WARNED_NO_BACKWARD and torch.is_grad_enabled() and torch._C._any_requires_grad(*[t for t in tensors if isinstance(t, torch.Tensor)])
+            and not torch.compiler.is_exporting()):  # an exported program has no backward to lose
+        warnings.warn(
+            f"{op}: called with inputs that require grad; fxkern ops have no backward, so no gradient reaches "
+            f"those inputs through this call on CUDA or under torch.compile (on the CPU its reference runs and "
+            f"passes them). For inference run under torch.inference_mode() or torch.no_grad(); to train, compile "
+            f"the model with torch.compile(model, backend=fxkern.backend(rules)), which rewrites the graphs after "
+            f"autograd split them (said once, for the first such op)", UserWarning, stacklevel=3)
+        _WARNED_NO_BACKWARD.append(op)
 
 
 def check_no_blocks(op: str, grid: Sequence[int], names: Sequence[str], outputs: Sequence[Any]) -> None:

@@ -498,3 +498,25 @@ def test_a_grid_of_no_blocks_for_a_nonempty_output_is_refused():
     validate.check_no_blocks("ns::op", (0, 1, 1), ["y"], [torch.empty(0, 4)])  # empty: nothing to write
     with pytest.raises(KernelInputError, match=r"grid \(-1, 1, 1\)"):
         validate.check_no_blocks("ns::op", (-1, 1, 1), ["y"], [torch.empty(0)])
+
+
+def test_a_call_that_would_lose_gradients_warns_once(monkeypatch):
+    """fxkern ops have no backward: training a rewritten program compiled by plain torch.compile left
+    every grad None, with torch's warning only at backward (found by a probe). The call says so
+    first; under no_grad and while torch.export traces it, there is nothing to lose."""
+    from fxkern import validate
+    from helpers import Fn
+
+    op = fxkern.cuda_kernel_op("fxkern_test::scale_for_grads", scale_spec(), reference=lambda x, alpha: x * alpha)
+    x = torch.randn(8, requires_grad=True)
+    monkeypatch.setattr(validate, "_WARNED_NO_BACKWARD", [])
+    with torch.no_grad():
+        op(x, 2.0)
+    torch.export.export(Fn(lambda t: op(t, 2.0)), (x,))
+    assert validate._WARNED_NO_BACKWARD == []
+    with pytest.warns(UserWarning, match="fxkern_test::scale_for_grads: called with inputs that require grad.*backend="):
+        op(x, 2.0)
+    monkeypatch.setattr(validate, "_WARNED_NO_BACKWARD", [])
+    with pytest.warns(UserWarning, match="fxkern ops have no backward"):
+        torch.compile(lambda t: op(t, 2.0).sum(), backend="aot_eager")(x)
+    torch._dynamo.reset()
