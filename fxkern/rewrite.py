@@ -1368,9 +1368,7 @@ def _verify(old: Callable, new: Callable, args: Tuple, kwargs: Dict, tree: _Anal
             alone: Callable[[Rule], Callable], names: List[str]) -> None:
     """Run ``old`` and ``new`` on one set of inputs; on the first output that differs, rewrite with
     each rule's matches alone (``alone(rule)``) to say which rule changed it, and where it matched."""
-    with torch.no_grad():
-        olds = torch.utils._pytree.tree_leaves(old(*args, **kwargs))
-        news = torch.utils._pytree.tree_leaves(new(*args, **kwargs))
+    olds, news = _run_apart(old, args, kwargs), _run_apart(new, args, kwargs)
     if len(olds) != len(news):
         raise VerificationError(f"the rewritten program returns {len(news)} outputs, the original {len(olds)}")
     for i, (a, b) in enumerate(zip(olds, news)):
@@ -1379,9 +1377,7 @@ def _verify(old: Callable, new: Callable, args: Tuple, kwargs: Dict, tree: _Anal
             continue
         name = f" ({names[i]!r})" if i < len(names) else ""
         rules = list(dict.fromkeys(c.rule for c in tree.replaced()))
-        with torch.no_grad():
-            guilty = [r for r in rules if len(rules) == 1
-                      or _mismatch(a, torch.utils._pytree.tree_leaves(alone(r)(*args, **kwargs))[i]) is not None]
+        guilty = [r for r in rules if len(rules) == 1 or _mismatch(a, _run_apart(alone(r), args, kwargs)[i]) is not None]
         if guilty:
             where = "; ".join(
                 f"rule {r.name} ({r.overload}), its matches at "
@@ -1393,6 +1389,25 @@ def _verify(old: Callable, new: Callable, args: Tuple, kwargs: Dict, tree: _Anal
             blame = (f"no rule changes it alone ({', '.join(r.name for r in rules)}): their replacements "
                      f"together do; apply them one at a time to see which pair")
         raise VerificationError(f"output {i}{name} changed after the rewrite: {blame}.\n{why}")
+
+
+def _run_apart(fn: Callable, args: Tuple, kwargs: Dict) -> List[Any]:
+    """``fn``'s output leaves, run on copies of the inputs and of its buffers: a model updating a
+    buffer or an input in place (BatchNorm in training, a KV cache) had its state changed by
+    verification, and the second program ran from the state the first left, and differed (found by
+    a probe)."""
+    clone = lambda v: v.clone() if isinstance(v, torch.Tensor) else v  # noqa: E731
+    args, kwargs = torch.utils._pytree.tree_map(clone, (args, kwargs))
+    held = [(m, name, b) for m in (fn.modules() if isinstance(fn, torch.nn.Module) else ())
+            for name, b in m._buffers.items() if b is not None]
+    for m, name, b in held:
+        m._buffers[name] = b.clone()
+    try:
+        with torch.no_grad():
+            return torch.utils._pytree.tree_leaves(fn(*args, **kwargs))
+    finally:
+        for m, name, b in held:
+            m._buffers[name] = b
 
 
 def _program_inputs(program: torch.export.ExportedProgram) -> Tuple[Tuple, Dict]:

@@ -1381,3 +1381,33 @@ def test_a_scalar_inside_a_list_argument_is_a_near_miss_not_a_crash():
     report = fxkern.explain(ep, rs)
     assert not report.matches and "binds no value for the pattern's parameter(s) ['k']" in report.near_misses[0].reason
     torch.testing.assert_close(fxkern.apply(ep, rs).module()(x), x.view(-1, 8) * 2)
+
+
+class Cache(torch.nn.Module):
+    """A decoder step: writes the token into a cache buffer, bumps the position, reads both."""
+
+    def __init__(self):
+        super().__init__()
+        self.b = torch.nn.Parameter(torch.randn(8))
+        self.register_buffer("cache", torch.zeros(4, 8))
+        self.register_buffer("pos", torch.zeros((), dtype=torch.long))
+
+    def forward(self, x, r):
+        self.cache.index_copy_(0, self.pos.view(1), x)
+        self.pos.add_(1)
+        return bias_gelu_res(self.cache, self.b, r) * self.pos
+
+
+def test_verify_leaves_the_models_state_alone_and_runs_both_from_it(bgr):
+    """verify=True ran the old program, then the new one, on the model's own buffers: the cache and
+    position moved (export shares them with the model), and the second run started from the state
+    the first left, so a correct rewrite was reported as changing the output (found by a probe)."""
+    rs, rule = bgr
+    model = Cache().eval()
+    x, r = torch.randn(1, 8), torch.randn(4, 8)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    new = fxkern.apply(export(model, x, r), rs, verify=True)
+    assert count_target(new, rule.op) == 1
+    for k, v in model.state_dict().items():
+        torch.testing.assert_close(v, before[k], rtol=0, atol=0, msg=k)
+    assert model.pos.item() == 0
