@@ -369,10 +369,12 @@ def _fake_impl(entry: KernelOp) -> Callable[..., Any]:
     shape_fns = [symbolic.compile_shape(s) for s in plan.output_shapes]
     positions = plan.tensor_positions
     single = len(shape_fns) == 1
+    scalars = _scalar_slots(plan)
 
     def fake(*args: Any) -> Any:
         tensors = [args[i] for i in positions]
         validate.warn_no_backward(op, tensors)
+        validate.check_scalars(op, scalars, args)
         dtype = validate.call_dtype(op, plan, tensors)
         validate.check_ranks(op, plan, tensors)
         env = ([t.shape for t in tensors], ())
@@ -386,17 +388,24 @@ def _fake_impl(entry: KernelOp) -> Callable[..., Any]:
     return fake
 
 
+def _scalar_slots(plan: KernelPlan) -> List[Tuple[int, str, type]]:
+    """(position, name, Python type) of each scalar the spec declares."""
+    return [(i, d.name, d.py_type) for i, d in enumerate(plan.inputs) if isinstance(d, ScalarInput)]
+
+
 def _checked_meta(entry: KernelOp) -> Callable[..., Any]:
     """``meta_fn`` behind the spec's dtype check, as the launch checks them: a meta_fn that gave shapes
     only let a rewrite accept matches the kernel then refused at run time (float64 scores, a float32
     LayerNorm weight with bfloat16 activations; found by a probe)."""
     plan, op, meta_fn = entry.plan, entry.qualname, entry.meta_fn
     positions = plan.tensor_positions
+    scalars = _scalar_slots(plan)
 
     def fake(*args: Any) -> Any:
         outs = meta_fn(*args)  # first: its own checks say more than the generic one
         tensors = [args[i] for i in positions]
         validate.call_dtype(op, plan, tensors)
+        validate.check_scalars(op, scalars, args)
         validate.warn_no_backward(op, tensors)
         return outs
 
@@ -410,13 +419,11 @@ def _cpu_impl(entry: KernelOp) -> Callable[..., Any]:
     fake = entry.fake_impl  # set before this is called, by both ways of registering an op
     # the spec's scalars, checked as the CUDA launch checks them (a 2**40 for a 32-bit int went
     # through on the CPU and failed only on a GPU; found by a usability test)
-    scalars = [(i, d.name, d.py_type) for i, d in enumerate(entry.plan.inputs)
-               if isinstance(d, ScalarInput)] if entry.plan is not None else []
+    scalars = _scalar_slots(entry.plan) if entry.plan is not None else []
 
     def cpu(*args: Any) -> Any:
         validate.warn_no_backward(op, args)
-        for i, name, py_type in scalars:
-            validate.coerce_scalar(op, name, py_type, args[i])
+        validate.check_scalars(op, scalars, args)  # ptx_op's fake impl is its meta_fn alone
         expected = _as_tuple(fake(*args))  # validates the call like the CUDA path
         inputs = [a for a in args if isinstance(a, torch.Tensor)]
         outs = _as_tuple(reference(*args))

@@ -272,6 +272,15 @@ def check_no_blocks(op: str, grid: Sequence[int], names: Sequence[str], outputs:
     )
 
 
+def check_scalars(op: str, slots: Sequence[Any], args: Sequence[Any]) -> None:
+    """The fake impl's check of the scalars the launch coerces (``slots``: (position, name, type));
+    symbolic ones are left to the launch. A 2**40 for a 32-bit int was accepted by a rewrite and
+    refused at run time (found by a probe)."""
+    for i, name, py_type in slots:
+        if i < len(args) and not isinstance(args[i], (torch.SymInt, torch.SymFloat, torch.SymBool)):
+            coerce_scalar(op, name, py_type, args[i])
+
+
 def coerce_scalar(op: str, name: str, py_type: type, value: Any) -> Any:
     if py_type is bool:
         if not isinstance(value, (bool, int)):

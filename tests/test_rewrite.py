@@ -1411,3 +1411,19 @@ def test_verify_leaves_the_models_state_alone_and_runs_both_from_it(bgr):
     for k, v in model.state_dict().items():
         torch.testing.assert_close(v, before[k], rtol=0, atol=0, msg=k)
     assert model.pos.item() == 0
+
+
+def _times_k(x, k: int):
+    return torch.relu(x * k)
+
+
+def test_a_captured_scalar_the_kernel_cannot_take_is_a_near_miss():
+    """A 2**40 captured for a 32-bit int was replaced, and the rewritten program failed when run
+    (found by a probe): the fake impl now checks scalars as the launch does."""
+    rs = RuleSet()
+    rule = fxkern.replace(_times_k, spec_like(_times_k), name="times_k", rules=rs)
+    ep = export(Fn(lambda x: torch.relu(x * 2**40)), torch.randn(4, 8))
+    assert fxkern.apply(ep, rs) is ep
+    (miss,) = fxkern.explain(ep, rs).near_misses
+    assert "scalar 'k' = 1099511627776 does not fit the kernel's 32-bit int" in miss.reason
+    assert count_target(fxkern.apply(export(Fn(lambda x: torch.relu(x * 3)), torch.randn(4, 8)), rs), rule.op) == 1
