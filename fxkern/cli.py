@@ -125,8 +125,10 @@ class _Capture(logging.Handler):
         self.messages.append(text)
 
 
-def load_program(path: str) -> Any:
-    """``torch.export.load(path)``, with torch's deserialization warnings turned into one clear error."""
+def load_program(path: str, library_loaded: bool = False) -> Any:
+    """``torch.export.load(path)``, with torch's deserialization warnings turned into one clear error.
+    A program calling fxkern's library ops loads once the library has registered them: importing
+    ``fxkern.library`` registers nothing, and ``--import fxkern.library`` failed (found by a probe)."""
     import torch
 
     torch_log = logging.getLogger("torch.export")
@@ -137,10 +139,13 @@ def load_program(path: str) -> Any:
     except Exception as exc:  # noqa: BLE001  (torch raises many kinds; all mean "cannot load")
         logged = "\n".join(capture.messages)
         unresolved = re.search(r"failed to resolve (torch\.ops\.[\w.]+?)(?:\.default)? to an operator", logged)
+        if unresolved and unresolved.group(1).startswith("torch.ops.fxkern_lib.") and not library_loaded:
+            _library_rules()  # registers the library's ops
+            torch_log.handlers, torch_log.propagate = handlers, propagate
+            return load_program(path, library_loaded=True)
         if unresolved:
-            hint = " (fxkern's library: --import fxkern.library)" if unresolved.group(1).startswith("torch.ops.fxkern_lib.") else ""
             raise CliError(f"{path} calls {unresolved.group(1)}, which no module imported here registers; "
-                           f"pass --import MODULE for the module that defines it{hint}") from None
+                           f"pass --import MODULE for the module that defines it") from None
         # a model's output class (transformers' CausalLMOutputWithPast) is registered with pytree
         # where it is defined: importing that module is what loading needs
         unregistered = re.search(r"Deserializing ([\w.]+)\.(\w+) in pytree is not registered", logged + str(exc))

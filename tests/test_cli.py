@@ -258,6 +258,23 @@ def test_explain_names_an_op_nobody_registered(tmp_path, capsys):
     assert "calls torch.ops.fxkern_test_cli.swiglu" in proc.stderr and "--import" in proc.stderr
 
 
+def test_explain_loads_a_program_the_library_rewrote(tmp_path):
+    """Importing fxkern.library registers nothing, so --import fxkern.library, which the error
+    suggested, could not load such a program (found by a probe): explain registers the library."""
+    import fxkern.library
+
+    cfg = demo.SIZES["tiny"]
+    model = demo.build_model(cfg, torch.device("cpu"), torch.float32)
+    ep = fxkern.apply(torch.export.export(model, (torch.randint(0, cfg.vocab, (2, 16)),)), fxkern.library.rules())
+    path = tmp_path / "library.pt2"
+    torch.export.save(ep, str(path))
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    proc = subprocess.run([sys.executable, "-m", "fxkern", "explain", str(path), "--rules", "fxkern:default_rules"],
+                          check=False, capture_output=True, text=True, env=env, timeout=300, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    assert re.search(r"library\.pt2: \d+ nodes; rule set 'default'", proc.stdout), proc.stdout
+
+
 def test_explain_names_the_module_a_model_output_type_needs(tmp_path):
     """A model returning a pytree type (transformers' CausalLMOutputWithPast) loads only where its
     module is imported: explain said only "not registered" (found by a usability test)."""
