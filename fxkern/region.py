@@ -379,11 +379,14 @@ def find(graph: fx.Graph) -> List[Tuple[RegionSite, List[fx.Node], bool]]:
         tag = (n.meta.get("custom") or {}).get(TAG) if n.op == "call_function" and not _backward(n) else None
         if isinstance(tag, str):
             tagged.setdefault(tag, []).append(n)
-    for site in sites():
+    known = sites()
+    for site in known + _saved_sites(tagged, known):
         prefix = f"{site.tag}#"
         runs = [nodes for tag, nodes in tagged.items() if tag.startswith(prefix)]
         if runs:
             found.extend((site, nodes, True) for nodes in runs)
+            continue
+        if site not in known:
             continue
         stmts: Dict[fx.Node, int] = {}
         for n in graph.nodes:
@@ -402,6 +405,34 @@ def find(graph: fx.Graph) -> List[Tuple[RegionSite, List[fx.Node], bool]]:
         for members in groups.values():
             found.extend((site, run, False) for run in _runs(_components(members, stmts), stmts, order))
     return found
+
+
+def _saved_sites(tagged: Dict[str, List[fx.Node]], known: List[RegionSite]) -> List[RegionSite]:
+    """The sites of tags no block in this process recorded: a program saved with its tags and loaded
+    in a fresh process (the tags name the file, the line and the op; found by a probe). A tag whose
+    op no module here registers is left alone, and said in the log."""
+    import torch
+
+    seen = {site.tag for site in known}
+    found: Dict[str, RegionSite] = {}
+    for tag in tagged:
+        site_tag = tag.rsplit("#", 1)[0]
+        if site_tag in seen or site_tag in found:
+            continue
+        parts = site_tag.rsplit(":", 2)
+        if len(parts) != 3 or not parts[1].isdigit():
+            continue
+        filename, line, op_name = parts
+        names = op_name.split(".")
+        op = getattr(getattr(torch.ops, names[0], None), names[1], None) if len(names) >= 2 else None
+        if op is not None and len(names) > 2:
+            op = getattr(op, names[2], None)
+        if op is None:
+            log.info("fxkern: the program holds a region of %s:%s for %s, which no module imported here registers",
+                     filename, line, op_name)
+            continue
+        found[site_tag] = RegionSite(filename, int(line), int(line), op)
+    return list(found.values())
 
 
 def shares_its_line(site: RegionSite) -> bool:

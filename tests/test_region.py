@@ -1,6 +1,9 @@
 """fxkern.region: a marked block of model code becomes one op call after plain torch.export."""
 
+import os
+import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -9,6 +12,8 @@ import torch.nn.functional as F
 import fxkern
 from fxkern import RuleSet
 from helpers import count_target, spec_like
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def gelu_bias_ref(x, b):
@@ -403,6 +408,25 @@ def test_tags_name_the_site_so_a_saved_program_keeps_its_meaning():
     line = gelu_bias_helper.__code__.co_firstlineno + 1  # the helper's `with` line
     site = next(s for s in sites() if s.op is GELU_BIAS and s.filename == __file__ and s.first == line)
     assert any(t and t.startswith(f"{__file__}:{site.first}:{GELU_BIAS}#") for t in tags)
+
+
+def test_a_saved_program_s_regions_are_replaced_in_a_fresh_process(tmp_path):
+    """The tags travel with torch.export.save, but only sites recorded in the process were looked for:
+    loaded where the block never ran, the region was left in place, unreported (found by a probe)."""
+    x, b = torch.randn(4, 8), torch.randn(8)
+    path = tmp_path / "region.pt2"
+    torch.export.save(torch.export.export(ViaHelper(), (x, b)), str(path))
+    script = (f"import sys; sys.path[:0] = [{str(ROOT / 'tests')!r}]\n"
+              "import torch, fxkern, test_region\n"
+              "from fxkern.region import sites\n"
+              f"ep = torch.export.load({str(path)!r})\n"
+              "assert not sites(), sites()\n"
+              "new = fxkern.apply(ep, fxkern.RuleSet('empty'), verify=True)\n"
+              "print(sum(n.target is test_region.GELU_BIAS.default for n in new.graph.nodes))\n")
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
+                          env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split()[-1] == "1", proc.stdout
 
 
 def spec_block(spec, name):
