@@ -273,9 +273,22 @@ def test_the_string_backend_takes_inductors_options():
     f = torch.compile(lambda x: x * 0.5, backend="fxkern", options={"fx_graph_cache": False})
     torch.testing.assert_close(f(torch.ones(4)), torch.full((4,), 0.5))
     torch._dynamo.reset()
-    with pytest.raises(Exception, match=r"\['verfy'\] are not inductor options"):
+    with pytest.raises(Exception, match=r"\['verfy'\] are not inductor config options"):
         torch.compile(lambda x: x * 0.5, backend="fxkern", options={"verfy": True})(torch.ones(4))
     torch._dynamo.reset()
+
+
+def test_the_string_backend_takes_a_mode_and_the_backend_checks_its_config_patches():
+    """mode= failed with a raw TypeError, and a misspelt config_patches key only at the first call,
+    inside dynamo's error (found by a probe)."""
+    f = torch.compile(lambda x: x * 0.5, backend="fxkern", mode="max-autotune-no-cudagraphs")
+    torch.testing.assert_close(f(torch.ones(4)), torch.full((4,), 0.5))
+    torch._dynamo.reset()
+    with pytest.raises(Exception, match=r"mode='fastest'"):
+        torch.compile(lambda x: x * 0.5, backend="fxkern", mode="fastest")(torch.ones(4))
+    torch._dynamo.reset()
+    with pytest.raises(fxkern.SpecError, match=r"config_patches=...\): \['max_autotun'\] are not inductor config"):
+        fxkern.backend(config_patches={"max_autotun": True})
 
 
 def row_sums(x):

@@ -244,6 +244,8 @@ def backend(rules: Union[RuleSet, Sequence[Rule], None] = None, inner: Any = "in
     if unknown:
         raise SpecError(f"fxkern.backend: unknown option(s) {unknown}; it takes config_patches=, decompositions= "
                         f"(inductor) and options= (Torch-TensorRT)")
+    if options.get("config_patches"):
+        _inductor_patches(options["config_patches"], None, "fxkern.backend(config_patches=...)")
     if inner in ("tensorrt", "torch_tensorrt"):  # here, not at the first call, where dynamo wraps the error
         from fxkern.errors import TensorRTUnavailable
         from fxkern.tensorrt import available
@@ -254,20 +256,34 @@ def backend(rules: Union[RuleSet, Sequence[Rule], None] = None, inner: Any = "in
     return FxkernBackend(rules, inner, report, options)
 
 
-def _registered(gm: fx.GraphModule, example_inputs: List[Any], options: Optional[dict] = None) -> Callable[..., Any]:
+def _registered(gm: fx.GraphModule, example_inputs: List[Any], options: Optional[dict] = None,
+                mode: Optional[str] = None) -> Callable[..., Any]:
     """``torch.compile(model, backend="fxkern")``: the default rule set, inductor after it;
-    ``options=`` are inductor's, as ``backend="inductor"`` takes them (dynamo passed them, and this
-    failed: found by a probe)."""
-    if not options:
-        return backend()(gm, example_inputs)
-    from torch._inductor import config
+    ``options=`` and ``mode=`` are inductor's, as ``backend="inductor"`` takes them (dynamo passes
+    them, and both failed: found by two probes)."""
+    patches = _inductor_patches(options, mode)
+    return backend(config_patches=patches)(gm, example_inputs) if patches else backend()(gm, example_inputs)
 
-    patches = {k.replace("-", "_"): v for k, v in options.items()}  # inductor takes "max-autotune" too
-    unknown = sorted(set(patches) - set(config.get_config_copy()))
+
+def _inductor_patches(options: Optional[dict], mode: Optional[str], where: str = 'torch.compile(backend="fxkern")') -> dict:
+    """Inductor's config patches for ``options`` and ``mode``, each name checked (a misspelt one failed
+    at the first call, inside dynamo's error, or did nothing)."""
+    from torch._inductor import config, list_mode_options
+
+    patches = {}
+    if mode is not None:
+        try:
+            patches.update(list_mode_options(mode))
+        except RuntimeError as exc:
+            raise SpecError(f"{where}, mode={mode!r}: {exc}") from None
+    patches.update({k.replace("-", "_"): v for k, v in (options or {}).items()})  # "max-autotune" too
+    known = set(config.get_config_copy())
+    unknown = sorted(k for k in patches if k not in known and k.split(".")[0] not in known)
     if unknown:
-        raise SpecError(f'torch.compile(backend="fxkern", options=...): {unknown} are not inductor options (the '
-                        f"string backend passes options to inductor; fxkern.backend(...) takes fxkern's)")
-    return backend(config_patches=patches)(gm, example_inputs)
+        raise SpecError(f"{where}: {unknown} are not inductor config options"
+                        + (" (the string backend passes options= to inductor; fxkern.backend(...) takes fxkern's)"
+                           if where.startswith("torch.compile") else ""))
+    return patches
 
 
 try:
