@@ -1012,9 +1012,13 @@ def _regions(graph: fx.Graph, facts: _Facts, report: Report, safe: List[_Candida
                 "value for the op to return; use the block's result, or drop the block")))
             continue
         if n_args != len(inputs):
+            scalars = [a.name for a in overload._schema.arguments if not isinstance(a.type, torch.TensorType)]
+            why = (f": a region passes the op tensors only, the values the block reads from outside it, and "
+                   f"{overload} takes non-tensor arguments {scalars} too; register an op of tensors only, or write "
+                   f"a rule (fxkern.replace), whose pattern captures scalars" if scalars else "")
             rr.near_misses.append(NearMiss(site.label, [n.name for n in nodes], (
                 f"the region has inputs {[i.name for i in inputs]} and outputs {[o.name for o in outputs]}, "
-                f"but {overload} takes {n_args} arguments")))
+                f"but {overload} takes {n_args} arguments{why}")))
             continue
         n_returns = len(overload._schema.returns)
         if len(outputs) > n_returns:
@@ -1036,8 +1040,9 @@ def _more_outputs(outputs: List[fx.Node], nodes: List[fx.Node], overload: Any) -
     inside = set(nodes)
     uses = {o.name: sorted(u.name for u in o.users if u not in inside) for o in outputs}
     saved = any(u.op == "output" for o in outputs for u in o.users) and len(outputs) > 1
-    why = (" (one is an output of the graph: a training graph returns what autograd saves for the backward, so run "
-           "the block under torch.no_grad() or torch.inference_mode(); else have the op return it too)"
+    why = (" (one is an output of the graph itself: a buffer the block updates in place, which the op would have "
+           "to return too, or, in a training graph, a value autograd saves for the backward, which "
+           "torch.no_grad() or torch.inference_mode() leaves out)"
            if saved else ": have the op return them too, or keep what else uses them out of the block")
     return (f"the block's values {sorted(uses)} are used after it ({', '.join(f'{k} by {v}' for k, v in sorted(uses.items()))}), "
             f"but {overload} returns {len(overload._schema.returns)}{why}")

@@ -849,3 +849,25 @@ def test_region_inputs_reach_the_op_in_one_order_in_every_graph(inner):
     got, want, reports = compiled_reports(model, q, k, v, inner=inner)
     torch.testing.assert_close(got, want)
     assert [m for r in reports for m in r.matches if m.rule.startswith("region@")], [str(r) for r in reports]
+
+
+def scaled_relu(x, alpha: float):
+    return torch.relu(x * alpha)
+
+
+SCALED_RELU = fxkern.cuda_kernel_op("fxkern_test::region_scaled_relu", spec_like(scaled_relu), reference=scaled_relu)
+
+
+class ScaledRelu(torch.nn.Module):
+    def forward(self, x):
+        with fxkern.region(SCALED_RELU):
+            y = torch.relu(x * 0.5)
+        return y + 1
+
+
+def test_a_region_for_an_op_taking_scalars_says_a_region_passes_tensors_only():
+    """It said only "the region has inputs ['x'] ... but the op takes 2 arguments" (found by a probe)."""
+    model = ScaledRelu()
+    ep = torch.export.export(model, (torch.randn(4, 8),))
+    (miss,) = [m for m in fxkern.explain(ep, RuleSet("empty")).near_misses if m.rule.startswith("region@")]
+    assert "takes non-tensor arguments ['alpha'] too" in miss.reason and "fxkern.replace" in miss.reason
