@@ -160,6 +160,14 @@ class Sized:
     value: Any
 
 
+@dataclass(frozen=True)
+class SameDevice:
+    """A device literal that is where the op's input already is (core ATen writes ``.to(dtype)`` and
+    ``softmax(..., dtype=)`` as ``_to_copy(x, dtype, layout, device)``): it matches the graph's device
+    where that is its input's too. The pattern's example ran on the CPU, and its ``cpu`` kept every
+    CUDA graph's casts from matching (found by a probe)."""
+
+
 # ops whose size argument a pattern may take from an input's shape
 SIZE_OPS = {aten.expand.default, aten.view.default, aten.reshape.default, aten._unsafe_view.default,
             aten.broadcast_to.default, aten.new_zeros.default, aten.new_ones.default, aten.new_empty.default,
@@ -227,11 +235,15 @@ def compile_pattern(pattern: Pattern, policy: FrozenSet[str]) -> CompiledPattern
         if (pnode_name,) + tuple(site) in pattern.sized:
             sized.append(f"{value!r} in {pnode_name}")
             return Sized(value)
+        if isinstance(value, torch.device) and value == _input_device(current[0]):
+            return SameDevice()
         return value
 
+    current = [None]  # the node whose arguments convert() is reading
     for node in pattern.graph.nodes:
         if node.op != "call_function" or is_noise(node, policy):
             continue
+        current[0] = node
         raw = arguments(node)
         schema = getattr(node.target, "_schema", None)
         args = []
@@ -251,6 +263,15 @@ def compile_pattern(pattern: Pattern, policy: FrozenSet[str]) -> CompiledPattern
     leaves = tuple(i for i, pn in enumerate(nodes) if i not in outputs and not any(isinstance(a, Ref) for a in _flat(pn.args)))
     return CompiledPattern(nodes, outputs, tensor_params, [p.name for p in pattern.params if p.kind == "scalar"], policy, leaves,
                            pattern.ir, tuple(sized))
+
+
+def _input_device(node: Optional[fx.Node]) -> Optional[torch.device]:
+    """The device of ``node``'s first tensor argument (None where it has none)."""
+    for a in (node.all_input_nodes if node is not None else ()):
+        val = a.meta.get("val")
+        if isinstance(val, torch.Tensor):
+            return val.device
+    return None
 
 
 def _capture_for(pattern: Pattern, node_name: str, site: Tuple) -> Optional[str]:
@@ -514,6 +535,10 @@ class Matcher:
                 old = st.bind[pa.name]
                 return st.failed(lambda: f"scalar {pa.name!r} would be both {old} and {value}")
             st.bind[pa.name] = value
+            return True
+        if kind is SameDevice:
+            if ga is not None and not (isinstance(ga, torch.device) and ga == _input_device(where)):
+                return st.failed(lambda: f"{where.name!r} moves its input to {ga!r} where the pattern keeps it where it is")
             return True
         if kind is Sized:
             if isinstance(ga, fx.Node) or type(ga) is not type(pa.value):

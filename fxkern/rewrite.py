@@ -208,11 +208,19 @@ class _Facts:
         self.layouts: Dict[Any, Tuple[Any, Optional[str]]] = {}
         self.layouts_done: Set[Any] = set()
         self.anchor_dtypes: Dict[Any, List[Optional[torch.dtype]]] = {}
+        self._graph, self._sixteen = graph, None
         self.held_at: Dict[fx.Node, List[int]] = {}  # the held outputs' positions, by node
         if where.held is not None:
             for i, n in enumerate(torch.utils._pytree.tree_leaves(graph.find_nodes(op="output")[0].args[0])):
                 if isinstance(n, fx.Node) and i not in where.held.free:
                     self.held_at.setdefault(n, []).append(i)
+
+    def sixteen_bit(self) -> bool:
+        """Whether any value in the graph is float16 or bfloat16 (looked at once)."""
+        if self._sixteen is None:
+            self._sixteen = any(isinstance(v := n.meta.get("val"), torch.Tensor) and v.dtype in (torch.float16, torch.bfloat16)
+                                for n in self._graph.nodes)
+        return self._sixteen
 
     def autocast_at(self, node: fx.Node) -> Tuple[str, ...]:
         """The device types whose autocast is on where ``node`` runs."""
@@ -766,7 +774,7 @@ def _rule_candidates(rule: Rule, irs: Sequence[str], by_target: Dict[Any, List[f
         if rule.irs is not None and ir not in rule.irs:
             continue
         if (rule, ir) not in facts.anchor_dtypes:  # the same on a rule's second look
-            facts.anchor_dtypes[rule, ir] = _anchor_dtypes(rule, ir, by_target)
+            facts.anchor_dtypes[rule, ir] = _anchor_dtypes(rule, ir, by_target, facts)
         for dtype in facts.anchor_dtypes[rule, ir]:
             cp = rule.compiled(ir, dtype, sized)
             key = tuple((n.target, repr(n.args)) for n in cp.nodes)
@@ -1064,7 +1072,7 @@ def _trace_together(rules: List[Rule], irs: Sequence[str], by_target, facts: _Fa
         wanted: Dict[torch.dtype, List[Rule]] = {}
         for rule in rules:
             if rule.irs is None or ir in rule.irs:
-                facts.anchor_dtypes[rule, ir] = found = _anchor_dtypes(rule, ir, by_target)
+                facts.anchor_dtypes[rule, ir] = found = _anchor_dtypes(rule, ir, by_target, facts)
                 for d in found:
                     wanted.setdefault(d, []).append(rule)
         for d, some in wanted.items():
@@ -1072,18 +1080,49 @@ def _trace_together(rules: List[Rule], irs: Sequence[str], by_target, facts: _Fa
                 trace_together(some, ir, d)
 
 
-def _anchor_dtypes(rule: Rule, ir: str, by_target) -> List[Optional[torch.dtype]]:
+def _anchor_dtypes(rule: Rule, ir: str, by_target, facts: _Facts) -> List[Optional[torch.dtype]]:
     """dtypes to trace the pattern for: those of the graph's candidate anchors (float32 when unknown)."""
     if rule.traced_once:
         return [None]
-    target = rule.compiled(ir, torch.float32).anchor.target
+    traced = rule.compiled(ir, torch.float32)
+    casts = facts.sixteen_bit()
     found = []
-    for n in by_target.get(target, []):
+    for n in by_target.get(traced.anchor.target, []):
         val = n.meta.get("val")
         d = val.dtype if isinstance(val, torch.Tensor) else torch.float32
         if d.is_floating_point and d not in found:
             found.append(d)
+        if casts and d == torch.float32:  # also the dtype upcast on the way in (below)
+            for d in _upcast_from(n):
+                if d not in found:
+                    found.append(d)
     return found or [torch.float32]
+
+
+# A pattern that computes in float32 between casts (transformers' softmax(..., dtype=torch.float32).to(
+# dtype)) ends in the float32 op in its float32 trace, where the casts are gone, and in the downcast in
+# a 16-bit one: a 16-bit model's float32 softmax asked for float32 only, and its 16-bit form was never
+# traced in core ATen (found by a probe). The dtypes cast to float32 shortly before such an op count too.
+_CASTS = {torch.ops.aten._to_copy.default, torch.ops.prims.convert_element_type.default,
+          torch.ops.aten.to.dtype, torch.ops.aten.to.dtype_layout}
+
+
+def _upcast_from(node: fx.Node, depth: int = 4) -> List[torch.dtype]:
+    """The floating dtypes other than float32 that a cast within ``depth`` nodes before ``node`` reads."""
+    found, todo, seen = [], [(node, 0)], set()
+    while todo:
+        n, k = todo.pop()
+        if n in seen or k > depth:
+            continue
+        seen.add(n)
+        for a in n.all_input_nodes:
+            val = a.meta.get("val")
+            if n.target in _CASTS and isinstance(val, torch.Tensor) and val.dtype.is_floating_point \
+                    and val.dtype != torch.float32 and val.dtype not in found:
+                found.append(val.dtype)
+            if a.op == "call_function":
+                todo.append((a, k + 1))
+    return found
 
 
 # ---- rewriting ------------------------------------------------------------------

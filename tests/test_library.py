@@ -1512,3 +1512,23 @@ def test_ops_with_a_meta_fn_refuse_the_dtypes_their_kernels_refuse(rules, model,
     ep = torch.export.export(model, args)
     assert fxkern.apply(ep, rules) is ep
     assert any("refuses these inputs" in m.reason and "dtype" in m.reason for m in fxkern.explain(ep, rules).near_misses)
+
+
+class _Float32Attention(nn.Module):
+    def forward(self, s, m):  # transformers' eager attention
+        return F.softmax(s * 0.125 + m, dim=-1, dtype=torch.float32).to(s.dtype)
+
+
+@pytest.mark.parametrize("device", ["cpu", "meta"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_a_16_bit_float32_softmax_matches_in_core_aten_on_any_device(rules, dtype, device):
+    """In core ATen the float32 trace ends in _softmax (its casts are no-ops there), so a 16-bit model
+    asked for float32 only and got the plain softmax; and the 16-bit trace's upcast held the example's
+    device=cpu, which a graph on another device (meta stands in for cuda) never has (found by a probe)."""
+    s, m = torch.randn(2, 4, 5, 6, dtype=dtype, device=device), torch.randn(2, 1, 5, 6, dtype=dtype, device=device)
+    ep = torch.export.export(_Float32Attention(), (s, m)).run_decompositions()
+    report = fxkern.explain(ep, rules)
+    assert [m.rule for m in report.matches] == ["scaled_masked_softmax_float32"], str(report)
+    if device == "cpu":
+        new = fxkern.apply(ep, rules, verify=True)
+        torch.testing.assert_close(new.module()(s, m), _Float32Attention()(s, m), rtol=0, atol=0)
