@@ -43,7 +43,8 @@ def replaced(module, *args, dtype=torch.float32):
 
 def test_rule_set_is_named_built_once_and_complete(rules):
     assert rules is lib.rules() and rules.name == "fxkern.library"
-    assert {"rms_norm", "t5_layer_norm", "gemma_rms_norm", "add_rms_norm", "add_t5_layer_norm",
+    assert {"rms_norm", "t5_layer_norm", "meta_rms_norm", "add_meta_rms_norm", "gemma_rms_norm", "add_rms_norm",
+            "add_t5_layer_norm",
             "add_gemma_rms_norm", "bias_gelu", "bias_gelu_residual", "bias_gelu_tanh",
             "bias_gelu_tanh_residual", "gelu_new", "bias_gelu_new", "bias_gelu_new_residual",
             "megatron_bias_gelu", "swiglu", "geglu", "geglu_tanh", "geglu_new", "softmax", "softmax_float32", "scaled_masked_softmax",
@@ -1532,3 +1533,35 @@ def test_a_16_bit_float32_softmax_matches_in_core_aten_on_any_device(rules, dtyp
     if device == "cpu":
         new = fxkern.apply(ep, rules, verify=True)
         torch.testing.assert_close(new.module()(s, m), _Float32Attention()(s, m), rtol=0, atol=0)
+
+
+class _MetaRMSNorm(nn.Module):
+    """Meta's reference Llama RMSNorm, as gpt-fast and torchtune copy it."""
+
+    def __init__(self, dim, eps=1e-6):
+        super().__init__()
+        self.eps, self.weight = eps, nn.Parameter(torch.randn(dim))
+
+    def _norm(self, x):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+
+    def forward(self, x):
+        return self._norm(x.float()).type_as(x) * self.weight
+
+
+class _MetaBlock(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.attention_norm, self.ffn_norm = _MetaRMSNorm(64), _MetaRMSNorm(64)
+
+    def forward(self, x, r):
+        h = x + r
+        return self.ffn_norm(h) + h, self.attention_norm(x)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_meta_reference_llama_rmsnorm_is_found_with_and_without_its_residual_add(dtype):
+    """torch.export keeps Meta's float() and type_as(x), so Llama's pattern missed the norm of the
+    reference Llama, gpt-fast and torchtune in every dtype (found by a probe)."""
+    x, r = torch.randn(2, 5, 64), torch.randn(2, 5, 64)
+    assert replaced(_MetaBlock(), x, r, dtype=dtype) == {"add_rms_norm": 1, "rms_norm": 1}

@@ -68,9 +68,11 @@ from fxkern.library.rmsnorm import (
     RMS_NORM,
     add_gemma_rmsnorm,
     add_llama_rmsnorm,
+    add_meta_rmsnorm,
     add_t5_layer_norm,
     gemma_rmsnorm,
     llama_rmsnorm,
+    meta_rmsnorm,
     t5_layer_norm,
 )
 from fxkern.library.rotary import (
@@ -165,6 +167,7 @@ __all__ = [
     "add_gemma_rmsnorm",
     "add_layer_norm",
     "add_llama_rmsnorm",
+    "add_meta_rmsnorm",
     "add_t5_layer_norm",
     "bias_gelu",
     "bias_gelu_new",
@@ -181,6 +184,7 @@ __all__ = [
     "gemma_rmsnorm",
     "layernorm",
     "llama_rmsnorm",
+    "meta_rmsnorm",
     "megatron_bias_gelu",
     "norm_rotary",
     "op",

@@ -2,9 +2,11 @@
 
 Variants, as the libraries write them (transformers 5.x source):
 
-* ``llama_rmsnorm`` — ``LlamaRMSNorm`` (also Mistral, Mixtral, Qwen2/3, Phi-3, OLMo...):
+* ``llama_rmsnorm`` — ``LlamaRMSNorm`` (also Mistral, Mixtral, Qwen2/3, Phi-3, OLMo 1...):
   float32 upcast, ``weight * hidden.to(input_dtype)``: the normalised row is rounded to the input
   dtype *before* the weight multiply;
+* ``meta_rmsnorm`` — Meta's reference Llama and the code written after it (gpt-fast, torchtune,
+  mistral-inference): ``self._norm(x.float()).type_as(x) * self.weight``, Llama's numbers;
 * ``t5_layer_norm`` — ``T5LayerNorm`` (T5, mT5, UMT5, LongT5...): variance of the upcast input,
   ``x * rsqrt(...)`` in float32, cast to the weight's half dtype: the same numbers as Llama's
   when weight and input share a dtype, so the rule targets the same op;
@@ -566,6 +568,15 @@ def llama_rmsnorm(hidden_states, weight, eps: float):
     return weight * hidden_states.to(input_dtype)
 
 
+def meta_rmsnorm(x, weight, eps: float):
+    """Meta's reference Llama ``RMSNorm.forward`` (``self._norm(x.float()).type_as(x) * self.weight``,
+    its ``_norm`` inlined), as gpt-fast, torchtune and mistral-inference write it too: Llama's numbers,
+    the normalised row rounded to x's dtype before the weight multiply. torch.export keeps ``type_as``
+    and ``float()``, so Llama's pattern did not find it in any dtype (found by a probe)."""
+    h = x.float()
+    return (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)).type_as(x) * weight
+
+
 def t5_layer_norm(hidden_states, weight, eps: float):
     """transformers' ``T5LayerNorm.forward``, as written there."""
     variance = hidden_states.to(torch.float32).pow(2).mean(-1, keepdim=True)
@@ -644,6 +655,12 @@ def add_t5_layer_norm(x, residual, weight, eps: float):
     return t5_layer_norm(h, weight, eps), h
 
 
+def add_meta_rmsnorm(x, residual, weight, eps: float):
+    """Meta's reference Llama's residual add (``h = x + self.attention(...)``) and the next norm."""
+    h = x + residual
+    return meta_rmsnorm(h, weight, eps), h
+
+
 def add_gemma_rmsnorm(x, residual, weight, eps: float):
     """Gemma's residual add and the next ``GemmaRMSNorm``."""
     h = x + residual
@@ -692,6 +709,8 @@ def register(rules) -> None:
                    filter=row_param("x", "weight", same_shape="residual"), irs=irs)
     add_rule(rules, add_t5_layer_norm, add.op, "add_t5_layer_norm", filter=row_param("x", "weight", same_shape="residual"),
              irs=irs)
+    add_rule(rules, add_meta_rmsnorm, add.op, "add_meta_rms_norm", filter=row_param("x", "weight", same_shape="residual"),
+             irs=irs)
     # The plain norms run one of their kernels per call (two_read_tuning), each a private op; the public
     # op's spec is the register-resident kernel's, which TensorRT plugins carry.
     plain = {}
@@ -715,6 +734,7 @@ def register(rules) -> None:
     # T5's form computes Llama's numbers whenever weight and input share a dtype (the op's own
     # dtype check refuses the rest), so it is another way of finding the same op.
     add_rule(rules, t5_layer_norm, llama.op, "t5_layer_norm", filter=row_param("hidden_states", "weight"), irs=irs)
+    add_rule(rules, meta_rmsnorm, llama.op, "meta_rms_norm", filter=row_param("x", "weight"), irs=irs)
     # torch.export keeps nn.RMSNorm one aten.rms_norm node; the other IRs decompose it into ops whose
     # reduction axis is a positive index (rank-dependent), so the rule runs in the export IR only. The
     # example inputs make the row length an int literal the pattern can capture.
