@@ -381,6 +381,10 @@ def format_compile_error(filename: str, source: str, build_log: str) -> str:
     text = f"NVRTC could not compile {filename}:\n{build_log}"
     if excerpt:
         text += "\n\nsource:\n" + "\n".join(excerpt)
+    if "__nv_name_map" in build_log:  # NVRTC's lookup of the kernel by name, not the user's code (found by a probe)
+        text += ("\n\nfxkern looks the kernel up by KernelSpec.kernel_name from global scope: a kernel declared "
+                 "inside a named namespace is not found there; declare the __global__ function outside the "
+                 "namespace (its helpers may stay in it), or add `using namespace NAME;` after the namespace")
     return text.rstrip()
 
 

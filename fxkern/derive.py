@@ -154,25 +154,6 @@ def _check_compile_options(spec: KernelSpec) -> None:
                                      f"{', '.join(f'sm_{a}' for a in supported)}")
 
 
-def _namespace_around(source: str, name: str) -> Optional[str]:
-    """The namespace a ``__global__`` function ``name`` is declared in (``"a::b"``, ``"(anonymous)"``),
-    or None at global scope. NVRTC looks fxkern's kernels up by their plain name, and one in a namespace
-    failed with errors about ``__nv_name_map`` (found by a probe)."""
-    m = next((m for m in re.finditer(rf"(?<!\w){re.escape(name)}\s*\(", source)
-              if re.search(r"\b__global__\b", source[max(source.rfind(c, 0, m.start()) for c in ";{}") + 1:m.start()])), None)
-    if m is None:
-        return None
-    opened: List[Optional[str]] = []
-    for b in re.finditer(r"\bnamespace\s*(\w*(?:\s*::\s*\w+)*)\s*\{|[{}]", source[:m.start()]):
-        if b.group(0) == "}":
-            if opened:
-                opened.pop()
-        else:
-            opened.append(None if b.group(0) == "{" else (re.sub(r"\s", "", b.group(1)) or "(anonymous)"))
-    names = [n for n in opened if n is not None]
-    return "::".join(names) if names else None
-
-
 # The element size of a C++ pointer parameter, where the spelling names a scalar type (a template's T,
 # a vector type or a struct does not). Sizes, not types, are compared: a bool mask read as unsigned
 # char, or float32 bits read as int, are the author's choice (found by a review).
@@ -240,6 +221,10 @@ def _type_aliases(code: str) -> Dict[str, str]:
                          r"|^[ \t]*#[ \t]*define[ \t]+(\w+)[ \t]+([\w \t]+?)[ \t]*$", code, flags=re.M):
         name, target = (m.group(2), m.group(1)) if m.group(2) else (m.group(3), m.group(4)) if m.group(3) else (m.group(5), m.group(6))
         found[name] = " ".join(re.sub(r"\b(const|volatile)\b", " ", target).split())
+    # a template's parameter of the same name is its own type (a typedef double scalar_t beside a
+    # template <typename scalar_t> kernel; found by a review)
+    for m in re.finditer(r"\b(?:typename|class)\s+(\w+)", code):
+        found.pop(m.group(1), None)
     return found
 
 
@@ -326,11 +311,6 @@ def plan_kernel(
     if kind == "__device__":
         raise _fail("kernel_name", f"{spec.kernel_name!r} is a __device__ function, not a kernel; pass the name "
                                    f"of the __global__ function that calls it")
-    namespace = _namespace_around(code, spec.kernel_name) if kind == "__global__" else None
-    if namespace is not None:
-        raise _fail("kernel_name", f"kernel {spec.kernel_name!r} is declared inside namespace {namespace}, and fxkern "
-                                   f"looks kernels up at global scope: declare the __global__ function outside the "
-                                   f"namespace (helpers may stay in it)")
     if isinstance(spec.include_paths, (str, bytes)) or (spec.include_paths is not None
                                                         and not hasattr(spec.include_paths, "__iter__")):
         # a string was read as one directory per character (found by a probe)

@@ -529,7 +529,7 @@ def _cuda_impl(entry: KernelOp) -> Callable[..., Any]:
 
     fast_check = validate.fast_checker(plan)
     all_tensors = len(inputs) == len(positions)
-    grad_enabled = torch.is_grad_enabled
+    grad_enabled, any_requires_grad = torch.is_grad_enabled, torch._C._any_requires_grad
     # Output shapes that are an input's shape (SameAs) need no evaluation.
     same_as = [s.index if isinstance(s, symbolic.ShapeOf) else None for s in (plan.output_shapes or ())]
     simple_outputs = meta_fn is None and all(i is not None for i in same_as)
@@ -610,7 +610,7 @@ def _cuda_impl(entry: KernelOp) -> Callable[..., Any]:
 
     def cuda(*args: Any) -> Any:
         tensors = list(args) if all_tensors else [args[i] for i in positions]
-        if grad_enabled():
+        if grad_enabled() and any_requires_grad(*tensors):
             validate.warn_no_backward(op, tensors)
         key = signature(args, tensors)
         known = launches.get(key)

@@ -212,6 +212,10 @@ class CompileFacts:
     # each call in a site's block by its place in dynamo's graph, the order Python ran them in
     # (``(node name, graph id)``); a later graph may move calls (inductor's post-grad graph does)
     order: Dict[Tuple[str, int], int] = field(default_factory=dict)
+    # what each such call reads from outside its site's block, in argument order: another call
+    # (``(node name, graph id)``) or dynamo's i-th placeholder (``("placeholder", i)``)
+    reads: Dict[Tuple[str, int], Dict[str, Tuple[Any, ...]]] = field(default_factory=dict)
+    placeholders: Tuple[Any, ...] = ()  # (dtype, rank) of each placeholder's tensor, or None
 
     def key(self) -> str:
         """The same in every process (graph ids left out), for a compile cache's key. It holds the
@@ -220,7 +224,9 @@ class CompileFacts:
         test)."""
         calls = sorted((tag, sorted(name for name, _ in names)) for tag, names in self.calls.items())
         order = [name for (name, _), _ in sorted(self.order.items(), key=lambda item: item[1])]
-        return repr((self.cut, calls, sorted(self.in_subgraph), self.places, order))
+        reads = sorted((name, tag, [k if k[0] == "placeholder" else k[0] for k in read])
+                       for (name, _), tags in self.reads.items() for tag, read in tags.items())
+        return repr((self.cut, calls, sorted(self.in_subgraph), self.places, order, reads, self.placeholders))
 
 
 _COMPILE: contextvars.ContextVar[Optional[CompileFacts]] = contextvars.ContextVar("fxkern_compile", default=None)
@@ -261,6 +267,7 @@ def compile_facts(gm: fx.GraphModule, cut: Optional[Tuple[Tuple[str, int], ...]]
     in_subgraph = set()
     places = []
     order: Dict[Tuple[str, int], int] = {}
+    members: Dict[str, set] = {}
     for n in gm.graph.nodes if found else ():
         if n.op in ("call_function", "call_method"):
             for site in found:
@@ -268,6 +275,7 @@ def compile_facts(gm: fx.GraphModule, cut: Optional[Tuple[Tuple[str, int], ...]]
                 if position is not None:
                     places.append(repr((site.tag, position)))
                     order.setdefault((n.name, id(gm.graph)), len(order))
+                    members.setdefault(site.tag, set()).add(n)
                     if _checked_call(n):
                         calls.setdefault(site.tag, set()).add((n.name, id(gm.graph)))
         if n.op == "call_function" and getattr(n.target, "__name__", "") not in _INLINED:
@@ -276,8 +284,23 @@ def compile_facts(gm: fx.GraphModule, cut: Optional[Tuple[Tuple[str, int], ...]]
                 if isinstance(sub, fx.GraphModule):
                     in_subgraph.update(site.tag for m in sub.graph.nodes for site in found
                                        if m.op in ("call_function", "call_method") and _source_position(m, site) is not None)
+    holders = [n for n in gm.graph.nodes if n.op == "placeholder"] if found else []
+    index = {n: ("placeholder", i) for i, n in enumerate(holders)}
+    reads: Dict[Tuple[str, int], Dict[str, Tuple[Any, ...]]] = {}
+    for tag, inside in members.items():
+        for n in inside:
+            outside = [index.get(a, (a.name, id(gm.graph))) for a in n.all_input_nodes if a not in inside]
+            reads.setdefault((n.name, id(gm.graph)), {})[tag] = tuple(dict.fromkeys(outside))
+    shapes = tuple(_tensor_kind(n.meta.get("example_value")) for n in holders)
     return CompileFacts(dynamo_cut() if cut is None else cut, {k: frozenset(v) for k, v in calls.items()},
-                        frozenset(in_subgraph), tuple(places), order)
+                        frozenset(in_subgraph), tuple(places), order, reads, shapes)
+
+
+def _tensor_kind(value: Any) -> Any:
+    """(dtype, rank) of a tensor, else None: what tells one graph's placeholders from another's."""
+    import torch
+
+    return (value.dtype, value.dim()) if isinstance(value, torch.Tensor) else None
 
 
 def dynamo_cut() -> Tuple[Tuple[str, int], ...]:
@@ -554,23 +577,42 @@ def interface(nodes: List[fx.Node]) -> Tuple[List[fx.Node], List[fx.Node]]:
     return inputs, outputs
 
 
-def in_call_order(nodes: List[fx.Node], inputs: List[fx.Node]) -> List[fx.Node]:
-    """``inputs`` (in order of first use) in the order torch.export's graph reads them, where this graph
-    comes from a dynamo graph: by the place in dynamo's graph of the call that first reads each, which
-    is the order Python ran the calls in, as in torch.export's graph. Inductor's post-grad graph moves
-    calls: ``softmax(q @ k.mT) @ v`` read q before k there, and k first in the exported program, so the
-    op got its arguments in another order under torch.compile (found by a probe)."""
+def in_call_order(site: RegionSite, nodes: List[fx.Node], inputs: List[fx.Node]) -> Tuple[List[fx.Node], bool]:
+    """``inputs`` (in order of first use) in the order torch.export's graph reads them, and whether that
+    order was read from dynamo's graph, where this graph comes from one: each input is found there (a
+    call's result by ``from_node``, a placeholder by its place), and ordered by the first of the block's
+    calls that reads it, then by its place among that call's arguments: the order Python ran them in,
+    as in torch.export's graph. The compiled graph's own order is not it: inductor moves calls
+    (``softmax(q @ k.mT) @ v`` read q first there, k in the exported program), aot_autograd drops no-op
+    casts (``x.float()`` of a float32 x) and decomposes calls (``linear(x, W, B)`` into ``t(W)``,
+    ``addmm(B, x, ...)``): the op got its arguments in another order (found by a probe and a review).
+    Where an input is not found, the graph's order, by the dynamo call that first reads each input."""
     facts = _COMPILE.get()
     if facts is None or not facts.order or len(inputs) < 2:
-        return inputs
-    wanted, first = set(inputs), {}
+        return inputs, False
+    graph = nodes[0].graph
+    holders = [n for n in graph.nodes if n.op == "placeholder"]
+    same_holders = len(holders) == len(facts.placeholders) and all(
+        _tensor_kind(h.meta.get("val")) == kind for h, kind in zip(holders, facts.placeholders))
+    keys = {a: (("placeholder", holders.index(a)) if a.op == "placeholder" and same_holders else _origin(a)) for a in inputs}
+    first: Dict[fx.Node, Tuple[int, int]] = {}
+    for call, tags in facts.reads.items():
+        read = tags.get(site.tag, ())
+        for a in inputs:
+            if keys[a] in read:
+                place = (facts.order[call], read.index(keys[a]))
+                if a not in first or place < first[a]:
+                    first[a] = place
+    if len(first) == len(inputs):
+        return sorted(inputs, key=first.__getitem__), True
+    wanted, by_call = set(inputs), {}
     for n in nodes:
         for a in n.all_input_nodes:
-            if a in wanted and a not in first:
-                first[a] = facts.order.get(_origin(n))
-    if any(place is None for place in first.values()):
-        return inputs  # a call dynamo's graph does not show: the graph's own order
-    return sorted(inputs, key=lambda a: first[a])  # stable: one call's inputs keep their order
+            if a in wanted and a not in by_call:
+                by_call[a] = facts.order.get(_origin(n))
+    if any(place is None for place in by_call.values()):
+        return inputs, False  # a call dynamo's graph does not show: the graph's own order
+    return sorted(inputs, key=lambda a: by_call[a]), False  # stable: one call's inputs keep their order
 
 
 def unordered_inputs(nodes: List[fx.Node], inputs: List[fx.Node]) -> Optional[Tuple[List[fx.Node], List[fx.Node]]]:
@@ -584,7 +626,8 @@ def unordered_inputs(nodes: List[fx.Node], inputs: List[fx.Node]) -> Optional[Tu
     origin = {n: _origin(n) for n in nodes}
     calls: Dict[Any, List[fx.Node]] = {}
     for n in nodes:
-        calls.setdefault(origin[n], []).append(n)
+        if n.target is not operator.getitem:  # a projection of a multi-output op is that op (native_layer_norm)
+            calls.setdefault(origin[n], []).append(n)
     first: Dict[Any, List[fx.Node]] = {}
     wanted, seen = set(inputs), set()
     for n in nodes:
@@ -593,7 +636,7 @@ def unordered_inputs(nodes: List[fx.Node], inputs: List[fx.Node]) -> Optional[Tu
                 seen.add(a)
                 first.setdefault(origin[n], []).append(a)
     for call, read in first.items():
-        if len(read) > 1 and len(calls[call]) > 1:
+        if len(read) > 1 and len(calls.get(call, ())) > 1:
             return read, calls[call]
     return None
 

@@ -748,10 +748,11 @@ class _Analysis:
     def replaced(self) -> List[_Candidate]:
         return self.accepted + [c for a in self.inner.values() for c in a.replaced()]
 
-    def only(self, rule: Rule) -> "_Analysis":
-        """The same analysis with ``rule``'s matches alone (verification's search for the culprit)."""
-        return _Analysis([c for c in self.accepted if c.rule is rule], self.pos,
-                         {name: a.only(rule) for name, a in self.inner.items()})
+    def only(self, name: str) -> "_Analysis":
+        """The same analysis with the matches of the rule ``name`` alone (every instance of a region:
+        one rule each) for verification's search for the culprit."""
+        return _Analysis([c for c in self.accepted if c.rule.name == name], self.pos,
+                         {attr: a.only(name) for attr, a in self.inner.items()})
 
 
 def analyse(gm: fx.GraphModule, rules: Union[RuleSet, Sequence[Rule], None], irs: Sequence[str]):
@@ -1002,16 +1003,15 @@ def _regions(graph: fx.Graph, facts: _Facts, report: Report, safe: List[_Candida
                                            f"the region updates a tensor in place ({writer.name!r}); an op call would drop that"))
             continue
         overload = site.op.default if hasattr(site.op, "default") else site.op
-        inputs = in_call_order(nodes, inputs)
-        unordered = unordered_inputs(nodes, inputs)
+        inputs, known = in_call_order(site, nodes, inputs)
+        unordered = None if known else unordered_inputs(nodes, inputs)
         if unordered is not None:
             read, call = unordered
             rr.near_misses.append(NearMiss(site.label, [n.name for n in nodes], (
                 f"the block's inputs {[i.name for i in read]} are first read by one call that this graph holds as "
-                f"{len(call)} ops ({', '.join(n.name for n in call)}), so the order that maps them to {overload}'s "
-                f"arguments cannot be read here (it is the order written, which torch.export's graph keeps): apply "
-                f"the region to the exported program before run_decompositions(), or, under torch.compile, "
-                f"replace the block with a rule (fxkern.replace)")))
+                f"{len(call)} ops ({', '.join(n.name for n in call[:6])}{', ...' if len(call) > 6 else ''}), so the "
+                f"order that maps them to {overload}'s arguments cannot be read here (it is the order written, which "
+                f"torch.export's graph keeps): apply the region to the exported program before run_decompositions()")))
             continue
         n_args = len(overload._schema.arguments)
         if not outputs:
@@ -1020,7 +1020,7 @@ def _regions(graph: fx.Graph, facts: _Facts, report: Report, safe: List[_Candida
                 "value for the op to return; use the block's result, or drop the block")))
             continue
         if n_args != len(inputs):
-            scalars = [a.name for a in overload._schema.arguments if not isinstance(a.type, torch.TensorType)]
+            scalars = [a.name for a in overload._schema.arguments if not str(a.type).startswith("Tensor")]
             why = (f": a region passes the op tensors only, the values the block reads from outside it, and "
                    f"{overload} takes non-tensor arguments {scalars} too; register an op of tensors only, or write "
                    f"a rule (fxkern.replace), whose pattern captures scalars" if scalars else "")
@@ -1268,8 +1268,8 @@ def apply(program: Any, rules: Union[RuleSet, Sequence[Rule], None] = None, *, v
     """Replace every safe match of ``rules`` (default: the default rule set) and every
     ``fxkern.region`` in an ExportedProgram or GraphModule; returns a rewritten copy of the same kind.
 
-    ``verify=True`` runs old and new once, on the program's example inputs (or random ones of
-    its shapes), and raises :class:`VerificationError` on the first output that differs, naming
+    ``verify=True`` runs old and new once, on random values of the program's example inputs'
+    shapes and dtypes, and raises :class:`VerificationError` on the first output that differs, naming
     the rule whose matches alone change it and where they matched. One sample: an op that is
     wrong only for some values can pass. On a CPU program the ops run their references, so it
     checks the rewrite's wiring and the references, not the kernels.
@@ -1285,7 +1285,7 @@ def apply(program: Any, rules: Union[RuleSet, Sequence[Rule], None] = None, *, v
             return program
         new = program._update(gm, _rename_outputs(program.graph_signature, renamed))
         if verify:
-            def alone(rule: Rule) -> Callable:
+            def alone(rule: str) -> Callable:
                 g, r = _rewrite_tree(program.graph_module, tree.only(rule), False)
                 return program._update(g, _rename_outputs(program.graph_signature, r)).module()
             args, kwargs = _program_inputs(program)
@@ -1409,7 +1409,7 @@ def _mismatch(a: Any, b: Any) -> Optional[str]:
 
 
 def _verify(old: Callable, new: Callable, args: Tuple, kwargs: Dict, tree: _Analysis,
-            alone: Callable[[Rule], Callable], names: List[str]) -> None:
+            alone: Callable[[str], Callable], names: List[str]) -> None:
     """Run ``old`` and ``new`` on one set of inputs; on the first output that differs, rewrite with
     each rule's matches alone (``alone(rule)``) to say which rule changed it, and where it matched."""
     olds, news = _run_apart(old, args, kwargs), _run_apart(new, args, kwargs)
@@ -1420,17 +1420,18 @@ def _verify(old: Callable, new: Callable, args: Tuple, kwargs: Dict, tree: _Anal
         if why is None:
             continue
         name = f" ({names[i]!r})" if i < len(names) else ""
-        rules = list(dict.fromkeys(c.rule for c in tree.replaced()))
+        ops = {c.rule.name: c.rule.overload for c in tree.replaced()}
+        rules = list(ops)
         guilty = [r for r in rules if len(rules) == 1 or _mismatch(a, _run_apart(alone(r), args, kwargs)[i]) is not None]
         if guilty:
             where = "; ".join(
-                f"rule {r.name} ({r.overload}), its matches at "
-                + ", ".join(sorted({_location(c.match.anchor) for c in tree.replaced() if c.rule is r})) for r in guilty)
+                f"rule {r} ({ops[r]}), its matches at "
+                + ", ".join(sorted({_location(c.match.anchor) for c in tree.replaced() if c.rule.name == r})) for r in guilty)
             blame = (f"{where}. The op computes something other than the nodes it replaced: check its kernel, "
                      f"its reference, and the order of its arguments (a region's inputs map to the op's "
                      f"arguments in order of first use)")
         else:
-            blame = (f"no rule changes it alone ({', '.join(r.name for r in rules)}): their replacements "
+            blame = (f"no rule changes it alone ({', '.join(rules)}): their replacements "
                      f"together do; apply them one at a time to see which pair")
         raise VerificationError(f"output {i}{name} changed after the rewrite: {blame}.\n{why}")
 
@@ -1455,7 +1456,8 @@ def _run_apart(fn: Callable, args: Tuple, kwargs: Dict) -> List[Any]:
 
 
 def _program_inputs(program: torch.export.ExportedProgram) -> Tuple[Tuple, Dict]:
-    """The program's example inputs, or random ones of its placeholders' shapes and dtypes."""
+    """Random values of the program's example inputs' shapes and dtypes (of its placeholders' where it
+    keeps none); non-tensor inputs as given."""
     if program.example_inputs is not None:
         args, kwargs = program.example_inputs
     else:

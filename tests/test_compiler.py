@@ -134,6 +134,22 @@ def test_compile_error_shows_log_and_source_lines(fresh_cache):
     assert ">>    3 |   x[i] = undefined_name;" in msg
 
 
+@pytest.mark.parametrize("wrap, found", [
+    ("namespace foo {{\n{}\n}}", False),
+    ("namespace foo {{\n{}\n}}\nusing namespace foo;", True),
+    ("namespace {{\n{}\n}}", True),
+])
+def test_a_kernel_in_a_namespace_is_found_as_nvrtc_finds_it(fresh_cache, wrap, found):
+    """NVRTC's lookup of a kernel in a named namespace failed with errors about __nv_name_map, which
+    name nothing of the user's (found by a probe); where NVRTC finds it, it is fine."""
+    src = wrap.format('extern "C" __global__ void k(float* x) { x[threadIdx.x] = 1.0f; }')
+    if found:
+        assert compiler.compile_source(src, ["k"], filename="k.cu").ptx
+        return
+    with pytest.raises(CompileError, match=r"declared inside a named namespace is not found there"):
+        compiler.compile_source(src, ["k"], filename="k.cu")
+
+
 def test_compile_error_lines_are_the_users_behind_the_half_headers(fresh_cache):
     # A spec declaring float16/bfloat16 gets their headers put before its source: the lines shown
     # must still be the ones NVRTC names, counted in the user's source.

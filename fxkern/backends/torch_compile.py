@@ -244,8 +244,9 @@ def backend(rules: Union[RuleSet, Sequence[Rule], None] = None, inner: Any = "in
     if unknown:
         raise SpecError(f"fxkern.backend: unknown option(s) {unknown}; it takes config_patches=, decompositions= "
                         f"(inductor) and options= (Torch-TensorRT)")
-    if options.get("config_patches"):
-        _inductor_patches(options["config_patches"], None, "fxkern.backend(config_patches=...)")
+    if options.get("config_patches"):  # checked, and dashed names ("max-autotune") passed as inductor spells them
+        options = {**options, "config_patches": _inductor_patches(options["config_patches"], None,
+                                                                  "fxkern.backend(config_patches=...)")}
     if inner in ("tensorrt", "torch_tensorrt"):  # here, not at the first call, where dynamo wraps the error
         from fxkern.errors import TensorRTUnavailable
         from fxkern.tensorrt import available
