@@ -596,9 +596,11 @@ def in_call_order(site: RegionSite, nodes: List[fx.Node], inputs: List[fx.Node])
         _tensor_kind(h.meta.get("val")) == kind for h, kind in zip(holders, facts.placeholders))
     keys = {a: (("placeholder", holders.index(a)) if a.op == "placeholder" and same_holders else _origin(a)) for a in inputs}
     first: Dict[fx.Node, Tuple[int, int]] = {}
+    if len(set(keys.values())) < len(inputs):  # two inputs from one dynamo value (the halves of a chunk): unknown
+        keys = {}
     for call, tags in facts.reads.items():
         read = tags.get(site.tag, ())
-        for a in inputs:
+        for a in keys:
             if keys[a] in read:
                 place = (facts.order[call], read.index(keys[a]))
                 if a not in first or place < first[a]:

@@ -1085,17 +1085,15 @@ def _anchor_dtypes(rule: Rule, ir: str, by_target, facts: _Facts) -> List[Option
     if rule.traced_once:
         return [None]
     traced = rule.compiled(ir, torch.float32)
-    casts = facts.sixteen_bit()
+    sixteen = facts.sixteen_bit()
     found = []
     for n in by_target.get(traced.anchor.target, []):
         val = n.meta.get("val")
         d = val.dtype if isinstance(val, torch.Tensor) else torch.float32
         if d.is_floating_point and d not in found:
             found.append(d)
-        if casts and d == torch.float32:  # also the dtype upcast on the way in (below)
-            for d in _upcast_from(n):
-                if d not in found:
-                    found.append(d)
+        if sixteen and d == torch.float32:  # also the dtype upcast on the way in (below)
+            found.extend(up for up in _upcast_from(n) if up not in found)
     return found or [torch.float32]
 
 
