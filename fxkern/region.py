@@ -607,14 +607,20 @@ def in_call_order(site: RegionSite, nodes: List[fx.Node], inputs: List[fx.Node])
                     first[a] = place
     if len(first) == len(inputs):
         return sorted(inputs, key=first.__getitem__), True
-    wanted, by_call = set(inputs), {}
-    for n in nodes:
-        for a in n.all_input_nodes:
-            if a in wanted and a not in by_call:
-                by_call[a] = facts.order.get(_origin(n))
+    by_call = {a: facts.order.get(_origin(n)) for a, n in _first_readers(nodes, inputs).items()}
     if any(place is None for place in by_call.values()):
         return inputs, False  # a call dynamo's graph does not show: the graph's own order
     return sorted(inputs, key=lambda a: by_call[a]), False  # stable: one call's inputs keep their order
+
+
+def _first_readers(nodes: List[fx.Node], inputs: List[fx.Node]) -> Dict[fx.Node, fx.Node]:
+    """Each input's first reader among ``nodes``, in the order the inputs are first read."""
+    wanted, first = set(inputs), {}
+    for n in nodes:
+        for a in n.all_input_nodes:
+            if a in wanted and a not in first:
+                first[a] = n
+    return first
 
 
 def unordered_inputs(nodes: List[fx.Node], inputs: List[fx.Node]) -> Optional[Tuple[List[fx.Node], List[fx.Node]]]:
@@ -631,12 +637,8 @@ def unordered_inputs(nodes: List[fx.Node], inputs: List[fx.Node]) -> Optional[Tu
         if n.target is not operator.getitem:  # a projection of a multi-output op is that op (native_layer_norm)
             calls.setdefault(origin[n], []).append(n)
     first: Dict[Any, List[fx.Node]] = {}
-    wanted, seen = set(inputs), set()
-    for n in nodes:
-        for a in n.all_input_nodes:
-            if a in wanted and a not in seen:
-                seen.add(a)
-                first.setdefault(origin[n], []).append(a)
+    for a, n in _first_readers(nodes, inputs).items():
+        first.setdefault(origin[n], []).append(a)
     for call, read in first.items():
         if len(read) > 1 and len(calls.get(call, ())) > 1:
             return read, calls[call]
