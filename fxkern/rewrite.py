@@ -208,19 +208,35 @@ class _Facts:
         self.layouts: Dict[Any, Tuple[Any, Optional[str]]] = {}
         self.layouts_done: Set[Any] = set()
         self.anchor_dtypes: Dict[Any, List[Optional[torch.dtype]]] = {}
-        self._graph, self._sixteen = graph, None
+        self._by_target, self._upcasts, self._dtypes_at = by_target, None, {}
         self.held_at: Dict[fx.Node, List[int]] = {}  # the held outputs' positions, by node
         if where.held is not None:
             for i, n in enumerate(torch.utils._pytree.tree_leaves(graph.find_nodes(op="output")[0].args[0])):
                 if isinstance(n, fx.Node) and i not in where.held.free:
                     self.held_at.setdefault(n, []).append(i)
 
-    def sixteen_bit(self) -> bool:
-        """Whether any value in the graph is float16 or bfloat16 (looked at once)."""
-        if self._sixteen is None:
-            self._sixteen = any(isinstance(v := n.meta.get("val"), torch.Tensor) and v.dtype in (torch.float16, torch.bfloat16)
-                                for n in self._graph.nodes)
-        return self._sixteen
+    def upcasts(self) -> bool:
+        """Whether the graph casts a 16-bit float value (looked at once, on the casts alone)."""
+        if self._upcasts is None:
+            self._upcasts = any(isinstance(v := a.meta.get("val"), torch.Tensor) and v.dtype in (torch.float16, torch.bfloat16)
+                                for t in _CASTS for n in self._by_target.get(t, ()) for a in n.all_input_nodes)
+        return self._upcasts
+
+    def dtypes_at(self, target: Any) -> List[torch.dtype]:
+        """The floating dtypes of the nodes calling ``target``, and those a float32 one upcasts from
+        (below); once per target: rules anchored on one op (a ``mul``) share it."""
+        found = self._dtypes_at.get(target)
+        if found is None:
+            found = self._dtypes_at[target] = []
+            upcasts = self.upcasts()
+            for n in self._by_target.get(target, ()):
+                val = n.meta.get("val")
+                d = val.dtype if isinstance(val, torch.Tensor) else torch.float32
+                if d.is_floating_point and d not in found:
+                    found.append(d)
+                if upcasts and d == torch.float32:  # also the dtype upcast on the way in
+                    found.extend(up for up in _upcast_from(n) if up not in found)
+        return found
 
     def autocast_at(self, node: fx.Node) -> Tuple[str, ...]:
         """The device types whose autocast is on where ``node`` runs."""
@@ -250,8 +266,8 @@ def _hazards(match: Match, facts: _Facts) -> Optional[str]:
     pos = facts.pos
     # From the first copy the op reads through (it reads the copy's source where it runs) or matched
     # node, to the last matched node (a later output of a multi-output match comes after the anchor)
-    first = min(pos[n] for n in (*inside, *match.copies))
-    node = facts.writer_between(first, max(pos[n] for n in inside))
+    first = min(map(pos.__getitem__, (*inside, *match.copies)))
+    node = facts.writer_between(first, max(map(pos.__getitem__, inside)))
     if node is not None:
         where = "the matched nodes" if pos[node] > min(pos[n] for n in inside) else "a copy the match reads and the match"
         return f"the in-place op {node.name!r} ({node.target}) runs between {where}"
@@ -315,7 +331,7 @@ def creates_cycle(match_nodes: Set[fx.Node], pos: Dict[fx.Node, float]) -> Optio
     matched node in graph order, so the cost is bounded by the span of
     the match.
     """
-    last = max(pos[n] for n in match_nodes)
+    last = max(map(pos.__getitem__, match_nodes))
     frontier = deque(u for n in match_nodes for u in n.users if u not in match_nodes and pos[u] < last)
     seen: Set[fx.Node] = set()
     while frontier:
@@ -354,7 +370,7 @@ def _meta_key(v: Any) -> Any:
     if isinstance(v, fx.Node):
         val = v.meta.get("val")
         if isinstance(val, torch.Tensor):
-            layout = (tuple(val.shape), tuple(val.stride()))
+            layout = (val.shape, val.stride())  # torch.Size hashes as the tuple it is
             try:
                 hash(layout)
             except TypeError:  # symbolic sizes
@@ -1084,17 +1100,7 @@ def _anchor_dtypes(rule: Rule, ir: str, by_target, facts: _Facts) -> List[Option
     """dtypes to trace the pattern for: those of the graph's candidate anchors (float32 when unknown)."""
     if rule.traced_once:
         return [None]
-    traced = rule.compiled(ir, torch.float32)
-    sixteen = facts.sixteen_bit()
-    found = []
-    for n in by_target.get(traced.anchor.target, []):
-        val = n.meta.get("val")
-        d = val.dtype if isinstance(val, torch.Tensor) else torch.float32
-        if d.is_floating_point and d not in found:
-            found.append(d)
-        if sixteen and d == torch.float32:  # also the dtype upcast on the way in (below)
-            found.extend(up for up in _upcast_from(n) if up not in found)
-    return found or [torch.float32]
+    return list(facts.dtypes_at(rule.compiled(ir, torch.float32).anchor.target)) or [torch.float32]
 
 
 # A pattern that computes in float32 between casts (transformers' softmax(..., dtype=torch.float32).to(
