@@ -31,13 +31,18 @@ def replaced(module, *args, dtype=torch.float32):
     args = tuple(a.to(dtype) if isinstance(a, torch.Tensor) and a.is_floating_point() else a for a in args)
     ep = torch.export.export(module, args)
     new = fxkern.apply(ep, lib.rules(), verify=True)
+    with torch.no_grad():
+        torch.testing.assert_close(new.module()(*args), module(*args), rtol=0, atol=0)
+    return library_calls(new)
+
+
+def library_calls(program):
+    """{library op name: calls} in a rewritten program."""
     counts = {}
-    for n in new.graph.nodes:
+    for n in program.graph.nodes:
         if getattr(n.target, "namespace", None) == "fxkern_lib":
             name = n.target.name().split("::")[1].split(".")[0]
             counts[name] = counts.get(name, 0) + 1
-    with torch.no_grad():
-        torch.testing.assert_close(new.module()(*args), module(*args), rtol=0, atol=0)
     return counts
 
 
@@ -48,6 +53,8 @@ def test_rule_set_is_named_built_once_and_complete(rules):
             "add_gemma_rms_norm", "bias_gelu", "bias_gelu_residual", "bias_gelu_tanh",
             "bias_gelu_tanh_residual", "gelu_new", "bias_gelu_new", "bias_gelu_new_residual",
             "megatron_bias_gelu", "swiglu", "geglu", "geglu_tanh", "geglu_new", "softmax", "softmax_float32", "scaled_masked_softmax",
+            "litgpt_rms_norm", "add_litgpt_rms_norm", "add_layer_norm_no_bias", "geglu_chunked_gate_first", "masked_softmax",
+            "t5_masked_softmax", "t5_softmax",
             "scaled_masked_softmax_float32", "divided_masked_softmax", "divided_masked_softmax_float32",
             "softcapped_masked_softmax", "softcapped_masked_softmax_float32", "rotary_embedding", "add_layer_norm",
             "partial_rotary_embedding", "whole_rotary_embedding", "repeat_kv", "rotary_embedding_repeat_kv",
@@ -60,7 +67,8 @@ def test_rule_set_is_named_built_once_and_complete(rules):
                  lib.SCALED_MASKED_SOFTMAX, lib.DIVIDED_MASKED_SOFTMAX, lib.SOFTCAPPED_MASKED_SOFTMAX, lib.ROTARY,
                  lib.PARTIAL_ROTARY, lib.ROTARY_REPEAT_KV, lib.PARTIAL_ROTARY_REPEAT_KV, lib.REPEAT_KV, lib.ADD_LAYER_NORM,
                  lib.RMS_NORM_ROTARY, lib.GEMMA_RMS_NORM_ROTARY, lib.RMS_NORM_ROTARY_REPEAT_KV,
-                 lib.GEMMA_RMS_NORM_ROTARY_REPEAT_KV):
+                 lib.GEMMA_RMS_NORM_ROTARY_REPEAT_KV, lib.ADD_LAYER_NORM_NO_BIAS, lib.LITGPT_RMS_NORM,
+                 lib.ADD_LITGPT_RMS_NORM, lib.MASKED_SOFTMAX, lib.GEGLU_CHUNKED_GATE_FIRST):
         kinds = [type(d).__name__ for d in spec.inputs]
         assert kinds == sorted(kinds, key=lambda k: k != "InputDecl")
 
@@ -427,6 +435,108 @@ def test_rmsnorm_near_misses_are_left_alone():
         return lib.llama_rmsnorm(x + b, w, 1e-6)
 
     assert replaced(Fn(bias_then_norm), x, torch.randn(64), w) == {"rms_norm": 1}
+
+
+class LitGPTRMSNorm(nn.Module):
+    """litgpt's ``RMSNorm`` (Lightning-AI/litgpt ``litgpt/model.py``), as written there."""
+
+    def __init__(self, size, dim=-1, eps=1e-6, add_unit_offset=False):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.eps = eps
+        self.dim = dim
+        self.add_unit_offset = add_unit_offset
+
+    def forward(self, x):
+        dtype = x.dtype
+        x = x.float()
+        # NOTE: the original RMSNorm paper implementation is not equivalent
+        norm_x = torch.mean(x * x, dim=self.dim, keepdim=True)
+        x_normed = x * torch.rsqrt(norm_x + self.eps)
+        weight = (1 + self.weight) if self.add_unit_offset else self.weight
+        return (x_normed * weight.float()).to(dtype=dtype)
+
+
+class LitGPTBlock(nn.Module):
+    """litgpt's ``Block.forward`` with a sequential residual, attention and MLP as linears."""
+
+    def __init__(self, add_unit_offset=False):
+        super().__init__()
+        self.norm_1, self.norm_2 = (LitGPTRMSNorm(64, add_unit_offset=add_unit_offset) for _ in range(2))
+        for norm in (self.norm_1, self.norm_2):
+            nn.init.normal_(norm.weight)
+        self.attn, self.mlp = nn.Linear(64, 64), nn.Linear(64, 64)
+
+    def forward(self, x):
+        x_normed = self.norm_1(x)
+        attention_output = self.attn(x_normed)
+        x = attention_output + x
+        x = self.mlp(self.norm_2(x)) + x
+        return x
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=["float32", "bfloat16", "float16"])
+def test_litgpt_rmsnorm_with_x_times_x_is_found_with_and_without_its_residual_add(dtype):
+    """litgpt squares with ``x * x`` (a ``mul`` in every IR, where Llama's ``pow(2)`` is a ``pow``) and
+    multiplies the weight in float32 (F.rms_norm's numbers). Its Gemma form (``add_unit_offset``) adds 1
+    to the weight in the weight's dtype before the upcast: the op reads that sum as its weight."""
+    x = torch.randn(2, 8, 64)
+    assert replaced(LitGPTBlock(), x, dtype=dtype) == {"litgpt_rms_norm": 1, "add_litgpt_rms_norm": 1}
+    # In 16-bit, export asserts the sum's dtype before its upcast, ahead of norm_2's ``1 + weight``: the
+    # op would have to run before its weight is computed (the rewrite moves no nodes), so the add and
+    # the plain norm are replaced apart there
+    fused = {"litgpt_rms_norm": 1, "add_litgpt_rms_norm": 1}
+    assert replaced(LitGPTBlock(add_unit_offset=True), x, dtype=dtype) == (
+        fused if dtype == torch.float32 else {"litgpt_rms_norm": 2})
+    # core ATen (and the IRs made from it) too
+    model = LitGPTBlock().to(dtype).eval()
+    ep = torch.export.export(model, (x.to(dtype),)).run_decompositions()
+    assert sorted(m.rule for m in fxkern.explain(ep, lib.rules()).matches) == ["add_litgpt_rms_norm", "litgpt_rms_norm"]
+    new = fxkern.apply(ep, lib.rules(), verify=True)
+    with torch.no_grad():
+        torch.testing.assert_close(new.module()(x.to(dtype)), model(x.to(dtype)), rtol=0, atol=0)
+
+
+def test_squares_written_otherwise_and_litgpt_near_misses():
+    """``x ** 2`` exports as ``pow(x, 2)``: Llama's pattern finds it. ``torch.square`` stays
+    ``aten.square`` in the export IR (no rule looks for it there: no popular library writes a weighted
+    RMSNorm with it) and becomes ``pow`` in core ATen, where Llama's pattern finds it. litgpt's form over
+    another axis, or with two different tensors multiplied, is not a row norm of x."""
+    x, w = torch.randn(4, 8, 64), torch.randn(64)
+
+    def llama_written(square):
+        def norm(x, w):
+            h = x.to(torch.float32)
+            return w * (h * torch.rsqrt(square(h).mean(-1, keepdim=True) + 1e-6)).to(x.dtype)
+        return norm
+
+    assert replaced(Fn(llama_written(lambda h: h ** 2)), x, w) == {"rms_norm": 1}
+    squared = Fn(llama_written(torch.square))
+    assert replaced(squared, x, w) == {}
+    ep = torch.export.export(squared, (x, w)).run_decompositions()
+    assert [m.rule for m in fxkern.explain(ep, lib.rules()).matches] == ["rms_norm"]
+
+    def over_first_axis(x, w):
+        h = x.float()
+        return (h * torch.rsqrt(torch.mean(h * h, dim=0, keepdim=True) + 1e-6) * w.float()).to(x.dtype)
+
+    def two_tensors(x, y, w):
+        h = x.float()
+        return (h * torch.rsqrt(torch.mean(h * y.float(), dim=-1, keepdim=True) + 1e-6) * w.float()).to(x.dtype)
+
+    assert replaced(Fn(over_first_axis), x, w) == {}
+    assert replaced(Fn(two_tensors), torch.rand(4, 8, 64) + 0.1, torch.rand(4, 8, 64) + 0.1, w) == {}
+    # the ops on the CPU are litgpt's form, and check their shapes as the other norms' do
+    r = torch.randn(4, 8, 64)
+    norm = LitGPTRMSNorm(64)
+    with torch.no_grad():
+        norm.weight.copy_(w)
+        torch.testing.assert_close(lib.op("litgpt_rms_norm")(x, w, 1e-6), norm(x), rtol=0, atol=0)
+    y, h = lib.op("add_litgpt_rms_norm")(x, r, w, 1e-6)
+    torch.testing.assert_close(h, x + r)
+    torch.testing.assert_close(y, lib.litgpt_rmsnorm(x + r, w, 1e-6))
+    with pytest.raises(fxkern.KernelInputError):
+        lib.op("litgpt_rms_norm")(x, torch.randn(6, 1), 1e-6)
 
 
 # ---- bias + GELU --------------------------------------------------------------------------------
@@ -864,6 +974,129 @@ def test_divided_masked_op_multiplies_by_the_float32_reciprocal():
     for divisor in (11.0, 0.0, -0.0, 1e-46):
         divided(None, None, divisor)
     assert scales[0] == 1.0 / sm._f32(11.0) and scales[1:] == [math.inf, -math.inf, math.inf]
+
+
+class T5Scores(nn.Module):
+    """transformers 4.x ``T5Attention.forward`` from the scores to the attention weights, as written there:
+    no scaling, the mask added into the relative position bias, ``scores += position_bias_masked``, a
+    float32 softmax cast back with ``type_as`` (``in_place=False``: the same written ``scores = scores +
+    ...``, as the IRs that ``run_decompositions()`` makes hold it)."""
+
+    def __init__(self, in_place=True):
+        super().__init__()
+        self.in_place = in_place
+
+    def forward(self, query_states, key_states, position_bias, mask=None):
+        scores = torch.matmul(query_states, key_states.transpose(3, 2))
+        if mask is not None:
+            causal_mask = mask[:, :, :, : key_states.shape[-2]]
+            position_bias = position_bias + causal_mask
+        position_bias_masked = position_bias
+        if self.in_place:
+            scores += position_bias_masked
+        else:
+            scores = scores + position_bias_masked
+        return nn.functional.softmax(scores.float(), dim=-1).type_as(scores)
+
+
+def _matched_rules(program):
+    return sorted(m.rule for m in fxkern.explain(program, lib.rules()).matches)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
+@pytest.mark.parametrize("in_place", [True, False], ids=["in_place", "out_of_place"])
+def test_t5_attention_softmax(dtype, in_place):
+    """T5's unscaled scores plus its (1, H, Q, K) position bias, or (B, H, Q, K) with the padding mask
+    added in: the bias add and the float32 softmax are one unscaled masked softmax (the scaled kernel at
+    a scale of 1). The export IR keeps ``scores += ...`` as an in-place ``add_``, which no match takes in:
+    there the softmax and its two casts are one op (``t5_softmax``), where the plain softmax rule took
+    the softmax and left the casts; in core ATen the in-place add comes back as an add between two
+    views of the matmul's output, which no pattern crosses either (the matcher takes only views that
+    keep the shape)."""
+    torch.manual_seed(0)
+    q, k = torch.randn(2, 4, 16, 8), torch.randn(2, 4, 16, 8)
+    bias = torch.randn(1, 4, 16, 16)
+    pad = torch.zeros(2, 1, 1, 16)
+    pad[1, ..., 12:] = torch.finfo(dtype).min
+    for args in ((q, k, bias), (q, k, bias, pad)):
+        model = T5Scores(in_place)
+        want = "t5_softmax" if in_place else "t5_masked_softmax"
+        assert replaced(model, *args, dtype=dtype) == {"softmax" if in_place else "masked_softmax": 1}
+        typed = tuple(a.to(dtype) for a in args)
+        ep = torch.export.export(model.to(dtype), typed)
+        assert _matched_rules(ep) == [want]
+        core = ep.run_decompositions()
+        assert _matched_rules(core) == [want]
+        new = fxkern.apply(core, lib.rules(), verify=True)
+        torch.testing.assert_close(new.module()(*typed), model(*typed), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
+def test_t5_softmax_alone_and_unscaled_masked_scores(dtype):
+    """T5's ``softmax(x.float(), dim=-1).type_as(x)`` is one op with its casts (``softmax_float32`` is
+    transformers' other float32 form, ``dtype=torch.float32`` then ``.to()``). Scores plus a mask,
+    unscaled, in a softmax of their dtype are the unscaled masked op; scaled scores stay with the scaled
+    op, which wins that overlap (added first)."""
+    x, mask = torch.randn(2, 4, 16, 16), causal(2, 16)
+    ep = torch.export.export(Fn(lambda s: F.softmax(s.float(), dim=-1).type_as(s)), (x.to(dtype),))
+    assert _matched_rules(ep) == ["t5_softmax"]
+    assert replaced(Fn(lambda s: F.softmax(s.float(), dim=-1).type_as(s)), x, dtype=dtype) == {"softmax": 1}
+    assert replaced(Fn(lambda s, m: F.softmax(s + m, dim=-1)), x, mask, dtype=dtype) == {"masked_softmax": 1}
+    assert replaced(Fn(lambda s, m: (s + m).softmax(-1)), x, torch.randn(1, 4, 16, 16), dtype=dtype) == {
+        "masked_softmax": 1}
+    assert replaced(Scores(), torch.randn(2, 4, 16, 8), torch.randn(2, 4, 16, 8), mask, dtype=dtype) == {
+        "scaled_masked_softmax": 1}
+
+
+def test_t5_softmax_near_misses_take_the_plain_softmax():
+    """Masks the masked kernel does not read (2-d, broadcast along the keys, or of another dtype than the
+    scores: the add promotes) leave the add to PyTorch and the softmax to the plain op."""
+    x = torch.randn(2, 4, 16, 16)
+    for mask in (causal(1, 16)[0, 0], causal(2, 16)[..., :1]):
+        assert replaced(Fn(lambda s, m: F.softmax(s + m, dim=-1)), x, mask) == {"softmax": 1}
+        assert replaced(T5Scores(in_place=False), torch.randn(2, 4, 16, 8), torch.randn(2, 4, 16, 8), mask) == {
+            "softmax": 1}
+    module = T5Scores(in_place=False).to(torch.bfloat16)
+    args = (torch.randn(2, 4, 16, 8, dtype=torch.bfloat16), torch.randn(2, 4, 16, 8, dtype=torch.bfloat16),
+            torch.randn(1, 4, 16, 16))  # a float32 bias: the sum is float32
+    assert _matched_rules(torch.export.export(module, args)) == ["t5_softmax"]
+
+
+def test_transformers_5_t5_eager_attention_fuses_its_mask_add():
+    """transformers 5.x writes T5's eager attention as ``matmul(q, k.T) * scaling`` (1.0), ``+
+    position_bias``, ``+ attention_mask``, then a softmax of the scores' dtype. The last add and the
+    softmax are the unscaled masked op; the scaling by 1.0 and the bias add stay with PyTorch (one
+    kernel could take them only by reading two masks)."""
+    torch.manual_seed(0)
+    cfg = transformers.T5Config(vocab_size=128, d_model=64, d_kv=16, d_ff=128, num_layers=2, num_heads=4,
+                                feed_forward_proj="gated-gelu", attn_implementation="eager")
+    encoder = transformers.T5EncoderModel(cfg).eval()
+    ids = torch.randint(0, 128, (2, 16))
+    pad = torch.ones(2, 16, dtype=torch.long)
+    pad[1, 12:] = 0
+    for kwargs in ({}, {"attention_mask": pad}):
+        ep = torch.export.export(encoder, (ids,), kwargs=kwargs)
+        new = fxkern.apply(ep, lib.rules(), verify=True)
+        assert library_calls(new) == {"add_rms_norm": 4, "rms_norm": 1, "geglu_new": 2, "masked_softmax": 2}
+        with torch.no_grad():
+            torch.testing.assert_close(new.module()(ids, **kwargs).last_hidden_state,
+                                       encoder(ids, **kwargs).last_hidden_state, rtol=0, atol=0)
+
+
+def test_unscaled_masked_op_is_its_pattern_and_runs_the_scaled_kernels_at_a_scale_of_1():
+    from fxkern.library import softmax as sm
+
+    x, mask = torch.randn(2, 3, 8, 16), torch.randn(2, 1, 8, 16)
+    op = lib.op("masked_softmax")
+    torch.testing.assert_close(op(x, mask), F.softmax(x + mask, dim=-1), rtol=0, atol=0)
+    torch.testing.assert_close(op(x, mask), lib.op("scaled_masked_softmax")(x, mask, 1.0), rtol=0, atol=0)
+    with pytest.raises(fxkern.KernelInputError, match=r"fxkern_lib::masked_softmax: .*must both be 4-d"):
+        op(x, torch.zeros(8, 16))
+    with pytest.raises(fxkern.KernelInputError, match="does not broadcast onto scores"):
+        op(x, torch.zeros(2, 2, 8, 16))
+    calls = []
+    sm._unscaled_masked_on_cuda(lambda *a: calls.append(a))(x, mask)
+    assert calls == [(x, mask, 1.0)]
 
 
 # ---- the ops' own references ------------------------------------------------------------------------
@@ -1410,9 +1643,9 @@ def test_rotary_rule_with_a_dynamic_sequence_length(rules):
 class PostNorm(nn.Module):
     """BERT's ``BertSelfOutput``: ``self.LayerNorm(hidden_states + input_tensor)``, the sum used once."""
 
-    def __init__(self, d=32):
+    def __init__(self, d=32, bias=True):
         super().__init__()
-        self.LayerNorm = nn.LayerNorm(d, eps=1e-12)
+        self.LayerNorm = nn.LayerNorm(d, eps=1e-12, bias=bias)
 
     def forward(self, hidden_states, input_tensor):
         return self.LayerNorm(hidden_states + input_tensor)
@@ -1421,9 +1654,9 @@ class PostNorm(nn.Module):
 class PreNormBlock(nn.Module):
     """GPT-2's block tail: the residual add, then ``ln_2``, the sum kept as the next residual."""
 
-    def __init__(self, d=32):
+    def __init__(self, d=32, bias=True):
         super().__init__()
-        self.ln_2 = nn.LayerNorm(d)
+        self.ln_2 = nn.LayerNorm(d, bias=bias)
         self.mlp = nn.Linear(d, d)
 
     def forward(self, attn_output, residual):
@@ -1438,6 +1671,9 @@ def test_add_layer_norm_forms(dtype):
     x, r = torch.randn(2, 8, 32), torch.randn(2, 8, 32)
     assert replaced(PostNorm(), x, r, dtype=dtype) == {"add_layer_norm": 1}
     assert replaced(PreNormBlock(), x, r, dtype=dtype) == {"add_layer_norm": 1}
+    # nn.LayerNorm(d, bias=False) exports with None for the bias: the bias-free op
+    assert replaced(PostNorm(bias=False), x, r, dtype=dtype) == {"add_layer_norm_no_bias": 1}
+    assert replaced(PreNormBlock(bias=False), x, r, dtype=dtype) == {"add_layer_norm_no_bias": 1}
 
 
 @pytest.mark.parametrize("family", ["bert", "gpt2"])
@@ -1454,6 +1690,62 @@ def test_transformers_encoders_and_gpt2_fuse_each_residual_add_into_its_layer_no
     ep = torch.export.export(model.eval(), (ids,), kwargs={"use_cache": False})
     new = fxkern.apply(ep, rules, verify=True)
     assert sum(n.target == lib.op("add_layer_norm").default for n in new.graph.nodes) == 4
+
+
+def tiny_modernbert(dtype=torch.float32, **overrides):
+    torch.manual_seed(0)
+    cfg = transformers.ModernBertConfig(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                                        num_attention_heads=4, pad_token_id=0, bos_token_id=1, eos_token_id=2,
+                                        cls_token_id=1, sep_token_id=2, **overrides)
+    return transformers.ModernBertModel(cfg).to(dtype).eval()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
+def test_modernbert_bias_free_add_layer_norms_and_first_half_geglu(dtype):
+    """transformers' ModernBERT: its LayerNorms have no bias (``norm_bias=False``), each after a residual
+    add (every layer's ``mlp_norm``, the second layer's ``attn_norm``, the ``final_norm``; the first
+    layer's ``attn_norm`` is an Identity and the embeddings' norm follows no add), and its MLP takes the
+    erf GELU of the first half of ``Wi``'s output times the second (``ModernBertMLP``). add_layer_norm's
+    pattern has a bias and geglu_chunked the GELU on the second half: both missed it. The dropout
+    (p=0) after the product stays in the export IR as ``aten.dropout(x, 0.0, False)``, outside the match."""
+    from transformers.models.modernbert.modeling_modernbert import ModernBertMLP
+
+    model = tiny_modernbert(dtype)
+    assert not model.config.norm_bias and model.config.hidden_activation == "gelu"
+    ids = torch.randint(0, 128, (2, 16))
+    ep = torch.export.export(model, (ids,))
+    new = fxkern.apply(ep, lib.rules(), verify=True)
+    assert library_calls(new) == {"add_layer_norm_no_bias": 4, "geglu_chunked_gate_first": 2}
+    other = torch.randint(0, 128, (2, 16))
+    with torch.no_grad():
+        torch.testing.assert_close(new.module()(other).last_hidden_state, model(other).last_hidden_state, rtol=0, atol=0)
+    assert replaced(ModernBertMLP(model.config), torch.randn(2, 8, 64), dtype=dtype) == {"geglu_chunked_gate_first": 1}
+
+
+def test_modernbert_near_variants():
+    """With ``norm_bias=True`` its norms take the op with a bias; with the tanh GELU its MLP is not
+    GEGLU's erf kernel (left alone, as diffusers' tanh GEGLU is); the GELU on the second half is
+    diffusers' form (``geglu_chunked``), not ModernBERT's."""
+    from transformers.models.modernbert.modeling_modernbert import ModernBertMLP
+
+    ids = torch.randint(0, 128, (2, 16))
+    ep = torch.export.export(tiny_modernbert(norm_bias=True), (ids,))
+    assert sorted({m.rule for m in fxkern.explain(ep, lib.rules()).matches}) == ["add_layer_norm", "geglu_chunked_gate_first"]
+    tanh = tiny_modernbert(hidden_activation="gelu_pytorch_tanh")
+    assert replaced(ModernBertMLP(tanh.config), torch.randn(2, 8, 64)) == {}
+
+    def second_half(x):
+        a, b = x.chunk(2, -1)
+        return a * F.gelu(b)
+
+    def other_axis(x):
+        a, b = x.chunk(2, 1)
+        return F.gelu(a) * b
+
+    assert replaced(Fn(second_half), torch.randn(4, 32)) == {"geglu_chunked": 1}
+    assert replaced(Fn(other_axis), torch.randn(4, 6, 32)) == {}
+    x = torch.randn(3, 8)
+    torch.testing.assert_close(lib.op("geglu_chunked_gate_first")(x), F.gelu(x[:, :4]) * x[:, 4:], rtol=0, atol=0)
 
 
 def test_add_layer_norm_near_misses_and_checks():
@@ -1474,6 +1766,18 @@ def test_add_layer_norm_near_misses_and_checks():
         op(x, r[:1], w, b, 32, 1e-5)
     with pytest.raises(fxkern.KernelInputError, match=r"bias \(1, 32\) must be \(32,\)"):
         op(x, r, w, b[None], 32, 1e-5)
+    # the bias-free op: its pattern on the CPU, the same checks, naming itself
+    no_bias = nn.LayerNorm(32, bias=False)
+    assert replaced(Fn(lambda a, c: no_bias(a + c)), x, r[:1, :1]) == {}  # a broadcast residual
+    assert replaced(Fn(lambda a, c: F.layer_norm(a + c, (32,), w)), x, r) == {"add_layer_norm_no_bias": 1}
+    op = lib.op("add_layer_norm_no_bias")
+    y, h = op(x, r, w, 32, 1e-5)
+    torch.testing.assert_close(h, x + r)
+    torch.testing.assert_close(y, F.layer_norm(x + r, (32,), w, None, 1e-5), rtol=0, atol=0)
+    with pytest.raises(fxkern.KernelInputError, match="add_layer_norm_no_bias: normalized_size=16 must be the last axis"):
+        op(x, r, w, 16, 1e-5)
+    with pytest.raises(fxkern.KernelInputError, match=r"add_layer_norm_no_bias: weight \(1, 32\) must be \(32,\)"):
+        op(x, r, w[None], 32, 1e-5)
 
 
 def test_an_unknown_library_op_lists_the_ops():

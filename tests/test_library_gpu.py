@@ -79,12 +79,19 @@ CASES = {
     "add_torch_rms_norm_default_eps": (rmsnorm.add_torch_rms_norm_default_eps, lambda rows, d, dtype: (
         rand(rows, d, dtype=dtype), rand(rows, d, dtype=dtype), rand(d, dtype=dtype), d)),
     "add_gemma_rms_norm": (rmsnorm.add_gemma_rmsnorm, add_row_case(row_case())),
+    # litgpt's RMSNorm (x * x, the weight multiplied in float32): F.rms_norm's kernels
+    "litgpt_rms_norm": (rmsnorm.litgpt_rmsnorm, row_case()),
+    "add_litgpt_rms_norm": (rmsnorm.add_litgpt_rmsnorm, add_row_case(row_case())),
     # float32 rows off zero (mean 3) test the centred variance against float64; 16-bit ones stay
     # centred: the kernel rounds x + residual to the dtype, as eager does and the float32 reference
     # does not, and that rounding of values near 3 moves (h - mean) by more than the tolerance
     "add_layer_norm": (layernorm.add_layer_norm, lambda rows, d, dtype: (
         rand(rows, d, dtype=dtype, scale=2.0) + (3.0 if dtype == torch.float32 else 0.0), rand(rows, d, dtype=dtype),
         rand(d, dtype=dtype), rand(d, dtype=dtype), d, 1e-5)),
+    # ModernBERT's nn.LayerNorm(bias=False): the same kernel, no bias read
+    "add_layer_norm_no_bias": (layernorm.add_layer_norm_no_bias, lambda rows, d, dtype: (
+        rand(rows, d, dtype=dtype, scale=2.0) + (3.0 if dtype == torch.float32 else 0.0), rand(rows, d, dtype=dtype),
+        rand(d, dtype=dtype), d, 1e-5)),
     "softmax": (softmax.softmax, lambda rows, d, dtype: (rand(rows, d, dtype=dtype, scale=4.0),)),
     "bias_gelu": (gelu.bias_gelu, ew_case(1, True)),
     "bias_gelu_residual": (gelu.bias_gelu_residual, ew_case(2, True)),
@@ -103,6 +110,9 @@ CASES = {
     "swiglu_chunked_gate_last": (swiglu.swiglu_chunked_gate_last,
                                  lambda rows, d, dtype: (rand(rows, 2 * d, dtype=dtype, scale=2.0),)),
     "geglu_chunked": (swiglu.geglu_chunked, lambda rows, d, dtype: (rand(rows, 2 * d, dtype=dtype, scale=2.0),)),
+    # ModernBERT's MLP: the GELU on the first half
+    "geglu_chunked_gate_first": (swiglu.geglu_chunked_gate_first,
+                                 lambda rows, d, dtype: (rand(rows, 2 * d, dtype=dtype, scale=2.0),)),
 }
 
 
@@ -218,6 +228,17 @@ def test_plain_norms_read_transposed_heads_in_place_and_keep_their_layout(dtype)
             assert len(names) == 1 and "rms_norm" in names[0], names
             check(name, pattern, (x, w, 1e-6), dtype)
         torch.library.opcheck(lib.op(name), (x, w, 1e-6))  # the fake impl's strides are the CUDA impl's
+    # litgpt's norm too (F.rms_norm's kernels, each layout as eager's ops leave it)
+    for d in (100, 128, 8192):
+        x = rand(2, 17, 3, d, dtype=dtype).transpose(1, 2)
+        w = rand(d, dtype=dtype)
+        got = lib.op("litgpt_rms_norm")(x, w, 1e-6)
+        assert got.stride() == x.stride() == rmsnorm.litgpt_rmsnorm(x, w, 1e-6).stride(), d
+        assert torch.equal(got, lib.op("litgpt_rms_norm")(x.contiguous(), w, 1e-6)), d
+        names = kernels_run(lambda: lib.op("litgpt_rms_norm")(x, w, 1e-6))
+        assert len(names) == 1 and "rms_norm_torch" in names[0], names
+        check("litgpt_rms_norm", rmsnorm.litgpt_rmsnorm, (x, w, 1e-6), dtype)
+    torch.library.opcheck(lib.op("litgpt_rms_norm"), (x, w, 1e-6))
     # aten.rms_norm's result is contiguous, and so is the op's for it
     x = rand(2, 17, 3, 128, dtype=dtype).transpose(1, 2)
     w = rand(128, dtype=dtype)
@@ -462,6 +483,33 @@ def test_scaled_masked_softmax_on_every_grid_and_mask(dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).removeprefix("torch."))
+def test_unscaled_masked_softmax_on_every_mask_and_t5s_position_bias(dtype):
+    """T5's unscaled scores plus a mask: the scaled op's grids at a scale of 1 (exact), on every row
+    length and mask shape, against eager's plain form and T5's float32 form (``scores + bias``, a
+    float32 softmax cast back: the same numbers), and against float64 in float32. T5's position bias
+    reaches it as the relative-attention embedding's output permuted to (1, H, q, k), its last axis
+    at stride H: the op copies it to a contiguous mask first."""
+    torch.manual_seed(10)
+    op = lib.op("masked_softmax")
+    for q, d in MASKED_SIZES:
+        x = rand(2, 3, q, d, dtype=dtype, scale=8.0)
+        for mask in masks_for(q, d, dtype):
+            where = f"masked_softmax {dtype} x{tuple(x.shape)} mask{tuple(mask.shape)}"
+            poison()
+            got = op(x, mask)
+            check_masked(got, softmax.masked_softmax(x, mask), where)
+            check_masked(got, softmax.t5_masked_softmax(x, mask), f"{where} (T5's float32 form)")
+            if dtype == torch.float32:
+                exact = softmax.masked_softmax(x.double(), mask.double())
+                rel = float((got.double() - exact).nan_to_num().norm() / exact.nan_to_num().norm())
+                assert rel < 1e-5, f"{where}: rel. error vs float64 {rel:.2e}"
+        bias = rand(q, d, 3, dtype=dtype, scale=2.0).permute(2, 0, 1).unsqueeze(0)
+        assert bias.stride(-1) == 3
+        poison()
+        check_masked(op(x, bias), softmax.masked_softmax(x, bias), f"position bias {dtype} x{tuple(x.shape)}")
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).removeprefix("torch."))
 def test_masked_softmax_blocks_of_several_rows_end_on_an_odd_row(dtype):
     """Blocks that take two rows one after another (MASKED_TUNING's steps) leave the last block one row
     when the rows are odd in number: that row must still come out right."""
@@ -642,7 +690,10 @@ def test_torch_rms_norm_forms_compute_f_rms_norms_numbers(dtype):
         w = rand(d, dtype=dtype) * 0.5 + 1
         cases = ((lib.op("torch_rms_norm")(x, w, d, 1e-6), F.rms_norm(x, [d], w, 1e-6)),
                  (lib.op("torch_rms_norm_default_eps")(x, w, d), F.rms_norm(x, [d], w)),
-                 (lib.op("add_torch_rms_norm")(x, r, w, d, 1e-6)[0], F.rms_norm(x + r, [d], w, 1e-6)))
+                 (lib.op("add_torch_rms_norm")(x, r, w, d, 1e-6)[0], F.rms_norm(x + r, [d], w, 1e-6)),
+                 # litgpt's form rounds once too: the same kernels
+                 (lib.op("litgpt_rms_norm")(x, w, 1e-6), F.rms_norm(x, [d], w, 1e-6)),
+                 (lib.op("add_litgpt_rms_norm")(x, r, w, 1e-6)[0], F.rms_norm(x + r, [d], w, 1e-6)))
         for k, (got, want) in enumerate(cases):
             if dtype == torch.float32:
                 torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6, msg=lambda m: f"d={d}, form {k}: {m}")

@@ -7,14 +7,15 @@ One module per kernel family, each holding its CUDA source, its ``KernelSpec`` o
 pattern functions (each pattern is also its op's CPU reference):
 
 * :mod:`~fxkern.library.rmsnorm` — Llama/Mistral/Qwen2 ``LlamaRMSNorm``, ``T5LayerNorm``, ``GemmaRMSNorm``,
-  ``nn.RMSNorm``, each also fused with the residual add before it;
-* :mod:`~fxkern.library.layernorm` — a residual add and the ``nn.LayerNorm`` after it (BERT, GPT-2, ViT);
+  ``nn.RMSNorm``, litgpt's ``RMSNorm``, each also fused with the residual add before it;
+* :mod:`~fxkern.library.layernorm` — a residual add and the ``nn.LayerNorm`` after it (BERT, GPT-2, ViT;
+  ModernBERT's, which has no bias);
 * :mod:`~fxkern.library.gelu` — bias + GELU (+ residual) for erf, tanh, ``gelu_new`` and Megatron GELU;
 * :mod:`~fxkern.library.swiglu` — ``silu(gate) * up``, ``gelu(gate) * up`` (Gemma, T5), and SwiGLU/GEGLU
-  over the two halves of one projection (``x.chunk(2, -1)``: Phi-3, diffusers);
-* :mod:`~fxkern.library.softmax` — softmax over the last axis, HF's float32 form too, and attention's
-  scaled, masked softmax (``scores * scaling + mask`` or ``scores / sqrt(d) + mask``, then softmax),
-  also with Gemma 2's soft-capped scores;
+  over the two halves of one projection (``x.chunk(2, -1)``: Phi-3, diffusers, ModernBERT);
+* :mod:`~fxkern.library.softmax` — softmax over the last axis, HF's and T5's float32 forms too, and
+  attention's scaled, masked softmax (``scores * scaling + mask`` or ``scores / sqrt(d) + mask``, then
+  softmax), also with Gemma 2's soft-capped scores, and T5's unscaled ``scores + position_bias``;
 * :mod:`~fxkern.library.norm_rotary` — a head's RMSNorm and its rotary embedding in one kernel (Qwen3's
   and Gemma 3's queries and keys, the keys also repeated for grouped-query attention);
 * :mod:`~fxkern.library.rotary` — rotary position embedding as transformers and litgpt write it,
@@ -50,7 +51,7 @@ from fxkern.library.gelu import (
     gelu_new,
     megatron_bias_gelu,
 )
-from fxkern.library.layernorm import ADD_LAYER_NORM, add_layer_norm
+from fxkern.library.layernorm import ADD_LAYER_NORM, ADD_LAYER_NORM_NO_BIAS, add_layer_norm, add_layer_norm_no_bias
 from fxkern.library.norm_rotary import (
     GEMMA_RMS_NORM_ROTARY,
     GEMMA_RMS_NORM_ROTARY_REPEAT_KV,
@@ -63,14 +64,18 @@ from fxkern.library.norm_rotary import (
 )
 from fxkern.library.rmsnorm import (
     ADD_GEMMA_RMS_NORM,
+    ADD_LITGPT_RMS_NORM,
     ADD_RMS_NORM,
     GEMMA_RMS_NORM,
+    LITGPT_RMS_NORM,
     RMS_NORM,
     add_gemma_rmsnorm,
+    add_litgpt_rmsnorm,
     add_llama_rmsnorm,
     add_meta_rmsnorm,
     add_t5_layer_norm,
     gemma_rmsnorm,
+    litgpt_rmsnorm,
     llama_rmsnorm,
     meta_rmsnorm,
     t5_layer_norm,
@@ -89,18 +94,22 @@ from fxkern.library.rotary import (
 )
 from fxkern.library.softmax import (
     DIVIDED_MASKED_SOFTMAX,
+    MASKED_SOFTMAX,
     SCALED_MASKED_SOFTMAX,
     SOFTCAPPED_MASKED_SOFTMAX,
     SOFTMAX,
     divided_masked_softmax,
     divided_masked_softmax_float32,
+    masked_softmax,
     scaled_masked_softmax,
     scaled_masked_softmax_float32,
     softcapped_masked_softmax,
     softcapped_masked_softmax_float32,
     softmax_float32,
+    t5_masked_softmax,
+    t5_softmax,
 )
-from fxkern.library.swiglu import SWIGLU
+from fxkern.library.swiglu import GEGLU_CHUNKED_GATE_FIRST, SWIGLU, geglu_chunked_gate_first
 from fxkern.rules import RuleSet
 
 NAME = "fxkern.library"
@@ -138,6 +147,8 @@ def op(name: str):
 __all__ = [
     "ADD_GEMMA_RMS_NORM",
     "ADD_LAYER_NORM",
+    "ADD_LAYER_NORM_NO_BIAS",
+    "ADD_LITGPT_RMS_NORM",
     "ADD_RMS_NORM",
     "BIAS_GELU",
     "BIAS_GELU_NEW",
@@ -146,10 +157,13 @@ __all__ = [
     "BIAS_GELU_TANH",
     "BIAS_GELU_TANH_RESIDUAL",
     "DIVIDED_MASKED_SOFTMAX",
+    "GEGLU_CHUNKED_GATE_FIRST",
     "GELU_NEW",
     "GEMMA_RMS_NORM",
     "GEMMA_RMS_NORM_ROTARY",
     "GEMMA_RMS_NORM_ROTARY_REPEAT_KV",
+    "LITGPT_RMS_NORM",
+    "MASKED_SOFTMAX",
     "MEGATRON_BIAS_GELU",
     "NAME",
     "PARTIAL_ROTARY",
@@ -166,6 +180,8 @@ __all__ = [
     "SWIGLU",
     "add_gemma_rmsnorm",
     "add_layer_norm",
+    "add_layer_norm_no_bias",
+    "add_litgpt_rmsnorm",
     "add_llama_rmsnorm",
     "add_meta_rmsnorm",
     "add_t5_layer_norm",
@@ -177,15 +193,18 @@ __all__ = [
     "bias_gelu_tanh_residual",
     "divided_masked_softmax",
     "divided_masked_softmax_float32",
+    "geglu_chunked_gate_first",
     "gelu",
     "gelu_new",
     "gemma_rms_norm_rotary_embedding",
     "gemma_rms_norm_rotary_embedding_repeat_kv",
     "gemma_rmsnorm",
     "layernorm",
+    "litgpt_rmsnorm",
     "llama_rmsnorm",
-    "meta_rmsnorm",
+    "masked_softmax",
     "megatron_bias_gelu",
+    "meta_rmsnorm",
     "norm_rotary",
     "op",
     "partial_rotary_embedding",
@@ -206,4 +225,6 @@ __all__ = [
     "softmax_float32",
     "swiglu",
     "t5_layer_norm",
+    "t5_masked_softmax",
+    "t5_softmax",
 ]

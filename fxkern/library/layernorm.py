@@ -6,7 +6,10 @@ only the norm: transformers' ``BertSelfOutput``/``BertOutput`` (BERT, RoBERTa, E
 ``self.LayerNorm(hidden_states + input_tensor)``). Pre-norm blocks keep the sum as the next
 residual: GPT-2 (``hidden_states = attn_output + residual; residual = hidden_states;
 hidden_states = self.ln_2(hidden_states)``), ViT (``layernorm_after``), Whisper's and CLIP's
-encoders. The op returns both; an unused sum costs one write.
+encoders. The op returns both; an unused sum costs one write. ``nn.LayerNorm(D, bias=False)``
+exports with ``None`` for the bias, a form of its own (``add_layer_norm_no_bias``): transformers'
+ModernBERT (``norm_bias=False`` by default), whose pre-norm layers add the attention output and
+then ``mlp_norm`` it, and add the MLP's output before the next layer's ``attn_norm``.
 
 PyTorch's own LayerNorm is already one kernel, so the plain norm is left to it: the win is the add.
 
@@ -14,8 +17,9 @@ Kernel: the row layout of :mod:`fxkern.library.rmsnorm` (a 256-thread block per 
 rows that start there, a row held in registers by the fewest power-of-two threads that fit it):
 the sum ``x + residual`` is rounded to the dtype (what the model holds) and written, then the mean
 and the variance (two reductions over the registers: the centred sum of squares, not
-``E[x^2] - E[x]^2``), then ``(h - mean) * rstd * weight + bias`` rounded once. Rows too long for
-registers are read back twice from ``h`` (mostly from L2).
+``E[x^2] - E[x]^2``), then ``(h - mean) * rstd * weight + bias`` rounded once (the bias-free
+kernel, the same code with the bias a template flag, adds none). Rows too long for registers are
+read back twice from ``h`` (mostly from L2).
 
 Matched in the export IR only: core ATen and the other IRs decompose ``aten.layer_norm`` into
 ``native_layer_norm`` and lose the ``[D]`` literal the pattern captures.
@@ -71,9 +75,29 @@ __device__ __forceinline__ Pack<T, V> ln_pack(const Pack<T, V>& h, const Pack<T,
     return from_floats<T, V>(f);
 }
 
+// The same without a bias (nn.LayerNorm(..., bias=False): ModernBERT): nothing added, not even 0,
+// which would turn PyTorch's -0 into +0.
+template <typename T, int V>
+__device__ __forceinline__ Pack<T, V> ln_pack(const Pack<T, V>& h, const Pack<T, V>& w, float mean, float rstd) {
+    float f[V], wf[V];
+    to_floats(h, f);
+    to_floats(w, wf);
+#pragma unroll
+    for (int j = 0; j < V; ++j) f[j] = (f[j] - mean) * rstd * wf[j];
+    return from_floats<T, V>(f);
+}
+
+// The output pack at column col of a row: weight and (with BIAS) bias read there, b unread without.
+template <bool BIAS, typename T, int V, typename Col>
+__device__ __forceinline__ Pack<T, V> ln_out(const Pack<T, V>& h, const T* __restrict__ w, const T* __restrict__ b,
+                                             Col col, float mean, float rstd) {
+    if constexpr (BIAS) return ln_pack(h, load<T, V>(w + col), load<T, V>(b + col), mean, rstd);
+    else return ln_pack(h, load<T, V>(w + col), mean, rstd);
+}
+
 // Rows of D elements, V elements an access (16 bytes, or 1), NV accesses a thread held in registers;
-// w and b are (D,). Writes h = x + res and y = layer_norm(h).
-template <typename T, int V, int NV>
+// w and b are (D,) (b unread without BIAS). Writes h = x + res and y = layer_norm(h).
+template <typename T, int V, int NV, bool BIAS>
 __device__ __forceinline__ void add_layernorm_rows(const T* __restrict__ x, const T* __restrict__ res,
                                                    const T* __restrict__ w, const T* __restrict__ b, float eps,
                                                    int D, unsigned rows, T* __restrict__ y, T* __restrict__ h,
@@ -114,7 +138,7 @@ __device__ __forceinline__ void add_layernorm_rows(const T* __restrict__ x, cons
                 const int col = (k * G + t) * V;
                 if (live && col < D) {
                     opaque(c[k]);
-                    store<T, V>(y + off + col, ln_pack(c[k], load<T, V>(w + col), load<T, V>(b + col), mean, rstd));
+                    store<T, V>(y + off + col, ln_out<BIAS>(c[k], w, b, col, mean, rstd));
                 }
             }
         }
@@ -138,28 +162,42 @@ __device__ __forceinline__ void add_layernorm_rows(const T* __restrict__ x, cons
             const float rstd = rsqrtf(group_sum(q, ROW_THREADS, red[1]) * inv_d + eps);
 #pragma unroll 4
             for (long long col = threadIdx.x * V; col < D; col += ROW_THREADS * V)
-                store<T, V>(y + off + col, ln_pack(load<T, V>(h + off + col), load<T, V>(w + col),
-                                                   load<T, V>(b + col), mean, rstd));
+                store<T, V>(y + off + col, ln_out<BIAS>(load<T, V>(h + off + col), w, b, col, mean, rstd));
         }
     }
 }
 
 }  // namespace fxk
 
-template <typename T>
-__global__ void __launch_bounds__(ROW_THREADS, sizeof(T) == 4 ? FXK_ROW_BLOCKS_F32 : FXK_ROW_BLOCKS_HALF)
-add_layer_norm(const T* x, const T* res, const T* w, const T* b, int normalized_size, float eps, int D, int n,
-               T* y, T* h) {
+namespace fxk {
+template <typename T, bool BIAS>
+__device__ __forceinline__ void add_layernorm(const T* x, const T* res, const T* w, const T* b, float eps, int D,
+                                              int n, T* y, T* h) {
     __shared__ float red[2][ROW_WARPS];
     if (D <= 0) return;
     const unsigned rows = (unsigned)n / (unsigned)D;
     constexpr int V = 16 / sizeof(T);
-    if (D % V == 0 && fxk::aligned16(x) && fxk::aligned16(res) && fxk::aligned16(w) && fxk::aligned16(b) &&
-        fxk::aligned16(y) && fxk::aligned16(h))
-        fxk::add_layernorm_rows<T, V, (sizeof(T) == 4 ? FXK_ROW_PACKS_F32 : FXK_ROW_PACKS_HALF)>(
+    if (D % V == 0 && aligned16(x) && aligned16(res) && aligned16(w) && (!BIAS || aligned16(b)) && aligned16(y) &&
+        aligned16(h))
+        add_layernorm_rows<T, V, (sizeof(T) == 4 ? FXK_ROW_PACKS_F32 : FXK_ROW_PACKS_HALF), BIAS>(
             x, res, w, b, eps, D, rows, y, h, red);
     else
-        fxk::add_layernorm_rows<T, 1, FXK_ROW_SCALARS>(x, res, w, b, eps, D, rows, y, h, red);
+        add_layernorm_rows<T, 1, FXK_ROW_SCALARS, BIAS>(x, res, w, b, eps, D, rows, y, h, red);
+}
+}  // namespace fxk
+
+template <typename T>
+__global__ void __launch_bounds__(ROW_THREADS, sizeof(T) == 4 ? FXK_ROW_BLOCKS_F32 : FXK_ROW_BLOCKS_HALF)
+add_layer_norm(const T* x, const T* res, const T* w, const T* b, int normalized_size, float eps, int D, int n,
+               T* y, T* h) {
+    fxk::add_layernorm<T, true>(x, res, w, b, eps, D, n, y, h);
+}
+
+// nn.LayerNorm(..., bias=False) (ModernBERT): the same kernel, no bias read or added.
+template <typename T>
+__global__ void __launch_bounds__(ROW_THREADS, sizeof(T) == 4 ? FXK_ROW_BLOCKS_F32 : FXK_ROW_BLOCKS_HALF)
+add_layer_norm_no_bias(const T* x, const T* res, const T* w, int normalized_size, float eps, int D, int n, T* y, T* h) {
+    fxk::add_layernorm<T, false>(x, res, w, nullptr, eps, D, n, y, h);
 }
 """
 
@@ -167,6 +205,17 @@ ADD_LAYER_NORM = KernelSpec(
     SOURCE, "add_layer_norm",
     inputs=[InputDecl("x"), InputDecl("residual"), InputDecl("weight", broadcast=True),
             InputDecl("bias", broadcast=True), ScalarInput("normalized_size", int), ScalarInput("eps", float)],
+    outputs=[OutputDecl("y", SameAs("x")), OutputDecl("h", SameAs("x"))],
+    extras=[DimSize("x", -1), Numel("x")],
+    geometry=Custom(row_geometry_8k),
+    dtypes=DTYPES,
+)
+
+# nn.LayerNorm(..., bias=False) (ModernBERT's norm_bias=False): the same kernel, no bias read.
+ADD_LAYER_NORM_NO_BIAS = KernelSpec(
+    SOURCE, "add_layer_norm_no_bias",
+    inputs=[InputDecl("x"), InputDecl("residual"), InputDecl("weight", broadcast=True),
+            ScalarInput("normalized_size", int), ScalarInput("eps", float)],
     outputs=[OutputDecl("y", SameAs("x")), OutputDecl("h", SameAs("x"))],
     extras=[DimSize("x", -1), Numel("x")],
     geometry=Custom(row_geometry_8k),
@@ -183,10 +232,19 @@ def add_layer_norm(x, residual, weight, bias, normalized_size: int, eps: float):
     return F.layer_norm(h, (normalized_size,), weight, bias, eps), h
 
 
-def _check(x, residual, weight, bias, normalized_size) -> None:
-    """What the kernel reads: x and residual of one shape, weight and bias (D,), D = normalized_size =
-    x's last axis (LayerNorm over the last axis only)."""
-    op = f"{NAMESPACE}::add_layer_norm"
+def add_layer_norm_no_bias(x, residual, weight, normalized_size: int, eps: float):
+    """A residual add and the next ``nn.LayerNorm(D, bias=False)``: transformers' ModernBERT
+    (``ModernBertEncoderLayer``: ``hidden_states = hidden_states + attn_output``, then
+    ``self.mlp_norm(hidden_states)``; the next layer's ``attn_norm`` and the ``final_norm`` after the
+    MLP's add), whose ``norm_bias`` is False by default. The norm and the sum."""
+    h = x + residual
+    return F.layer_norm(h, (normalized_size,), weight, None, eps), h
+
+
+def _check(x, residual, weight, bias, normalized_size, op: str = "add_layer_norm") -> None:
+    """What the kernel reads: x and residual of one shape, weight and bias (D,) (bias None for the
+    bias-free op), D = normalized_size = x's last axis (LayerNorm over the last axis only)."""
+    op = f"{NAMESPACE}::{op}"
     if x.dim() == 0 or normalized_size != x.shape[-1]:
         raise KernelInputError(
             f"{op}: normalized_size={normalized_size} must be the last axis of x {tuple(x.shape)}: the kernel "
@@ -195,7 +253,7 @@ def _check(x, residual, weight, bias, normalized_size) -> None:
         raise KernelInputError(f"{op}: residual {tuple(residual.shape)} must have x's shape {tuple(x.shape)}; "
                                f"add a broadcast residual before the op")
     for name, p in (("weight", weight), ("bias", bias)):
-        if p.dim() != 1 or p.shape[0] != x.shape[-1]:
+        if p is not None and (p.dim() != 1 or p.shape[0] != x.shape[-1]):
             raise KernelInputError(f"{op}: {name} {tuple(p.shape)} must be ({x.shape[-1]},), one value per column "
                                    f"(nn.LayerNorm with elementwise_affine=True)")
 
@@ -206,13 +264,19 @@ def _outputs(x, residual, weight, bias, normalized_size, eps):
     return x.new_empty(x.shape), x.new_empty(x.shape)
 
 
+def _outputs_no_bias(x, residual, weight, normalized_size, eps):
+    """The bias-free op's outputs (and its fake impl), as ``_outputs``."""
+    _check(x, residual, weight, None, normalized_size, "add_layer_norm_no_bias")
+    return x.new_empty(x.shape), x.new_empty(x.shape)
+
+
 _WEIGHT_ROW, _BIAS_ROW = row_param("x", "weight", same_shape="residual"), row_param("x", "bias")
 
 
 def _layer_norm_operands(match) -> bool:
-    """A filter: weight and bias are rows of x, residual has x's shape, and the captured
-    normalized_size is x's last axis."""
-    if not (_WEIGHT_ROW(match) and _BIAS_ROW(match)):
+    """A filter: weight and bias (if the pattern has one) are rows of x, residual has x's shape, and
+    the captured normalized_size is x's last axis."""
+    if not (_WEIGHT_ROW(match) and ("bias" not in match.bindings or _BIAS_ROW(match))):
         return False
     x = match.bindings["x"].meta.get("val")
     return isinstance(x, torch.Tensor) and statically_known_true(x.shape[-1] == match.bindings.get("normalized_size"))
@@ -225,3 +289,9 @@ def register(rules) -> None:
     example = (torch.randn(4, 37), torch.randn(4, 37), torch.randn(37), torch.randn(37), 37, SENTINELS[float])
     add_rule(rules, add_layer_norm, op, "add_layer_norm", filter=_layer_norm_operands, example_inputs=example,
              irs=("export",))
+    # nn.LayerNorm(bias=False) exports as layer_norm(h, [D], weight, None, eps): a form of its own.
+    op = cuda_kernel_op(f"{NAMESPACE}::add_layer_norm_no_bias", ADD_LAYER_NORM_NO_BIAS, reference=add_layer_norm_no_bias,
+                        meta_fn=_outputs_no_bias)
+    example = (torch.randn(4, 37), torch.randn(4, 37), torch.randn(37), 37, SENTINELS[float])
+    add_rule(rules, add_layer_norm_no_bias, op, "add_layer_norm_no_bias", filter=_layer_norm_operands,
+             example_inputs=example, irs=("export",))

@@ -13,7 +13,16 @@ Variants, as the libraries write them (transformers 5.x source):
 * ``gemma_rmsnorm`` — ``GemmaRMSNorm`` (Gemma, Gemma 2/3, RecurrentGemma): ``(x * r) * (1 + weight)``
   in float32, rounded once;
 * ``torch_rms_norm`` — ``torch.nn.RMSNorm`` / ``F.rms_norm``: one ``aten.rms_norm(x, [D], w, eps)``
-  node in the export IR (the only IR that keeps it whole; the pattern captures ``D``).
+  node in the export IR (the only IR that keeps it whole; the pattern captures ``D``);
+* ``litgpt_rms_norm`` — litgpt's ``RMSNorm`` (Lightning-AI/litgpt ``litgpt/model.py``): float32
+  upcast, the mean of ``x * x`` (not ``pow(2)``: export keeps the product as a ``mul``), and
+  ``(x_normed * weight.float()).to(dtype)``: the weight multiplied in float32 and rounded once,
+  ``F.rms_norm``'s numbers, on the same kernels.
+
+``x ** 2`` exports as ``pow(x, 2)``, as ``pow(2)`` does, so the forms above find it; ``torch.square``
+stays ``aten.square`` in the export IR (core ATen and the IRs made from it turn it into ``pow``), and
+no popular library writes a weighted RMSNorm with it (transformers' ``.square().mean(-1)`` norms,
+DeepSeek V4's, HY V4's, GLM-5 Next's, have no weight), so no rule looks for it.
 
 Each form is also matched with the residual add before it (``h = x + residual`` then the norm of
 ``h``, as every pre-norm decoder layer writes it): one kernel reads ``x`` and ``residual`` and writes
@@ -557,6 +566,9 @@ ADD_RMS_NORM = _add_spec("add_rms_norm")
 ADD_GEMMA_RMS_NORM = _add_spec("add_gemma_rms_norm")
 ADD_TORCH_RMS_NORM = _add_spec("add_torch_rms_norm", ScalarInput("normalized_size", int), ScalarInput("eps", float))
 ADD_TORCH_RMS_NORM_DEFAULT_EPS = _add_spec("add_torch_rms_norm_default_eps", ScalarInput("normalized_size", int))
+# litgpt's RMSNorm computes F.rms_norm's numbers: the torch forms' kernels in rms_norm's call (x, weight, eps).
+LITGPT_RMS_NORM = _spec("rms_norm_torch", "x")
+ADD_LITGPT_RMS_NORM = _add_spec("add_rms_norm_torch")
 
 
 def llama_rmsnorm(hidden_states, weight, eps: float):
@@ -606,6 +618,18 @@ def torch_rms_norm(x, weight, normalized_size: int, eps: float):
 def torch_rms_norm_default_eps(x, weight, normalized_size: int):
     """``torch.nn.RMSNorm(D)`` / ``F.rms_norm(x, [D], weight)``: eps is float32's machine epsilon."""
     return F.rms_norm(x, [normalized_size], weight)
+
+
+def litgpt_rmsnorm(x, weight, eps: float):
+    """litgpt's ``RMSNorm.forward`` (``dim=-1``), as written there: the mean of ``x * x`` in float32,
+    the weight multiplied in float32, one rounding at the end (``F.rms_norm``'s numbers: the kernels'
+    RMS_TORCH). With ``add_unit_offset=True`` (its Gemma models) the weight it upcasts is ``1 +
+    weight``, computed before in the weight's dtype: the pattern's ``weight`` is that sum."""
+    dtype = x.dtype
+    x = x.float()
+    norm_x = torch.mean(x * x, dim=-1, keepdim=True)
+    x_normed = x * torch.rsqrt(norm_x + eps)
+    return (x_normed * weight.float()).to(dtype=dtype)
 
 
 def _check_row_length(op: str, x, normalized_size) -> None:
@@ -661,6 +685,12 @@ def add_meta_rmsnorm(x, residual, weight, eps: float):
     return meta_rmsnorm(h, weight, eps), h
 
 
+def add_litgpt_rmsnorm(x, residual, weight, eps: float):
+    """litgpt's ``Block`` (sequential residual): ``x = attention_output + x``, then ``self.norm_2(x)``."""
+    h = x + residual
+    return litgpt_rmsnorm(h, weight, eps), h
+
+
 def add_gemma_rmsnorm(x, residual, weight, eps: float):
     """Gemma's residual add and the next ``GemmaRMSNorm``."""
     h = x + residual
@@ -711,6 +741,9 @@ def register(rules) -> None:
              irs=irs)
     add_rule(rules, add_meta_rmsnorm, add.op, "add_meta_rms_norm", filter=row_param("x", "weight", same_shape="residual"),
              irs=irs)
+    add_litgpt = cuda_kernel_op(f"{NAMESPACE}::add_litgpt_rms_norm", ADD_LITGPT_RMS_NORM, reference=add_litgpt_rmsnorm)
+    add_rule(rules, add_litgpt_rmsnorm, add_litgpt, "add_litgpt_rms_norm",
+             filter=row_param("x", "weight", same_shape="residual"), irs=irs)
     # The plain norms run one of their kernels per call (two_read_tuning), each a private op; the public
     # op's spec is the register-resident kernel's, which TensorRT plugins carry.
     plain = {}
@@ -735,6 +768,12 @@ def register(rules) -> None:
     # dtype check refuses the rest), so it is another way of finding the same op.
     add_rule(rules, t5_layer_norm, llama.op, "t5_layer_norm", filter=row_param("hidden_states", "weight"), irs=irs)
     add_rule(rules, meta_rmsnorm, llama.op, "meta_rms_norm", filter=row_param("x", "weight"), irs=irs)
+    # litgpt's form: F.rms_norm's numbers (the torch forms' kernels, picked per call), laid out as x is,
+    # as the plain norms above
+    litgpt = cuda_kernel_op(f"{NAMESPACE}::litgpt_rms_norm", LITGPT_RMS_NORM, reference=litgpt_rmsnorm,
+                            meta_fn=keeps_row_layout(kernel_op(TORCH_ROWS).fake_impl),
+                            eager_fn=rows_in_place(kernel_op(TORCH_NORM).cuda_impl))
+    add_rule(rules, litgpt_rmsnorm, litgpt, "litgpt_rms_norm", filter=row_param("x", "weight"), irs=irs)
     # torch.export keeps nn.RMSNorm one aten.rms_norm node; the other IRs decompose it into ops whose
     # reduction axis is a positive index (rank-dependent), so the rule runs in the export IR only. The
     # example inputs make the row length an int literal the pattern can capture.

@@ -7,7 +7,11 @@ Both compute in float32 and round once, so they share one kernel; a softmax over
 (``dim=0``, or a positive index of the last axis) is not matched. Attention's scale and mask add
 before it (``scores * scaling + mask`` or ``scores / math.sqrt(d) + mask``, transformers' eager
 attention) run in the same kernel, read on the way in (``MaskedRows``), and so does Gemma 2's soft
-cap of the scores (``cap * tanh(scores * scaling / cap) + mask``).
+cap of the scores (``cap * tanh(scores * scaling / cap) + mask``). T5 does not scale its scores: its
+``scores + position_bias`` (the mask added into the bias) and its ``softmax(scores.float(),
+dim=-1).type_as(scores)`` run in the scaled kernel at a scale of 1 (``masked_softmax``), and its
+softmax alone, after the in-place ``scores += ...`` the export IR keeps, in the plain one
+(``t5_softmax``).
 
 Kernel: the row layout of :mod:`fxkern.library.rmsnorm` (a 256-thread block per register-full of
 elements, 8192 in float32 and 16384 in 16-bit, 1 to 256 threads a row, the row in registers; short
@@ -491,6 +495,15 @@ scaled_masked_softmax(const T* x, const T* mask, float scale, int H, int Q, int 
     masked_softmax<T, false>(x, mask, scale, H, Q, D, n, mB, mH, mQ, y, red);
 }
 
+// softmax(T(x + mask)): T5's attention, whose scores are not scaled (the scaled kernel's code, at a scale of 1,
+// which is exact: x * 1 is x, and the 16-bit prologue takes its pairs path).
+template <typename T>
+__global__ void __launch_bounds__(ROW_THREADS, sizeof(T) == 4 ? FXK_ROW_BLOCKS_F32 : FXK_ROW_BLOCKS_HALF)
+unscaled_masked_softmax(const T* x, const T* mask, int H, int Q, int D, int n, int mB, int mH, int mQ, T* y) {
+    __shared__ float red[4][ROW_WARPS];
+    masked_softmax<T, false>(x, mask, 1.0f, H, Q, D, n, mB, mH, mQ, y, red);
+}
+
 template <typename T>
 __global__ void __launch_bounds__(ROW_THREADS, sizeof(T) == 4 ? FXK_ROW_BLOCKS_F32 : FXK_ROW_BLOCKS_HALF)
 divided_masked_softmax(const T* x, const T* mask, float divisor, int H, int Q, int D, int n, int mB, int mH, int mQ,
@@ -533,6 +546,10 @@ SCALED_MASKED_SOFTMAX = KernelSpec(
 DIVIDED_MASKED_SOFTMAX = dataclasses.replace(
     SCALED_MASKED_SOFTMAX, kernel_name="divided_masked_softmax",
     inputs=[InputDecl("x"), InputDecl("mask"), ScalarInput("divisor", float)])
+# T5's unscaled scores plus a mask (its position bias, the padding or causal mask added in): the scaled
+# kernel at a scale of 1.
+MASKED_SOFTMAX = dataclasses.replace(SCALED_MASKED_SOFTMAX, kernel_name="unscaled_masked_softmax",
+                                     inputs=[InputDecl("x"), InputDecl("mask")])
 # Gemma 2's soft-capped scores: ``cap * tanh(scores * scale / cap) + mask``; the row's max as floats
 # (FXK_PAIR_MAX 0), rows of up to a warp reduced twice in float32 too (FXK_TWO_REDUCTIONS 2).
 SOFTCAPPED_MASKED_SOFTMAX = dataclasses.replace(
@@ -747,6 +764,15 @@ def _divided_masked_on_cuda(scaled):
     return on_cuda
 
 
+def _unscaled_masked_on_cuda(scaled):
+    """The unscaled op's CUDA implementation: the scaled op's grids at a scale of 1 (exact: x * 1 is x)."""
+
+    def on_cuda(x, mask):
+        return scaled(x, mask, 1.0)
+
+    return on_cuda
+
+
 def _f32(v: float) -> float:
     return struct.unpack("f", struct.pack("f", v))[0]
 
@@ -797,6 +823,28 @@ def divided_masked_softmax_float32(x, mask, divisor: float):
     return F.softmax(x / divisor + mask, dim=-1, dtype=torch.float32).to(x.dtype)
 
 
+def masked_softmax(x, mask):
+    """Scores plus a mask, not scaled, in a softmax of their dtype: transformers 5.x's T5
+    ``eager_attention_forward`` ends so (``attn_weights + attention_mask``, after ``* scaling`` (1.0)
+    and ``+ position_bias``), and so does attention code that adds a mask to scores scaled before."""
+    return F.softmax(x + mask, dim=-1)
+
+
+def t5_masked_softmax(x, mask):
+    """transformers 4.x's ``T5Attention.forward`` (T5, mT5, LongT5, UMT5):
+    ``scores += position_bias_masked`` (the relative position bias with the mask added in, unscaled
+    scores) and ``softmax(scores.float(), dim=-1).type_as(scores)``, written out of place (what the
+    IRs made by ``run_decompositions()`` hold; the export IR keeps the in-place ``add_``, which a
+    match cannot take in: ``t5_softmax`` takes the softmax there)."""
+    scores = x + mask
+    return F.softmax(scores.float(), dim=-1).type_as(scores)
+
+
+def t5_softmax(x):
+    """T5's softmax of its scores alone: ``F.softmax(x.float(), dim=-1).type_as(x)``."""
+    return F.softmax(x.float(), dim=-1).type_as(x)
+
+
 def masked_scores(x: str, mask: str):
     """A filter: ``x`` is 4-d scores and ``mask`` a 4-d mask of their dtype that broadcasts onto them
     as the masked kernel reads it (``_check_masked``)."""
@@ -842,17 +890,26 @@ def register(rules) -> None:
                              reference=divided_masked_softmax, meta_fn=_masked_output("divided_masked_softmax"),
                              eager_fn=_divided_masked_on_cuda(
                                  _masked_on_cuda(scaled_impls, f"{NAMESPACE}::divided_masked_softmax")))
+    masked = cuda_kernel_op(f"{NAMESPACE}::masked_softmax", MASKED_SOFTMAX, reference=masked_softmax,
+                            meta_fn=_masked_output("masked_softmax"),
+                            eager_fn=_unscaled_masked_on_cuda(_masked_on_cuda(scaled_impls,
+                                                                              f"{NAMESPACE}::masked_softmax")))
     # Each float32 form computes its plain form's numbers (float32 arithmetic, one rounding): the same op.
-    # The soft-capped forms first: a scaled, masked softmax matches inside them, capping as its scale.
+    # The soft-capped forms first: a scaled, masked softmax matches inside them, capping as its scale;
+    # the unscaled forms last: they match inside each of the others, the scaled scores as their x.
     for pattern, op in ((softcapped_masked_softmax, softcapped), (softcapped_masked_softmax_float32, softcapped),
                         (scaled_masked_softmax, scaled), (scaled_masked_softmax_float32, scaled),
-                        (divided_masked_softmax, divided), (divided_masked_softmax_float32, divided)):
+                        (divided_masked_softmax, divided), (divided_masked_softmax_float32, divided),
+                        (t5_masked_softmax, masked), (masked_softmax, masked)):
         add_rule(rules, pattern, op, pattern.__name__, filter=masked_scores("x", "mask"), irs=irs)
 
     for suffix, spec in SOFTMAX_GRIDS.items():
         cuda_kernel_op(ROWS + suffix, spec, reference=softmax)
     public = cuda_kernel_op(f"{NAMESPACE}::softmax", SOFTMAX, reference=softmax,
                             eager_fn=per_call(grid_for, tuple(ROWS + suffix for suffix in SOFTMAX_GRIDS)))
-    op = add_rule(rules, softmax, public, "softmax", filter=has_rows("x"), irs=irs).op
-    # Same numbers (float32 arithmetic, one rounding): another way of finding the same op.
-    add_rule(rules, softmax_float32, op, "softmax_float32", filter=has_rows("x"), irs=irs)
+    # T5's form ahead of the plain one, which matches the float32 softmax inside it and leaves its casts
+    # to PyTorch. It and HF's float32 form compute the plain form's numbers (float32 arithmetic, one
+    # rounding): other ways of finding the same op.
+    add_rule(rules, t5_softmax, public, "t5_softmax", filter=has_rows("x"), irs=irs)
+    add_rule(rules, softmax, public, "softmax", filter=has_rows("x"), irs=irs)
+    add_rule(rules, softmax_float32, public, "softmax_float32", filter=has_rows("x"), irs=irs)

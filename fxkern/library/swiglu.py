@@ -13,7 +13,11 @@ Models with one fused projection split its output in half instead, ``a, b = x.ch
 * ``swiglu_chunked`` — transformers' ``Phi3MLP``: ``gate, up = x.chunk(2, -1); up * silu(gate)``;
 * ``swiglu_chunked_gate_last`` — diffusers' ``SwiGLU``: ``h, gate = x.chunk(2, -1); h * silu(gate)``;
 * ``geglu_chunked`` — diffusers' ``GEGLU`` (Stable Diffusion's transformer blocks): the same with
-  ``F.gelu(gate)`` (erf).
+  ``F.gelu(gate)`` (erf);
+* ``geglu_chunked_gate_first`` — transformers' ``ModernBertMLP``: ``input, gate = Wi(h).chunk(2, -1);
+  act(input) * gate`` with ``act`` the erf GELU (``hidden_activation="gelu"``): the GELU on the first
+  half, as ``swiglu_chunked`` has its SiLU (the kernels call the activated half the gate; ModernBERT
+  calls the other one so).
 
 Their kernels read both halves of ``x``'s rows in place and write the half-width output. ``swiglu``
 itself leaves strided views alone: making ``chunk``'s halves contiguous first would move more bytes
@@ -131,6 +135,7 @@ __global__ void __launch_bounds__(256) NAME(const T* x, int nx, int D2, T* y) { 
 FXK_GLU_HALVES(swiglu_chunked, fxk::GLU_SILU, true)
 FXK_GLU_HALVES(swiglu_chunked_gate_last, fxk::GLU_SILU, false)
 FXK_GLU_HALVES(geglu_chunked, fxk::GLU_GELU, false)
+FXK_GLU_HALVES(geglu_chunked_gate_first, fxk::GLU_GELU, true)
 """
 
 SWIGLU = KernelSpec(
@@ -197,6 +202,13 @@ def geglu_chunked(x):
     return hidden * F.gelu(gate)
 
 
+def geglu_chunked_gate_first(x):
+    """transformers' ``ModernBertMLP``: the ``Wi`` projection split, the erf GELU on the first half
+    (``input, gate = self.Wi(hidden_states).chunk(2, dim=-1)``, ``self.act(input) * gate``)."""
+    hidden, gate = x.chunk(2, dim=-1)
+    return F.gelu(hidden) * gate
+
+
 def _halves_meta(x):
     """Rows of half the width; an odd last axis has no two equal halves to multiply."""
     d = x.shape[-1] if x.dim() else None
@@ -214,6 +226,7 @@ def _halves_spec(kernel: str) -> KernelSpec:
 SWIGLU_CHUNKED = _halves_spec("swiglu_chunked")
 SWIGLU_CHUNKED_GATE_LAST = _halves_spec("swiglu_chunked_gate_last")
 GEGLU_CHUNKED = _halves_spec("geglu_chunked")
+GEGLU_CHUNKED_GATE_FIRST = _halves_spec("geglu_chunked_gate_first")
 
 
 def _even_contiguous_rows(match) -> bool:
@@ -233,7 +246,7 @@ def register(rules) -> None:
     add_rule(rules, geglu_new, GEGLU_NEW, "geglu_new", filter=_contiguous_operands, irs=COMPILE_FREE_IRS,
              priority=-1)
     for pattern, spec in ((swiglu_chunked, SWIGLU_CHUNKED), (swiglu_chunked_gate_last, SWIGLU_CHUNKED_GATE_LAST),
-                          (geglu_chunked, GEGLU_CHUNKED)):
+                          (geglu_chunked, GEGLU_CHUNKED), (geglu_chunked_gate_first, GEGLU_CHUNKED_GATE_FIRST)):
         name = pattern.__name__
         op = cuda_kernel_op(f"{NAMESPACE}::{name}", spec, meta_fn=_halves_meta, schema="(Tensor x) -> Tensor",
                             reference=pattern)
