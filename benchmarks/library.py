@@ -81,6 +81,14 @@ def cases():
          lambda dt: (t(rows, d, dtype=dt), t(rows, d, dtype=dt), t(d, dtype=dt), 1e-6)),
         ("residual add + LayerNorm (BERT, GPT-2)", "add_layer_norm", layernorm.add_layer_norm,
          lambda dt: (t(rows, d, dtype=dt), t(rows, d, dtype=dt), t(d, dtype=dt), t(d, dtype=dt), d, 1e-5)),
+        # ModernBERT's norm: nn.LayerNorm(D, bias=False) after the residual add
+        ("residual add + LayerNorm, no bias (ModernBERT)", "add_layer_norm_no_bias", layernorm.add_layer_norm_no_bias,
+         lambda dt: (t(rows, d, dtype=dt), t(rows, d, dtype=dt), t(d, dtype=dt), d, 1e-5)),
+        # litgpt's RMSNorm: the square written x * x, the weight multiplied in float32
+        ("RMSNorm (litgpt)", "litgpt_rms_norm", rmsnorm.litgpt_rmsnorm,
+         lambda dt: (t(rows, d, dtype=dt), t(d, dtype=dt), 1e-6)),
+        ("residual add + RMSNorm (litgpt)", "add_litgpt_rms_norm", rmsnorm.add_litgpt_rmsnorm,
+         lambda dt: (t(rows, d, dtype=dt), t(rows, d, dtype=dt), t(d, dtype=dt), 1e-6)),
         ("SwiGLU", "swiglu", swiglu.swiglu,
          lambda dt: (t(rows, d, dtype=dt), t(rows, d, dtype=dt))),
         ("GEGLU, tanh (Gemma)", "geglu_tanh", swiglu.geglu_tanh,
@@ -91,6 +99,9 @@ def cases():
          lambda dt: (t(rows, 2 * d, dtype=dt),)),
         ("GEGLU, chunked halves (diffusers)", "geglu_chunked", swiglu.geglu_chunked,
          lambda dt: (t(rows, 2 * d, dtype=dt),)),
+        # ModernBERT's MLP: the erf GELU on the first half of one projection
+        ("GEGLU, chunked halves, GELU on the first (ModernBERT)", "geglu_chunked_gate_first",
+         swiglu.geglu_chunked_gate_first, lambda dt: (t(rows, 2 * d, dtype=dt),)),
         ("softmax(-1)", "softmax", softmax.softmax,
          lambda dt: (t(rows, d, dtype=dt, scale=3.0),)),
         ("bias+GELU(erf)", "bias_gelu", gelu.bias_gelu,
@@ -116,6 +127,12 @@ def cases():
         ("Gemma 2 soft-capped masked softmax, 8x32x512x512", "softcapped_masked_softmax_float32",
          softmax.softcapped_masked_softmax_float32,
          lambda dt: (t(8, 32, 512, 512, dtype=dt, scale=800.0), *attention(8, 32, 512, dt)[1:2], 0.0625, 50.0)),
+        # T5's attention: unscaled scores plus its relative position bias, one (1, h, q, k) tensor shared by the
+        # batch, and plus a (b, 1, q, k) mask (T5 4.x adds the two before; a padded batch's mask), float32 softmax
+        ("T5 attention masked softmax, 8x32x512x512, (1, 32, 512, 512) position bias", "t5_masked_softmax",
+         softmax.t5_masked_softmax, lambda dt: (t(8, 32, 512, 512, dtype=dt, scale=3.0), t(1, 32, 512, 512, dtype=dt))),
+        ("T5 attention masked softmax, 8x32x512x512, (8, 1, 512, 512) mask", "t5_masked_softmax",
+         softmax.t5_masked_softmax, lambda dt: attention(8, 32, 512, dt)[:2]),
         # transformers' apply_rotary_pos_emb on projected queries: 16x2048 tokens, 32 heads of 128 (16384x8192)
         ("RoPE (transformers), q 16x32x2048x128", "rotary_embedding", rotary.rotary_embedding,
          lambda dt: rope(16, 2048, 32, 128, dt)),
@@ -205,8 +222,8 @@ def main(argv=None) -> None:
     parser.add_argument("--idle-start", action="store_true",
                         help="start each sample from an idle GPU (the timer before 2026-11-24: it also counts "
                              "one call's host latency a sample)")
-    parser.add_argument("--only", default=None, metavar="TEXT",
-                        help="measure only the kernels whose label contains TEXT (case-insensitive)")
+    parser.add_argument("--only", action="append", default=None, metavar="TEXT",
+                        help="measure only the kernels whose label contains TEXT (case-insensitive; repeat for several)")
     args = parser.parse_args(argv)
     if args.rounds < 1:
         parser.error("--rounds must be at least 1")
@@ -222,7 +239,7 @@ def main(argv=None) -> None:
     copy_gbs = statistics.median(copies)
     print(f"device-to-device copy: {copy_gbs:.0f} GB/s", flush=True)
     dtypes = [getattr(torch, d) for d in args.dtypes.split(",")]
-    chosen = [c for c in cases() if args.only is None or args.only.lower() in c[0].lower()]
+    chosen = [c for c in cases() if args.only is None or any(o.lower() in c[0].lower() for o in args.only)]
     if not chosen:
         parser.error(f"--only {args.only!r} names no kernel")
     rows = []
@@ -239,7 +256,7 @@ def main(argv=None) -> None:
         "",
         (f"Machine: {common.machine()}. Date: {common.today()}. "
          f"Command: `python benchmarks/library.py --rounds {args.rounds}{' --idle-start' * args.idle_start}"
-         f"{f' --only {shlex.quote(args.only)}' if args.only else ''}`."),
+         f"{''.join(f' --only {shlex.quote(o)}' for o in args.only or ())}`."),
         "",
         (f"Kernel time at {SHAPE[0]}x{SHAPE[1]} (bias: ({SHAPE[1]},)); CUDA events around 10 back-to-back calls, "
          f"{'each sample from an idle GPU' if args.idle_start else 'the GPU kept busy by an untimed call before each sample'}, "
