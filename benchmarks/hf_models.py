@@ -105,6 +105,12 @@ def configs(layers: int, hidden: int = HIDDEN, heads: int = HEADS, mlp: int = ML
         "t5_encoder": Model("T5EncoderModel", "T5Config", dict(
             vocab_size=vocab, d_model=hidden, d_kv=hidden // heads, d_ff=mlp, num_layers=layers, num_heads=heads,
             feed_forward_proj="gated-gelu"), decoder=False),
+        # ModernBERT: bias-free LayerNorms after its residual adds, and the GELU of one half of its fused MLP
+        # projection times the other
+        "modernbert": Model("ModernBertModel", "ModernBertConfig", dict(
+            vocab_size=vocab, hidden_size=hidden, intermediate_size=mlp, num_hidden_layers=layers,
+            num_attention_heads=heads, max_position_embeddings=seq, pad_token_id=0, bos_token_id=1, eos_token_id=2,
+            cls_token_id=1, sep_token_id=2), decoder=False),
         "bert": Model("BertModel", "BertConfig", dict(
             vocab_size=vocab, hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
             intermediate_size=4 * hidden, max_position_embeddings=seq), decoder=False, attention="eager", mask=True),

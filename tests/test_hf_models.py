@@ -56,6 +56,9 @@ EXPECTED = {
     # the embeddings' LayerNorm follows an add of position embeddings broadcast over the batch, which
     # the add + LayerNorm kernel does not read (its filter declines it)
     "bert": {"add_layer_norm": 2 * LAYERS, "scaled_masked_softmax": LAYERS},
+    # bias-free norms after each residual add (the first layer's attention norm is an Identity, the
+    # embeddings' norm follows no add, the final norm follows the last MLP's add)
+    "modernbert": {"add_layer_norm_no_bias": 2 * LAYERS, "geglu_chunked_gate_first": LAYERS},
 }
 
 
