@@ -6,7 +6,7 @@
 Each model (random weights, no downloads) at hidden size 2048, 16 heads of 128, MLP 5632 (GPT-2,
 GPT-NeoX and BERT: 8192), vocabulary 8192, in bfloat16 with transformers' default attention (SDPA;
 eager for Gemma 2, whose soft-capped scores need it, and for BERT, given a padding mask), on 8x512 tokens: ten
-decoders (exported with ``use_cache=False``) and two encoders (Flan-T5's and BERT's), rewritten
+decoders (exported with ``use_cache=False``) and three encoders (Flan-T5's, BERT's and ModernBERT's), rewritten
 with ``fxkern.apply(ep, fxkern.library.rules())``, and timed in one run against the alternatives a user has: the model in
 eager, its export run as is, and ``torch.compile(model)`` (inductor, default mode). The eager model
 and the rewritten program are also captured in CUDA graphs: their kernels alone, no Python between
