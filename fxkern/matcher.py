@@ -24,6 +24,7 @@ from typing import Any, Dict, FrozenSet, Iterable, List, Optional, Sequence, Set
 
 import torch
 import torch.fx as fx
+from torch.multiprocessing.reductions import StorageWeakRef
 
 from fxkern.patterns import Pattern
 
@@ -391,7 +392,7 @@ class Matcher:
         out = []
         for n in nodes:
             have = [self._skip(a, noise)[0] for a in n.args if isinstance(a, fx.Node)]
-            targets = [h.target for h in have if h.op == "call_function"]
+            targets = [out_of_place(h) or h.target for h in have if h.op == "call_function"]
             if all(targets.count(t) >= needed.count(t) for t in needed):
                 out.append(n)
         return out
@@ -463,7 +464,7 @@ class Matcher:
             return st.failed(lambda: f"{pnode.name!r} ({_op(pnode.target)}) meets {_describe(g)}")
         if g in st.used:
             return st.failed(lambda: f"graph node {g.name!r} would match two pattern nodes")
-        if g.target != pnode.target:
+        if g.target != pnode.target and out_of_place(g) != pnode.target:
             return st.failed(lambda: f"{g.name!r} is {_op(g.target)} where the pattern has {_op(pnode.target)}")
         gargs = g.args
         if g.kwargs or len(gargs) != pnode.arity:
@@ -590,11 +591,74 @@ def _binding_key(m: Match) -> tuple:
 
 
 def index_by_target(graph: fx.Graph) -> Dict[Any, List[fx.Node]]:
+    """The graph's calls by op; an in-place call that no one can tell from its out-of-place twin
+    (:func:`out_of_place`) is listed under the twin, which patterns hold."""
     by_target: Dict[Any, List[fx.Node]] = {}
     for n in graph.nodes:
         if n.op == "call_function":
             by_target.setdefault(n.target, []).append(n)
+    if not any(_twin(t) is not None and any(out_of_place(n) for n in ns) for t, ns in by_target.items()):
+        return by_target
+    by_target = {}  # again, in graph order: a few in-place calls join their twins' lists
+    for n in graph.nodes:
+        if n.op == "call_function":
+            by_target.setdefault(out_of_place(n) or n.target, []).append(n)
     return by_target
+
+
+@functools.lru_cache(maxsize=None)
+def _twin(target: Any) -> Any:
+    """The out-of-place overload of an in-place op (``aten.add_.Tensor``: ``aten.add.Tensor``), or None."""
+    schema = getattr(target, "_schema", None)
+    if schema is None or not schema.arguments or not schema.name.endswith("_"):
+        return None
+    alias = schema.arguments[0].alias_info
+    if alias is None or not alias.is_write:
+        return None
+    namespace, _, name = schema.name.partition("::")
+    try:
+        twin = getattr(getattr(getattr(torch.ops, namespace), name[:-1]), target._overloadname)
+    except (AttributeError, RuntimeError):
+        return None
+    if any(a.alias_info is not None for a in twin._schema.arguments) or \
+            [a.name for a in twin._schema.arguments] != [a.name for a in schema.arguments]:
+        return None
+    return twin
+
+
+def _storage(v: Any) -> Any:
+    try:
+        return StorageWeakRef(v.untyped_storage())
+    except Exception:  # noqa: BLE001 - a tensor without storage (a subclass): no answer
+        return None
+
+
+def out_of_place(node: fx.Node) -> Any:
+    """The out-of-place op that an in-place call computes when nothing can tell them apart, or None.
+    torch.export's default IR keeps ``s += b`` as ``aten.add_(s, b)``, and patterns, traced
+    functional, hold ``aten.add``. The two are one when the call writes a value that only it reads
+    (``len(users) == 1``: later code reads the call's result), made by an op that returned memory of
+    its own (compared by storage with its inputs' metadata: a view, ``type_as`` to the same dtype or a
+    graph input shares it), and its operands have that value's dtype (``add_`` keeps it, ``add``
+    would promote)."""
+    twin = _twin(node.target) if node.op == "call_function" else None
+    if twin is None or not node.args:
+        return None
+    written = node.args[0]
+    if not isinstance(written, fx.Node) or written.op != "call_function" or len(written.users) != 1:
+        return None
+    val = _val(written)
+    if not isinstance(val, torch.Tensor) or not isinstance(_val(node), torch.Tensor):
+        return None
+    operands = [_val(a) for a in _flat((*node.args[1:], *node.kwargs.values())) if isinstance(a, fx.Node)]
+    if any(not isinstance(o, torch.Tensor) or o.dtype != val.dtype for o in operands):
+        return None
+    if out_of_place(written) is None:  # a chain of in-place calls: its first one's value must be fresh
+        own = _storage(val)
+        if own is None or any(isinstance(v, torch.Tensor) and _storage(v) == own
+                              for a in written.all_input_nodes for v in _flat((_val(a),))):
+            return None
+    return twin
 
 
 def _flat(args: Iterable[Any]):

@@ -12,6 +12,7 @@ import torch.nn.functional as F
 
 import fxkern
 from fxkern import RuleSet
+from fxkern.matcher import out_of_place
 from fxkern.rewrite import creates_cycle, creates_cycle_networkx, _positions
 from helpers import Fn, count_target, export, spec_like
 
@@ -1427,3 +1428,69 @@ def test_a_captured_scalar_the_kernel_cannot_take_is_a_near_miss():
     (miss,) = fxkern.explain(ep, rs).near_misses
     assert "scalar 'k' = 1099511627776 does not fit the kernel's 32-bit int" in miss.reason
     assert count_target(fxkern.apply(export(Fn(lambda x: torch.relu(x * 3)), torch.randn(4, 8)), rs), rule.op) == 1
+
+
+# ---- in-place calls as torch.export's default IR keeps them ----
+
+
+def test_an_in_place_add_on_a_value_only_it_reads_matches_as_the_add(bgr):
+    """``h += b`` stays ``aten.add_`` in the export IR, where patterns hold ``aten.add``: when the
+    call writes a fresh value that nothing else reads, the two cannot be told apart, and the match
+    takes it (T5 4.x's ``scores += position_bias``, residual code's ``out += identity``)."""
+    rs, rule = bgr
+
+    def fn(x, b, r):
+        h = x * 1.5  # fresh, read only by the add_
+        h += b
+        y = F.gelu(h, approximate="tanh")
+        y += r
+        return y
+
+    args = (torch.randn(4, 8), torch.randn(8), torch.randn(4, 8))
+    ep = export(Fn(fn), *args)
+    assert sum(n.target == torch.ops.aten.add_.Tensor for n in ep.graph.nodes) == 2
+    assert [out_of_place(n) for n in ep.graph.nodes if n.target == torch.ops.aten.add_.Tensor] == [torch.ops.aten.add.Tensor] * 2
+    new = fxkern.apply(ep, rs, verify=True)
+    assert count_target(new, rule.op) == 1
+    assert not any(n.target == torch.ops.aten.add_.Tensor for n in new.graph.nodes)
+    run_both(ep, new, *args)
+
+
+def test_in_place_calls_that_can_be_told_apart_from_the_add_are_not_matched(bgr):
+    """An in-place call is left as it is (and any match around it refused) when its write can be seen:
+    on a model input, on a value read elsewhere, through an alias (``type_as`` to the same dtype returns
+    its input), or where ``add_`` keeps a dtype that ``add`` would promote."""
+    rs, rule = bgr
+
+    def on_input(x, b, r):
+        x += b
+        return F.gelu(x, approximate="tanh") + r
+
+    def read_elsewhere(x, b, r):
+        h = x * 1.5
+        kept = h * 2.0
+        h += b
+        return F.gelu(h, approximate="tanh") + r, kept
+
+    def through_an_alias(x, b, r):
+        h = x * 1.5
+        y = h.type_as(x)  # h itself
+        y += b
+        return F.gelu(y, approximate="tanh") + r, h
+
+    def keeps_its_dtype(x, b, r):
+        h = (x * 1.5).to(torch.bfloat16)
+        h += b  # float32 b: the in-place sum stays bfloat16
+        return F.gelu(h, approximate="tanh") + r
+
+    for fn in (on_input, read_elsewhere, through_an_alias, keeps_its_dtype):
+        args = (torch.randn(4, 8), torch.randn(8), torch.randn(4, 8))
+        ep = export(Fn(fn), *[a.clone() for a in args])
+        # each guard on its own (the match's other checks would refuse some of these too)
+        written = [n for n in ep.graph.nodes if n.target == torch.ops.aten.add_.Tensor]
+        assert len(written) == 1 and out_of_place(written[0]) is None, fn.__name__
+        new = fxkern.apply(ep, rs)
+        assert count_target(new, rule.op) == 0, fn.__name__
+        want, got = ep.module()(*[a.clone() for a in args]), new.module()(*[a.clone() for a in args])
+        for u, v in zip(want if isinstance(want, tuple) else (want,), got if isinstance(got, tuple) else (got,)):
+            assert torch.equal(u, v), fn.__name__
