@@ -347,12 +347,10 @@ class Matcher:
     graph from that index: the walk then asks "is this node noise?" with one set lookup.
     """
 
-    def __init__(self, graph: fx.Graph, by_target: Optional[Dict[Any, List[fx.Node]]] = None):
+    def __init__(self, graph: fx.Graph, index: Optional[Tuple[Dict[Any, List[fx.Node]], Dict[fx.Node, Any]]] = None):
         self.graph = graph
         self.args_cache: Dict[fx.Node, tuple] = {}
-        if by_target is None:
-            by_target = index_by_target(graph)
-        self.by_target = by_target
+        self.by_target, self.twins = index_graph(graph) if index is None else index
         self._noise: Dict[FrozenSet[str], Set[fx.Node]] = {}
         self._candidates: Dict[int, Tuple[CompiledPattern, List[fx.Node]]] = {}
 
@@ -392,7 +390,7 @@ class Matcher:
         out = []
         for n in nodes:
             have = [self._skip(a, noise)[0] for a in n.args if isinstance(a, fx.Node)]
-            targets = [out_of_place(h) or h.target for h in have if h.op == "call_function"]
+            targets = [self.twins.get(h, h.target) for h in have if h.op == "call_function"]
             if all(targets.count(t) >= needed.count(t) for t in needed):
                 out.append(n)
         return out
@@ -464,7 +462,7 @@ class Matcher:
             return st.failed(lambda: f"{pnode.name!r} ({_op(pnode.target)}) meets {_describe(g)}")
         if g in st.used:
             return st.failed(lambda: f"graph node {g.name!r} would match two pattern nodes")
-        if g.target != pnode.target and out_of_place(g) != pnode.target:
+        if g.target != pnode.target and self.twins.get(g) != pnode.target:
             return st.failed(lambda: f"{g.name!r} is {_op(g.target)} where the pattern has {_op(pnode.target)}")
         gargs = g.args
         if g.kwargs or len(gargs) != pnode.arity:
@@ -590,25 +588,26 @@ def _binding_key(m: Match) -> tuple:
     return tuple(sorted((k, id(v) if isinstance(v, fx.Node) else v) for k, v in m.bindings.items()))
 
 
-def index_by_target(graph: fx.Graph) -> Dict[Any, List[fx.Node]]:
-    """The graph's calls by op; an in-place call that no one can tell from its out-of-place twin
-    (:func:`out_of_place`) is listed under the twin, which patterns hold."""
+def index_graph(graph: fx.Graph) -> Tuple[Dict[Any, List[fx.Node]], Dict[fx.Node, Any]]:
+    """The graph's calls by op, and its in-place calls that no one can tell from their out-of-place
+    twins (:func:`in_place_twins`), each listed under its twin, which patterns hold."""
     by_target: Dict[Any, List[fx.Node]] = {}
     for n in graph.nodes:
         if n.op == "call_function":
             by_target.setdefault(n.target, []).append(n)
-    if not any(_twin(t) is not None and any(out_of_place(n) for n in ns) for t, ns in by_target.items()):
-        return by_target
-    by_target = {}  # again, in graph order: a few in-place calls join their twins' lists
-    for n in graph.nodes:
-        if n.op == "call_function":
-            by_target.setdefault(out_of_place(n) or n.target, []).append(n)
-    return by_target
+    twins = in_place_twins(by_target)
+    if twins:  # again, in graph order: the few in-place calls join their twins' lists
+        by_target = {}
+        for n in graph.nodes:
+            if n.op == "call_function":
+                by_target.setdefault(twins.get(n, n.target), []).append(n)
+    return by_target, twins
 
 
 @functools.lru_cache(maxsize=None)
 def _twin(target: Any) -> Any:
-    """The out-of-place overload of an in-place op (``aten.add_.Tensor``: ``aten.add.Tensor``), or None."""
+    """The out-of-place overload of an in-place op (``aten.add_.Tensor``: ``aten.add.Tensor``), with
+    the same arguments, or None."""
     schema = getattr(target, "_schema", None)
     if schema is None or not schema.arguments or not schema.name.endswith("_"):
         return None
@@ -620,8 +619,9 @@ def _twin(target: Any) -> Any:
         twin = getattr(getattr(getattr(torch.ops, namespace), name[:-1]), target._overloadname)
     except (AttributeError, RuntimeError):
         return None
+    same = lambda args: [(a.name, str(a.type)) for a in args]  # noqa: E731 - pow_.Scalar is not pow.Scalar
     if any(a.alias_info is not None for a in twin._schema.arguments) or \
-            [a.name for a in twin._schema.arguments] != [a.name for a in schema.arguments]:
+            same(twin._schema.arguments) != same(schema.arguments):
         return None
     return twin
 
@@ -633,32 +633,56 @@ def _storage(v: Any) -> Any:
         return None
 
 
-def out_of_place(node: fx.Node) -> Any:
-    """The out-of-place op that an in-place call computes when nothing can tell them apart, or None.
-    torch.export's default IR keeps ``s += b`` as ``aten.add_(s, b)``, and patterns, traced
-    functional, hold ``aten.add``. The two are one when the call writes a value that only it reads
-    (``len(users) == 1``: later code reads the call's result), made by an op that returned memory of
-    its own (compared by storage with its inputs' metadata: a view, ``type_as`` to the same dtype or a
-    graph input shares it), and its operands have that value's dtype (``add_`` keeps it, ``add``
-    would promote)."""
-    twin = _twin(node.target) if node.op == "call_function" else None
-    if twin is None or not node.args:
-        return None
-    written = node.args[0]
+def in_place_twins(by_target: Dict[Any, List[fx.Node]]) -> Dict[fx.Node, Any]:
+    """{in-place call: the out-of-place op it computes} where nothing can tell the two apart.
+
+    torch.export's default IR keeps ``s += b`` as ``aten.add_(s, b)``; patterns, traced functional,
+    hold ``aten.add``. The two are one when the call writes a value that only it reads (later code
+    reads the call's result, as export writes it), made by an op that returned memory of its own
+    (by storage, against its inputs' metadata: a view, ``type_as`` to the same dtype or a graph input
+    shares it) or by such a call, and the out-of-place op gives that value's dtype (``lt_`` keeps a
+    float, ``lt`` gives bool; ``add_`` keeps bfloat16 where ``add`` would promote). A chain of calls
+    (``acc += x`` in a loop) is walked once, from its first call."""
+    found: Dict[fx.Node, Any] = {}
+    for target, nodes in by_target.items():
+        if _twin(target) is None:
+            continue
+        for node in nodes:
+            chain, n = [], node
+            while isinstance(n, fx.Node) and n not in found and n.op == "call_function" and _twin(n.target) is not None:
+                chain.append(n)
+                n = n.args[0] if n.args else None
+            for n in reversed(chain):  # the chain's first call first: each link needs the one before
+                found[n] = _same_as_twin(n, found)
+    return {n: t for n, t in found.items() if t is not None}
+
+
+def _same_as_twin(node: fx.Node, found: Dict[fx.Node, Any]) -> Any:
+    """``node``'s twin when nothing can tell them apart (:func:`in_place_twins`), else None."""
+    twin = _twin(node.target)
+    written = node.args[0] if node.args else None
     if not isinstance(written, fx.Node) or written.op != "call_function" or len(written.users) != 1:
         return None
     val = _val(written)
     if not isinstance(val, torch.Tensor) or not isinstance(_val(node), torch.Tensor):
         return None
-    operands = [_val(a) for a in _flat((*node.args[1:], *node.kwargs.values())) if isinstance(a, fx.Node)]
-    if any(not isinstance(o, torch.Tensor) or o.dtype != val.dtype for o in operands):
-        return None
-    if out_of_place(written) is None:  # a chain of in-place calls: its first one's value must be fresh
+    if written in found:  # a call of the chain before: the memory is fresh if it wrote fresh memory
+        if found[written] is None:
+            return None
+    else:
         own = _storage(val)
         if own is None or any(isinstance(v, torch.Tensor) and _storage(v) == own
                               for a in written.all_input_nodes for v in _flat((_val(a),))):
             return None
-    return twin
+    as_val = lambda a: _val(a) if isinstance(a, fx.Node) else a  # noqa: E731
+    args, kwargs = torch.utils._pytree.tree_map(as_val, (node.args, node.kwargs))
+    try:
+        with torch._guards.detect_fake_mode(torch.utils._pytree.tree_leaves((args, kwargs))) or \
+                torch._subclasses.FakeTensorMode(allow_non_fake_inputs=True):
+            out = twin(*args, **kwargs)
+    except Exception:  # noqa: BLE001 - the twin cannot say what it gives: keep the call as written
+        return None
+    return twin if isinstance(out, torch.Tensor) and out.dtype == val.dtype else None
 
 
 def _flat(args: Iterable[Any]):

@@ -34,7 +34,7 @@ import torch
 import torch.fx as fx
 
 from fxkern.errors import FxkernError
-from fxkern.matcher import Failure, Match, Matcher, index_by_target
+from fxkern.matcher import Failure, Match, Matcher, index_graph
 from fxkern.patterns import is_assertion, quiet_fake_errors
 from fxkern.rules import Rule, RuleSet, default_rules, trace_together
 
@@ -851,8 +851,8 @@ def _rule_candidates(rule: Rule, irs: Sequence[str], by_target: Dict[Any, List[f
 def _analyse(gm: fx.GraphModule, rules: Union[RuleSet, Sequence[Rule], None], irs: Sequence[str],
              where: _Where = _Where(), subgraphs: bool = True) -> Tuple[_Analysis, Report]:
     graph = gm.graph
-    by_target = index_by_target(graph)
-    matcher = Matcher(graph, by_target)
+    by_target, twins = index_graph(graph)
+    matcher = Matcher(graph, (by_target, twins))
     facts = _Facts(graph, by_target, where)
     pos = facts.pos
     report = Report()
