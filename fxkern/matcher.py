@@ -18,6 +18,7 @@ A failed candidate keeps the reason of the deepest point it reached, for
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from dataclasses import dataclass, field
 from typing import Any, Dict, FrozenSet, Iterable, List, Optional, Sequence, Set, Tuple
@@ -674,15 +675,22 @@ def _same_as_twin(node: fx.Node, found: Dict[fx.Node, Any]) -> Any:
         if own is None or any(isinstance(v, torch.Tensor) and _storage(v) == own
                               for a in written.all_input_nodes for v in _flat((_val(a),))):
             return None
-    as_val = lambda a: _val(a) if isinstance(a, fx.Node) else a  # noqa: E731
-    args, kwargs = torch.utils._pytree.tree_map(as_val, (node.args, node.kwargs))
     try:
-        with torch._guards.detect_fake_mode(torch.utils._pytree.tree_leaves((args, kwargs))) or \
-                torch._subclasses.FakeTensorMode(allow_non_fake_inputs=True):
-            out = twin(*args, **kwargs)
+        out = run_on_vals(twin, node)
     except Exception:  # noqa: BLE001 - the twin cannot say what it gives: keep the call as written
         return None
     return twin if isinstance(out, torch.Tensor) and out.dtype == val.dtype else None
+
+
+def run_on_vals(fn: Any, node: fx.Node, autocast: bool = True) -> Any:
+    """``fn`` run on ``node``'s arguments' traced values (fake tensors: nothing is computed), to ask
+    what an op would give them; ``autocast=False`` asks it with autocast off. Raises what ``fn`` raises."""
+    as_val = lambda a: _val(a) if isinstance(a, fx.Node) else a  # noqa: E731
+    args, kwargs = torch.utils._pytree.tree_map(as_val, (node.args, node.kwargs))
+    mode = torch._guards.detect_fake_mode(torch.utils._pytree.tree_leaves((args, kwargs)))
+    with mode or torch._subclasses.FakeTensorMode(allow_non_fake_inputs=True), \
+            contextlib.nullcontext() if autocast else torch._C._DisableAutocast():
+        return fn(*args, **kwargs)
 
 
 def _flat(args: Iterable[Any]):

@@ -34,7 +34,7 @@ import torch
 import torch.fx as fx
 
 from fxkern.errors import FxkernError
-from fxkern.matcher import Failure, Match, Matcher, index_graph
+from fxkern.matcher import Failure, Match, Matcher, index_graph, run_on_vals
 from fxkern.patterns import is_assertion, quiet_fake_errors
 from fxkern.rules import Rule, RuleSet, default_rules, trace_together
 
@@ -287,12 +287,8 @@ def _autocast_changes(node: fx.Node) -> bool:
     (einsum, tensordot) has none, and the matmul it becomes does (found by a review)."""
     if node.op != "call_function" or node.target is operator.getitem:
         return False
-    as_val = lambda v: v.meta.get("val") if isinstance(v, fx.Node) else v  # noqa: E731
-    args, kwargs = torch.utils._pytree.tree_map(as_val, (node.args, node.kwargs))
     try:
-        mode = torch._guards.detect_fake_mode(torch.utils._pytree.tree_leaves((args, kwargs)))
-        with mode or torch._subclasses.FakeTensorMode(allow_non_fake_inputs=True), torch._C._DisableAutocast():
-            plain = node.target(*args, **kwargs)
+        plain = run_on_vals(node.target, node, autocast=False)
     except Exception:  # noqa: BLE001 - cannot tell: count it as changed
         return True
     traced = torch.utils._pytree.tree_leaves(node.meta.get("val"))
@@ -778,7 +774,7 @@ def analyse(gm: fx.GraphModule, rules: Union[RuleSet, Sequence[Rule], None], irs
     return tree.accepted, report, tree.pos
 
 
-def _rule_candidates(rule: Rule, irs: Sequence[str], by_target: Dict[Any, List[fx.Node]], matcher: Matcher,
+def _rule_candidates(rule: Rule, irs: Sequence[str], matcher: Matcher,
                      facts: _Facts, sized: bool) -> Optional[Tuple[int, List[_Candidate], List[NearMiss], Optional[NearMiss]]]:
     """One rule's candidate sites, safe matches and near-misses in one graph. Without ``sized``,
     None as soon as a walk matches or stops at a literal: the pattern's numbers computed from its
@@ -791,7 +787,7 @@ def _rule_candidates(rule: Rule, irs: Sequence[str], by_target: Dict[Any, List[f
         if rule.irs is not None and ir not in rule.irs:
             continue
         if (rule, ir) not in facts.anchor_dtypes:  # the same on a rule's second look
-            facts.anchor_dtypes[rule, ir] = _anchor_dtypes(rule, ir, by_target, facts)
+            facts.anchor_dtypes[rule, ir] = _anchor_dtypes(rule, ir, facts)
         for dtype in facts.anchor_dtypes[rule, ir]:
             cp = rule.compiled(ir, dtype, sized)
             key = tuple((n.target, repr(n.args)) for n in cp.nodes)
@@ -858,12 +854,12 @@ def _analyse(gm: fx.GraphModule, rules: Union[RuleSet, Sequence[Rule], None], ir
     report = Report()
     safe: List[_Candidate] = []
     ordered = _ordered_rules(rules)
-    _trace_together(ordered, irs, by_target, facts)
+    _trace_together(ordered, irs, facts)
     for rule in ordered:
         rr = report.rules.setdefault(rule.name, RuleReport())
-        found = _rule_candidates(rule, irs, by_target, matcher, facts, sized=False)
+        found = _rule_candidates(rule, irs, matcher, facts, sized=False)
         if found is None:  # it matches, or nearly: find the numbers it computes from sizes first
-            found = _rule_candidates(rule, irs, by_target, matcher, facts, sized=True)
+            found = _rule_candidates(rule, irs, matcher, facts, sized=True)
         rr.candidates, candidates, misses, rr.closest = found
         safe.extend(candidates)
         rr.near_misses.extend(misses)
@@ -1080,7 +1076,7 @@ def _region_rules(safe: List[_Candidate]) -> List[Rule]:
     return out
 
 
-def _trace_together(rules: List[Rule], irs: Sequence[str], by_target, facts: _Facts) -> None:
+def _trace_together(rules: List[Rule], irs: Sequence[str], facts: _Facts) -> None:
     """The rules' traces in these IRs, made together where that is cheaper (``trace_together``):
     at float32 first, which names each rule's anchor op, then at the dtypes of the graph's anchors."""
     for ir in irs:
@@ -1088,7 +1084,7 @@ def _trace_together(rules: List[Rule], irs: Sequence[str], by_target, facts: _Fa
         wanted: Dict[torch.dtype, List[Rule]] = {}
         for rule in rules:
             if rule.irs is None or ir in rule.irs:
-                facts.anchor_dtypes[rule, ir] = found = _anchor_dtypes(rule, ir, by_target, facts)
+                facts.anchor_dtypes[rule, ir] = found = _anchor_dtypes(rule, ir, facts)
                 for d in found:
                     wanted.setdefault(d, []).append(rule)
         for d, some in wanted.items():
@@ -1096,7 +1092,7 @@ def _trace_together(rules: List[Rule], irs: Sequence[str], by_target, facts: _Fa
                 trace_together(some, ir, d)
 
 
-def _anchor_dtypes(rule: Rule, ir: str, by_target, facts: _Facts) -> List[Optional[torch.dtype]]:
+def _anchor_dtypes(rule: Rule, ir: str, facts: _Facts) -> List[Optional[torch.dtype]]:
     """dtypes to trace the pattern for: those of the graph's candidate anchors (float32 when unknown)."""
     if rule.traced_once:
         return [None]
