@@ -226,7 +226,7 @@ staged_scaled_masked_softmax(const T* x, const T* mask, float scale, int H, int 
     constexpr int V = 16 / sizeof(T);
     if (D <= 0 || D % V || D > FXK_STAGED_MAX_D || !fxk::aligned16(x) || !fxk::aligned16(mask) || !fxk::aligned16(y))
         return;  // a variant for the benchmark's tensors only: whole aligned packs
-    const fxk::MaskedRows<T> in(x, mask, scale, D, H, Q, mB, mH, mQ);
+    const fxk::MaskedRows<T> in(x, mask, scale, D, (unsigned)n / (unsigned)D, H, Q, mB, mH, mQ);
     fxk::staged_rows<T, false>(in, D, (unsigned)n / (unsigned)D, y, reinterpret_cast<T*>(staged_smem));
 }
 
@@ -238,7 +238,7 @@ staged_softcapped_masked_softmax(const T* x, const T* mask, float scale, float c
     constexpr int V = 16 / sizeof(T);
     if (D <= 0 || D % V || D > FXK_STAGED_MAX_D || !fxk::aligned16(x) || !fxk::aligned16(mask) || !fxk::aligned16(y))
         return;
-    const fxk::MaskedRows<T, true> in(x, mask, scale, D, H, Q, mB, mH, mQ, cap);
+    const fxk::MaskedRows<T, true> in(x, mask, scale, D, (unsigned)n / (unsigned)D, H, Q, mB, mH, mQ, cap);
     fxk::staged_rows<T, true>(in, D, (unsigned)n / (unsigned)D, y, reinterpret_cast<T*>(staged_smem));
 }
 """
@@ -364,7 +364,7 @@ __device__ __forceinline__ void bulk_masked(const T* x, const T* mask, float sca
     constexpr int V = 16 / sizeof(T);
     if (D <= 0 || D % V || D > ROW_THREADS * FXK_BULK_PACKS * V || !aligned16(x) || !aligned16(mask) || !aligned16(y))
         return;
-    const MaskedRows<T, CAP> in(x, mask, scale, D, H, Q, mB, mH, mQ, cap);
+    const MaskedRows<T, CAP> in(x, mask, scale, D, (unsigned)n / (unsigned)D, H, Q, mB, mH, mQ, cap);
     bulk_rows<T, CAP>(in, D, (unsigned)n / (unsigned)D, y, reinterpret_cast<T*>(bulk_smem), full, red);
 }
 }  // namespace fxk

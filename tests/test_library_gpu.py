@@ -445,8 +445,9 @@ MASKED_SIZES = ((5, 1), (5, 7), (4, 32), (3, 100), (64, 64), (6, 1023), (4, 1024
 def masks_for(q, d, dtype):
     """The masks attention adds, each with every third key and one whole query row at finfo.min:
     transformers' causal (1, 1, q, d) and per-batch (2, 1, q, d), per-head (2, 3, q, d), BERT's
-    padding (2, 1, 1, d), and a per-head one shared by the batch (1, 3, 1, d)."""
-    for shape in ((1, 1, q, d), (2, 1, q, d), (2, 3, q, d), (2, 1, 1, d), (1, 3, 1, d)):
+    padding (2, 1, 1, d), and per-head ones shared by the batch, (1, 3, 1, d) and T5's position
+    bias (1, 3, q, d) (the kernel visits the rows of these in (h, q, b) order)."""
+    for shape in ((1, 1, q, d), (2, 1, q, d), (2, 3, q, d), (2, 1, 1, d), (1, 3, 1, d), (1, 3, q, d)):
         mask = rand(*shape, dtype=dtype, scale=2.0)
         mask[..., ::3] = torch.finfo(dtype).min
         mask[0, 0, 0, :] = torch.finfo(dtype).min
@@ -705,8 +706,8 @@ def test_torch_rms_norm_forms_compute_f_rms_norms_numbers(dtype):
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).removeprefix("torch."))
 def test_scaled_masked_softmax_at_long_rows_of_shared_masks(dtype):
-    """Heads sharing a mask are visited in (b, q, h) order (the kernel's MaskedRows), the others in
-    memory order; every row must land in its own place (outputs start as NaN), on every grid, with a
+    """Heads sharing a mask are visited in (b, q, h) order (the kernel's MaskedRows), a batch sharing
+    a per-head one in (h, q, b) order, the others in memory order; every row must land in its own place (outputs start as NaN), on every grid, with a
     9 MB (float32) or 4.5 MB (16-bit) mask; float32 rows of 1536 take the small blocks' long-row path."""
     torch.manual_seed(8)
     q = 1536  # a (1536, 1536) mask: 9 MB in float32, 4.5 MB in 16-bit
