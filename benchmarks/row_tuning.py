@@ -1,4 +1,4 @@
-"""Sweep the row kernels' tuning knobs (RMSNorm, or softmax with --softmax) against inductor: how the
+"""Sweep the row kernels' tuning knobs (RMSNorm; softmax with --softmax, add + LayerNorm with --layernorm)
 shipped defaults were chosen.
 
 Each variant is the library's own source with its tuning macros set (threads a block, 16-byte packs
@@ -7,10 +7,10 @@ scratch op and checked against the pattern before it is timed; registers and spi
 the driver. Shapes: one that fills the GPU, a 7B model's width and the demo model's norm (softmax:
 one that fills the GPU and attention scores at sequence lengths of 256 to 2048).
 
-    python benchmarks/row_tuning.py [--softmax | --two-read] [--section-out FILE] [--variants A,B]
+    python benchmarks/row_tuning.py [--softmax | --two-read | --layernorm] [--section-out FILE] [--variants A,B]
                                     [--rounds N] [--dump-inductor DIR]
 
-Writes the "row_tuning" (or "softmax_tuning", or with --two-read "row_tuning_two_read") section of
+Writes the "row_tuning" (or "softmax_tuning", "layernorm_tuning", or with --two-read "row_tuning_two_read") section of
 docs/benchmarks.md (or FILE).
 """
 
@@ -50,6 +50,7 @@ VARIANTS = {
     "t256 c8k p8/4 b3/6 16 scalars": _variant(256, 8192, (8, 4), (3, 6), scalars=16),
     "t256 c8k p8/4 b5/6": _variant(256, 8192, (8, 4), (5, 6)),
     "t256 c8k p8/4 b4/8": _variant(256, 8192, (8, 4), (4, 8)),
+    "t256 c8k p8/4 b4/5": _variant(256, 8192, (8, 4), (4, 5)),
     "t256 c4k p8/4 b4/6": _variant(256, 4096, (8, 4), (4, 6)),
     "t256 c16k p8/8 b3/3": _variant(256, 16384, (8, 8), (3, 3)),
     "t256 c16k p4/4 b4/4 (two reads in float32)": _variant(256, 16384, (4, 4), (4, 4)),
@@ -86,6 +87,17 @@ SOFTMAX_VARIANTS = {
     "t512 c16k p4/4 b2/3": _variant(512, 16384, (4, 4), (2, 3)),
 }
 SOFTMAX_SHAPES = [(16384, 8192), (262144, 256), (131072, 512), (65536, 1024), (32768, 2048)]
+
+
+# LayerNorm (fxkern.library.layernorm, `--layernorm`): the residual add + LayerNorm kernels in the
+# RMSNorm kernel's row layout; the library's choice first. At 6 blocks an SM a 16-bit thread gets 40
+# registers, and the kernel with a bias spills 16 bytes there (tools/kernel_resources.py), the
+# bias-free one none.
+LAYERNORM_VARIANTS = {
+    "t256 c8k p8/4 b4/6 (shipped)": _variant(256, 8192, (8, 4), (4, 6)),
+    "t256 c8k p8/4 b4/5": _variant(256, 8192, (8, 4), (4, 5)),
+    "t256 c8k p8/4 b4/4": _variant(256, 8192, (8, 4), (4, 4)),
+}
 
 
 def _two_read(threads: int, packs: int, blocks: int, hints: bool = True) -> tuple[dict, int, int]:
@@ -185,6 +197,8 @@ def main(argv=None) -> None:
     which.add_argument("--two-read", action="store_true",
                        help="the register-resident RMSNorm against the two-read kernel (TWO_READ_VARIANTS)")
     which.add_argument("--softmax", action="store_true", help="tune the softmax kernel instead (SOFTMAX_VARIANTS)")
+    which.add_argument("--layernorm", action="store_true",
+                       help="tune the residual add + LayerNorm kernels instead (LAYERNORM_VARIANTS)")
     parser.add_argument("--dump-inductor", type=Path, default=None,
                         help="write inductor's generated code, and the configs its autotuner chose, here")
     args = parser.parse_args(argv)
@@ -193,7 +207,7 @@ def main(argv=None) -> None:
     if not torch.cuda.is_available():
         print("no GPU: nothing to tune")
         return
-    from fxkern.library import rmsnorm, softmax
+    from fxkern.library import layernorm, rmsnorm, softmax
 
     torch.manual_seed(0)
     variants, shapes_run = VARIANTS, SHAPES
@@ -223,6 +237,15 @@ def main(argv=None) -> None:
         cases = [("softmax_last", softmax.SOFTMAX, softmax.softmax_float32, lambda x, w: (3.0 * x,), 1)]
         title, command, section = ("Softmax tuning (`fxkern.library.softmax`, HF's float32 form)",
                                    command + " --softmax", "softmax_tuning")
+    if args.layernorm:
+        variants = LAYERNORM_VARIANTS
+        names = [n for n in names if n in variants] or list(variants)
+        cases = [("add_layer_norm", layernorm.ADD_LAYER_NORM, layernorm.add_layer_norm,
+                  lambda x, w: (x, torch.randn_like(x), w, torch.randn_like(w), x.shape[-1], 1e-5), 2),
+                 ("add_layer_norm_no_bias", layernorm.ADD_LAYER_NORM_NO_BIAS, layernorm.add_layer_norm_no_bias,
+                  lambda x, w: (x, torch.randn_like(x), w, x.shape[-1], 1e-5), 2)]
+        title, command, section = ("Residual add + LayerNorm tuning (`fxkern.library.layernorm`)",
+                                   command + " --layernorm", "layernorm_tuning")
     command += f" --rounds {args.rounds}"
     if args.variants != parser.get_default("variants"):
         command += f' --variants "{args.variants}"'
