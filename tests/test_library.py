@@ -54,7 +54,7 @@ def test_rule_set_is_named_built_once_and_complete(rules):
             "bias_gelu_tanh_residual", "gelu_new", "bias_gelu_new", "bias_gelu_new_residual",
             "megatron_bias_gelu", "swiglu", "geglu", "geglu_tanh", "geglu_new", "softmax", "softmax_float32", "scaled_masked_softmax",
             "litgpt_rms_norm", "add_litgpt_rms_norm", "add_layer_norm_no_bias", "geglu_chunked_gate_first", "masked_softmax",
-            "t5_masked_softmax", "t5_softmax",
+            "t5_masked_softmax", "t5_softmax", "olmo2_rms_norm", "add_olmo2_rms_norm", "masked_softmax_float32",
             "scaled_masked_softmax_float32", "divided_masked_softmax", "divided_masked_softmax_float32",
             "softcapped_masked_softmax", "softcapped_masked_softmax_float32", "rotary_embedding", "add_layer_norm",
             "partial_rotary_embedding", "whole_rotary_embedding", "repeat_kv", "rotary_embedding_repeat_kv",
@@ -1868,3 +1868,54 @@ def test_meta_reference_llama_rmsnorm_is_found_with_and_without_its_residual_add
     reference Llama, gpt-fast and torchtune in every dtype (found by a probe)."""
     x, r = torch.randn(2, 5, 64), torch.randn(2, 5, 64)
     assert replaced(_MetaBlock(), x, r, dtype=dtype) == {"add_rms_norm": 1, "rms_norm": 1}
+
+
+def _tiny_decoder(config_cls: str, model_cls: str, dtype, **config):
+    """A transformers decoder of two small layers with random weights, in ``dtype``."""
+    torch.manual_seed(0)
+    cfg = getattr(transformers, config_cls)(**config)
+    return getattr(transformers, model_cls)(cfg).to(dtype).eval()
+
+
+def _rewritten_logits_equal(model, ids):
+    """Export with no cache, apply the library (verify=True), check the logits to the bit; the calls."""
+    ep = torch.export.export(model, (ids,), kwargs={"use_cache": False})
+    new = fxkern.apply(ep, lib.rules(), verify=True)
+    other = torch.randint(0, 128, ids.shape)
+    with torch.no_grad():
+        torch.testing.assert_close(new.module()(other, use_cache=False).logits, model(other, use_cache=False).logits,
+                                   rtol=0, atol=0)
+    return library_calls(new)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
+def test_olmo2_and_gpt_oss_norms_take_the_litgpt_ops(dtype):
+    """OLMo 2's and GPT-OSS's RMSNorm ends ``(self.weight * hidden_states).to(input_dtype)``: the 16-bit
+    weight times the float32 row, rounded once (litgpt's numbers). In float32 it is Llama's form, which
+    its rules find first; in bfloat16 Llama's rules found none of them."""
+    llama_like = dict(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, max_position_embeddings=64)
+    ids = torch.randint(0, 128, (2, 16))
+    olmo2 = _tiny_decoder("Olmo2Config", "Olmo2ForCausalLM", dtype, pad_token_id=1, eos_token_id=0, **llama_like)
+    calls = _rewritten_logits_equal(olmo2, ids)
+    # each layer norms its q and k projections and its two sublayers' outputs (before the residual adds),
+    # and the final norm follows the last add
+    want = {"litgpt_rms_norm": 8, "add_litgpt_rms_norm": 1} if dtype == torch.bfloat16 else {"rms_norm": 8,
+                                                                                            "add_rms_norm": 1}
+    assert {k: v for k, v in calls.items() if "norm" in k} == want
+    gpt_oss = _tiny_decoder("GptOssConfig", "GptOssForCausalLM", dtype, head_dim=16, num_local_experts=4,
+                            num_experts_per_tok=2, sliding_window=8, **llama_like)
+    calls = _rewritten_logits_equal(gpt_oss, ids)
+    want = {"litgpt_rms_norm": 1, "add_litgpt_rms_norm": 4} if dtype == torch.bfloat16 else {"rms_norm": 1,
+                                                                                            "add_rms_norm": 4}
+    assert {k: v for k, v in calls.items() if "norm" in k} == want
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
+def test_bloom_float32_masked_softmax_is_the_unscaled_masked_op(dtype):
+    """Bloom adds the causal mask to its ALiBi scores and takes ``F.softmax(..., dtype=torch.float32)``
+    cast back: the unscaled masked op (one float32 softmax, one rounding)."""
+    bloom = _tiny_decoder("BloomConfig", "BloomForCausalLM", dtype, vocab_size=128, hidden_size=64, n_layer=2, n_head=4)
+    assert bloom.config._attn_implementation == "eager"
+    calls = _rewritten_logits_equal(bloom, torch.randint(0, 128, (2, 16)))
+    assert calls.get("masked_softmax") == 2 and "softmax" not in calls

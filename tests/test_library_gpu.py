@@ -166,6 +166,22 @@ def test_kernel_matches_reference_on_odd_and_long_rows(name, dtype):
     check(name, pattern, make(1000, 64, dtype), dtype)
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).removeprefix("torch."))
+def test_rules_sharing_an_op_compute_its_numbers(dtype):
+    """OLMo 2's norm runs litgpt's ops, and Bloom's float32 masked softmax the unscaled masked op: each
+    op against the other form's pattern, on odd and long rows."""
+    torch.manual_seed(11)
+    for d in ROW_LENGTHS:
+        check("litgpt_rms_norm", rmsnorm.olmo2_rmsnorm, row_case()(ROWS, d, dtype), dtype)
+        check("add_litgpt_rms_norm", rmsnorm.add_olmo2_rmsnorm, add_row_case(row_case())(ROWS, d, dtype), dtype)
+    for q, d in MASKED_SIZES:
+        x = rand(2, 3, q, d, dtype=dtype, scale=8.0)
+        for mask in masks_for(q, d, dtype):
+            want = softmax.masked_softmax_float32(x, mask)
+            poison()
+            check_masked(lib.op("masked_softmax")(x, mask), want, f"masked_softmax_float32 {dtype} {tuple(mask.shape)}")
+
+
 def runs_only(names: list[str], kernel: str) -> bool:
     """Whether the launches ``names`` (kernels_run) are ``kernel`` alone, its ``_repeat`` twin (the
     eager path's kernel for rows written more than once) told apart from it."""

@@ -17,7 +17,10 @@ Variants, as the libraries write them (transformers 5.x source):
 * ``litgpt_rms_norm`` — litgpt's ``RMSNorm`` (Lightning-AI/litgpt ``litgpt/model.py``): float32
   upcast, the mean of ``x * x`` (not ``pow(2)``: export keeps the product as a ``mul``), and
   ``(x_normed * weight.float()).to(dtype)``: the weight multiplied in float32 and rounded once,
-  ``F.rms_norm``'s numbers, on the same kernels.
+  ``F.rms_norm``'s numbers, on the same kernels;
+* ``olmo2_rms_norm`` — ``Olmo2RMSNorm`` (OLMo 2 and 3, FlexOlmo, GPT-OSS...): Llama's upcast and
+  variance, then ``(self.weight * hidden_states).to(input_dtype)``: the 16-bit weight times the
+  float32 row promotes to float32, one rounding at the end, litgpt's numbers and op.
 
 ``x ** 2`` exports as ``pow(x, 2)``, as ``pow(2)`` does, so the forms above find it; ``torch.square``
 stays ``aten.square`` in the export IR (core ATen and the IRs made from it turn it into ``pow``), and
@@ -632,6 +635,17 @@ def litgpt_rmsnorm(x, weight, eps: float):
     return (x_normed * weight.float()).to(dtype=dtype)
 
 
+def olmo2_rmsnorm(hidden_states, weight, eps: float):
+    """transformers' ``Olmo2RMSNorm.forward`` (also ``GptOssRMSNorm``), as written there: the weight
+    multiplies the float32 row (type promotion upcasts it) and the product is rounded once. In float32
+    it is Llama's form, which finds it first."""
+    input_dtype = hidden_states.dtype
+    hidden_states = hidden_states.to(torch.float32)
+    variance = hidden_states.pow(2).mean(-1, keepdim=True)
+    hidden_states = hidden_states * torch.rsqrt(variance + eps)
+    return (weight * hidden_states).to(input_dtype)
+
+
 def _check_row_length(op: str, x, normalized_size) -> None:
     """The check F.rms_norm makes, for a kernel that normalises over the last axis only."""
     if x.dim() == 0 or normalized_size != x.shape[-1]:
@@ -691,6 +705,13 @@ def add_litgpt_rmsnorm(x, residual, weight, eps: float):
     return litgpt_rmsnorm(h, weight, eps), h
 
 
+def add_olmo2_rmsnorm(x, residual, weight, eps: float):
+    """OLMo 2's and GPT-OSS's residual add and the next norm (GPT-OSS's pre-norm layers; OLMo 2 norms
+    each sublayer's output before the add, so only its first layer's input norm follows an add)."""
+    h = x + residual
+    return olmo2_rmsnorm(h, weight, eps), h
+
+
 def add_gemma_rmsnorm(x, residual, weight, eps: float):
     """Gemma's residual add and the next ``GemmaRMSNorm``."""
     h = x + residual
@@ -744,6 +765,8 @@ def register(rules) -> None:
     add_litgpt = cuda_kernel_op(f"{NAMESPACE}::add_litgpt_rms_norm", ADD_LITGPT_RMS_NORM, reference=add_litgpt_rmsnorm)
     add_rule(rules, add_litgpt_rmsnorm, add_litgpt, "add_litgpt_rms_norm",
              filter=row_param("x", "weight", same_shape="residual"), irs=irs)
+    add_rule(rules, add_olmo2_rmsnorm, add_litgpt, "add_olmo2_rms_norm",
+             filter=row_param("x", "weight", same_shape="residual"), irs=irs)
     # The plain norms run one of their kernels per call (two_read_tuning), each a private op; the public
     # op's spec is the register-resident kernel's, which TensorRT plugins carry.
     plain = {}
@@ -774,6 +797,7 @@ def register(rules) -> None:
                             meta_fn=keeps_row_layout(kernel_op(TORCH_ROWS).fake_impl),
                             eager_fn=rows_in_place(kernel_op(TORCH_NORM).cuda_impl))
     add_rule(rules, litgpt_rmsnorm, litgpt, "litgpt_rms_norm", filter=row_param("x", "weight"), irs=irs)
+    add_rule(rules, olmo2_rmsnorm, litgpt, "olmo2_rms_norm", filter=row_param("hidden_states", "weight"), irs=irs)
     # torch.export keeps nn.RMSNorm one aten.rms_norm node; the other IRs decompose it into ops whose
     # reduction axis is a positive index (rank-dependent), so the rule runs in the export IR only. The
     # example inputs make the row length an int literal the pattern can capture.

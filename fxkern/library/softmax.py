@@ -838,6 +838,13 @@ def masked_softmax(x, mask):
     return F.softmax(x + mask, dim=-1)
 
 
+def masked_softmax_float32(x, mask):
+    """Scores plus a mask, not scaled, in a float32 softmax cast back: transformers' Bloom
+    (``F.softmax(attn_weights, dim=-1, dtype=torch.float32).to(input_dtype)`` after adding the
+    causal mask to scores its ALiBi ``baddbmm`` scaled)."""
+    return F.softmax(x + mask, dim=-1, dtype=torch.float32).to(x.dtype)
+
+
 def t5_masked_softmax(x, mask):
     """transformers 4.x's ``T5Attention.forward`` (T5, mT5, LongT5, UMT5):
     ``scores += position_bias_masked`` (the relative position bias with the mask added in, unscaled
@@ -908,7 +915,7 @@ def register(rules) -> None:
     for pattern, op in ((softcapped_masked_softmax, softcapped), (softcapped_masked_softmax_float32, softcapped),
                         (scaled_masked_softmax, scaled), (scaled_masked_softmax_float32, scaled),
                         (divided_masked_softmax, divided), (divided_masked_softmax_float32, divided),
-                        (t5_masked_softmax, masked), (masked_softmax, masked)):
+                        (t5_masked_softmax, masked), (masked_softmax_float32, masked), (masked_softmax, masked)):
         add_rule(rules, pattern, op, pattern.__name__, filter=masked_scores("x", "mask"), irs=irs)
 
     for suffix, spec in SOFTMAX_GRIDS.items():
