@@ -54,7 +54,7 @@ def test_rule_set_is_named_built_once_and_complete(rules):
             "bias_gelu_tanh_residual", "gelu_new", "bias_gelu_new", "bias_gelu_new_residual",
             "megatron_bias_gelu", "swiglu", "geglu", "geglu_tanh", "geglu_new", "softmax", "softmax_float32", "scaled_masked_softmax",
             "litgpt_rms_norm", "add_litgpt_rms_norm", "add_layer_norm_no_bias", "geglu_chunked_gate_first", "masked_softmax",
-            "t5_masked_softmax", "t5_softmax", "olmo2_rms_norm", "add_olmo2_rms_norm", "masked_softmax_float32",
+            "t5_masked_softmax", "t5_softmax", "quick_gelu", "olmo2_rms_norm", "add_olmo2_rms_norm", "masked_softmax_float32",
             "scaled_masked_softmax_float32", "divided_masked_softmax", "divided_masked_softmax_float32",
             "softcapped_masked_softmax", "softcapped_masked_softmax_float32", "rotary_embedding", "add_layer_norm",
             "partial_rotary_embedding", "whole_rotary_embedding", "repeat_kv", "rotary_embedding_repeat_kv",
@@ -589,12 +589,36 @@ def test_gpt2_mlp_gelu_new_and_megatron_bias_gelu():
     assert replaced(Fn(bias_gelu), torch.randn(64), torch.randn(2, 8, 64)) == {"megatron_bias_gelu": 1}
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
+def test_clip_quick_gelu_is_one_op(dtype):
+    """CLIP's MLP (``fc2(quick_gelu(fc1(h)))``, transformers' ``QuickGELUActivation``): the activation,
+    written ``x * torch.sigmoid(1.702 * x)``, is one op; the text model's add + LayerNorms stay as they were."""
+    torch.manual_seed(0)
+    cfg = transformers.CLIPTextConfig(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                                      num_attention_heads=4, max_position_embeddings=32)
+    assert cfg.hidden_act == "quick_gelu"
+    model = transformers.CLIPTextModel(cfg).to(dtype).eval()
+    ids = torch.randint(0, 128, (2, 16))
+    new = fxkern.apply(torch.export.export(model, (ids,)), lib.rules(), verify=True)
+    assert library_calls(new) == {"quick_gelu": 2, "add_layer_norm": 4}
+    other = torch.randint(0, 128, (2, 16))
+    with torch.no_grad():
+        torch.testing.assert_close(new.module()(other).last_hidden_state, model(other).last_hidden_state,
+                                   rtol=0, atol=0)
+    torch.testing.assert_close(lib.op("quick_gelu")(ids.float()), lib.quick_gelu(ids.float()), rtol=0, atol=0)
+
+
 def test_bias_gelu_near_misses_are_left_alone():
     x = torch.randn(4, 8, 64)
     # a (…, 1) "bias" broadcasts along the last axis, which the kernel's suffix indexing cannot do
     assert replaced(Fn(lambda x, b: F.gelu(x + b)), x, torch.randn(4, 8, 1)) == {}
-    # a GELU of another flavour (quick GELU) is not a GELU rule's business
+    # quick GELU of x + b written twice: two sums (export does not merge them), where the pattern reads one
     assert replaced(Fn(lambda x, b: (x + b) * torch.sigmoid(1.702 * (x + b))), x, torch.randn(64)) == {}
+    # computed once: the quick_gelu op (it has no bias form: CLIP's bias is in its nn.Linear), the add left
+    # to PyTorch; with another constant, no rule
+    assert replaced(Fn(lambda x, b: (lambda h: h * torch.sigmoid(1.702 * h))(x + b)), x, torch.randn(64)) == {
+        "quick_gelu": 1}
+    assert replaced(Fn(lambda x: x * torch.sigmoid(1.5 * x)), x) == {}
     # a plain F.gelu is one kernel already: no rule for it
     assert replaced(Fn(lambda x: F.gelu(x)), x) == {}
 

@@ -10,7 +10,7 @@ pattern functions (each pattern is also its op's CPU reference):
   ``nn.RMSNorm``, litgpt's ``RMSNorm``, each also fused with the residual add before it;
 * :mod:`~fxkern.library.layernorm` — a residual add and the ``nn.LayerNorm`` after it (BERT, GPT-2, ViT;
   ModernBERT's, which has no bias);
-* :mod:`~fxkern.library.gelu` — bias + GELU (+ residual) for erf, tanh, ``gelu_new`` and Megatron GELU;
+* :mod:`~fxkern.library.gelu` — bias + GELU (+ residual) for erf, tanh, ``gelu_new`` and Megatron GELU, and CLIP's ``quick_gelu``;
 * :mod:`~fxkern.library.swiglu` — ``silu(gate) * up``, ``gelu(gate) * up`` (Gemma, T5), and SwiGLU/GEGLU
   over the two halves of one projection (``x.chunk(2, -1)``: Phi-3, diffusers, ModernBERT);
 * :mod:`~fxkern.library.softmax` — softmax over the last axis, HF's and T5's float32 forms too, and
@@ -42,6 +42,7 @@ from fxkern.library.gelu import (
     BIAS_GELU_TANH_RESIDUAL,
     GELU_NEW,
     MEGATRON_BIAS_GELU,
+    QUICK_GELU,
     bias_gelu,
     bias_gelu_new,
     bias_gelu_new_residual,
@@ -50,6 +51,7 @@ from fxkern.library.gelu import (
     bias_gelu_tanh_residual,
     gelu_new,
     megatron_bias_gelu,
+    quick_gelu,
 )
 from fxkern.library.layernorm import ADD_LAYER_NORM, ADD_LAYER_NORM_NO_BIAS, add_layer_norm, add_layer_norm_no_bias
 from fxkern.library.norm_rotary import (
@@ -165,6 +167,7 @@ __all__ = [
     "LITGPT_RMS_NORM",
     "MASKED_SOFTMAX",
     "MEGATRON_BIAS_GELU",
+    "QUICK_GELU",
     "NAME",
     "PARTIAL_ROTARY",
     "PARTIAL_ROTARY_REPEAT_KV",
@@ -204,6 +207,7 @@ __all__ = [
     "llama_rmsnorm",
     "masked_softmax",
     "megatron_bias_gelu",
+    "quick_gelu",
     "meta_rmsnorm",
     "norm_rotary",
     "op",

@@ -7,7 +7,10 @@ GELU comes in the forms libraries write it:
   (``gelu_pytorch_tanh``), timm's ``GELUTanh``;
 * ``new`` — transformers' ``NewGELUActivation`` (``gelu_new``: GPT-2, GPT-J, CodeGen...) written
   out in eight ops, also matched without a bias (GPT-2's ``Conv1D`` puts its bias inside ``addmm``);
-* ``megatron`` — Megatron-LM's (and NeMo's) ``bias_gelu``, the classic fused bias + tanh-GELU.
+* ``megatron`` — Megatron-LM's (and NeMo's) ``bias_gelu``, the classic fused bias + tanh-GELU;
+* ``quick`` — transformers' ``QuickGELUActivation`` (``quick_gelu``: ``x * torch.sigmoid(1.702 * x)``,
+  OpenAI's CLIP and the models built on its towers: CLIP, OWL-ViT, X-CLIP, GIT, Qwen2-VL's vision
+  encoder...), whose bias is inside the ``nn.Linear`` before it: the plain form only.
 
 The tanh forms are evaluated as ``x / (1 + exp(-2u))`` (the same function as
 ``0.5 * x * (1 + tanh(u))``, cheaper and without its cancellation); erf GELU uses ``erff`` in float32
@@ -42,7 +45,7 @@ SOURCE = COMMON + "".join(f"#ifndef {k}\n#define {k} {v}\n#endif\n" for k, v in 
     ("FXK_EW_BLOCKS_HALF", 16))) + r"""
 namespace fxk {
 
-enum { GELU_ERF = 0, GELU_TANH = 1, GELU_NEW = 2, GELU_MEGATRON = 3 };
+enum { GELU_ERF = 0, GELU_TANH = 1, GELU_NEW = 2, GELU_MEGATRON = 3, GELU_QUICK = 4 };
 
 // 0.5 * x * (1 + tanh(u)) == x * sigmoid(2u) == x / (1 + exp(-2u)), exactly. Evaluated that way it
 // costs one exp2 and one reciprocal (MUFU) instead of tanhf's polynomial and branches, and has no
@@ -79,8 +82,10 @@ __device__ __forceinline__ float gelu(float x) {
         return x_sigmoid2(x, (0.7978845608028654f * NEG_2_LOG2E) * (x + 0.044715f * (x * x * x)));
     } else if (ACT == GELU_NEW) {  // 0.5 * x * (1.0 + tanh(sqrt(2/pi) * (x + 0.044715 * pow(x, 3.0))))
         return x_sigmoid2(x, (0.7978845608028654f * NEG_2_LOG2E) * (x + 0.044715f * (x * x * x)));
-    } else {  // x * 0.5 * (1.0 + tanh(0.79788456 * x * (1 + 0.044715 * x * x)))
+    } else if (ACT == GELU_MEGATRON) {  // x * 0.5 * (1.0 + tanh(0.79788456 * x * (1 + 0.044715 * x * x)))
         return x_sigmoid2(x, ((0.79788456f * NEG_2_LOG2E) * x) * (1.0f + (0.044715f * x) * x));
+    } else {  // x * sigmoid(1.702 * x) = x / (1 + exp(-1.702 x)): x_sigmoid2 at u = 0.851 x
+        return x_sigmoid2(x, (1.702f * -1.4426950408889634f) * x);
     }
 }
 
@@ -213,6 +218,7 @@ FXK_GELU(gelu_new, fxk::GELU_NEW)
 FXK_BIAS_GELU(bias_gelu_new, fxk::GELU_NEW)
 FXK_BIAS_GELU_RES(bias_gelu_new_residual, fxk::GELU_NEW)
 FXK_BIAS_GELU(megatron_bias_gelu, fxk::GELU_MEGATRON)
+FXK_GELU(quick_gelu, fxk::GELU_QUICK)
 """
 
 
@@ -235,6 +241,7 @@ GELU_NEW = _spec("gelu_new", ("x",))
 BIAS_GELU_NEW = _spec("bias_gelu_new", ("x", "bias"))
 BIAS_GELU_NEW_RESIDUAL = _spec("bias_gelu_new_residual", ("x", "bias", "residual"))
 MEGATRON_BIAS_GELU = _spec("megatron_bias_gelu", ("x", "bias"))
+QUICK_GELU = _spec("quick_gelu", ("x",))
 
 # ---- patterns: each is also its op's reference ----------------------------------------------------
 
@@ -276,6 +283,11 @@ def megatron_bias_gelu(x, bias):
     return h * 0.5 * (1.0 + torch.tanh(0.79788456 * h * (1 + 0.044715 * h * h)))
 
 
+def quick_gelu(x):
+    """transformers' ``QuickGELUActivation.forward``, as written there (CLIP's ``quick_gelu``)."""
+    return x * torch.sigmoid(1.702 * x)
+
+
 # Larger patterns first: an overlap goes to the rule added first (a residual form contains a bias
 # form, which contains the plain one).
 RULES = (
@@ -287,6 +299,7 @@ RULES = (
     (bias_gelu_new, BIAS_GELU_NEW, ("bias",)),
     (megatron_bias_gelu, MEGATRON_BIAS_GELU, ("bias",)),
     (gelu_new, GELU_NEW, ()),
+    (quick_gelu, QUICK_GELU, ()),
 )
 
 
