@@ -84,6 +84,10 @@ def cases():
         # ModernBERT's norm: nn.LayerNorm(D, bias=False) after the residual add
         ("residual add + LayerNorm, no bias (ModernBERT)", "add_layer_norm_no_bias", layernorm.add_layer_norm_no_bias,
          lambda dt: (t(rows, d, dtype=dt), t(rows, d, dtype=dt), t(d, dtype=dt), d, 1e-5)),
+        ("residual add + LayerNorm written out in float32 (Cohere)", "add_cohere_layer_norm",
+         layernorm.add_cohere_layer_norm, lambda dt: (t(rows, d, dtype=dt), t(rows, d, dtype=dt), t(d, dtype=dt), 1e-5)),
+        ("LayerNorm written out in float32 (Cohere)", "cohere_layer_norm", layernorm.cohere_layer_norm,
+         lambda dt: (t(rows, d, dtype=dt), t(d, dtype=dt), 1e-5)),
         # litgpt's RMSNorm: the square written x * x, the weight multiplied in float32
         ("RMSNorm (litgpt)", "litgpt_rms_norm", rmsnorm.litgpt_rmsnorm,
          lambda dt: (t(rows, d, dtype=dt), t(d, dtype=dt), 1e-6)),

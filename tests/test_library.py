@@ -54,7 +54,7 @@ def test_rule_set_is_named_built_once_and_complete(rules):
             "bias_gelu_tanh_residual", "gelu_new", "bias_gelu_new", "bias_gelu_new_residual",
             "megatron_bias_gelu", "swiglu", "geglu", "geglu_tanh", "geglu_new", "softmax", "softmax_float32", "scaled_masked_softmax",
             "litgpt_rms_norm", "add_litgpt_rms_norm", "add_layer_norm_no_bias", "geglu_chunked_gate_first", "masked_softmax",
-            "t5_masked_softmax", "t5_softmax", "quick_gelu", "olmo2_rms_norm", "add_olmo2_rms_norm", "masked_softmax_float32",
+            "t5_masked_softmax", "t5_softmax", "quick_gelu", "cohere_layer_norm", "add_cohere_layer_norm", "olmo2_rms_norm", "add_olmo2_rms_norm", "masked_softmax_float32",
             "scaled_masked_softmax_float32", "divided_masked_softmax", "divided_masked_softmax_float32",
             "softcapped_masked_softmax", "softcapped_masked_softmax_float32", "rotary_embedding", "add_layer_norm",
             "partial_rotary_embedding", "whole_rotary_embedding", "repeat_kv", "rotary_embedding_repeat_kv",
@@ -1943,3 +1943,31 @@ def test_bloom_float32_masked_softmax_is_the_unscaled_masked_op(dtype):
     assert bloom.config._attn_implementation == "eager"
     calls = _rewritten_logits_equal(bloom, torch.randint(0, 128, (2, 16)))
     assert calls.get("masked_softmax") == 2 and "softmax" not in calls
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
+@pytest.mark.parametrize("generation", ["Cohere", "Cohere2"])
+def test_cohere_layer_norm_with_and_without_its_residual_add(generation, dtype):
+    """Cohere writes its LayerNorm out in float32 (``CohereLayerNorm``: no bias, centred variance, the
+    weight multiplied in float32) and norms each layer's input once: the embeddings' norm is the plain
+    op, every later one (and the final norm) the residual form, which takes the last of the layer's two
+    adds (``residual + attention + mlp``)."""
+    extra = {"sliding_window": 8} if generation == "Cohere2" else {}
+    model = _tiny_decoder(f"{generation}Config", f"{generation}ForCausalLM", dtype, vocab_size=128, hidden_size=64,
+                          intermediate_size=96, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                          max_position_embeddings=64, pad_token_id=0, bos_token_id=1, eos_token_id=2, **extra)
+    calls = _rewritten_logits_equal(model, torch.randint(0, 128, (2, 16)))
+    assert {k: v for k, v in calls.items() if "norm" in k} == {"cohere_layer_norm": 1, "add_cohere_layer_norm": 2}
+
+
+def test_cohere_layer_norm_ops_check_their_operands():
+    x, r, w = torch.randn(3, 40), torch.randn(3, 40), torch.randn(40)
+    torch.testing.assert_close(lib.op("cohere_layer_norm")(x, w, 1e-5), lib.cohere_layer_norm(x, w, 1e-5), rtol=0, atol=0)
+    y, h = lib.op("add_cohere_layer_norm")(x, r, w, 1e-5)
+    torch.testing.assert_close(h, x + r, rtol=0, atol=0)
+    # the kernel's arithmetic is F.layer_norm's without a bias, in float32
+    torch.testing.assert_close(y, F.layer_norm(x + r, (40,), w, None, 1e-5))
+    with pytest.raises(fxkern.KernelInputError, match=r"fxkern_lib::cohere_layer_norm: weight \(4, 10\) must be \(40,\)"):
+        lib.op("cohere_layer_norm")(x, w.view(4, 10), 1e-5)
+    with pytest.raises(fxkern.KernelInputError, match=r"fxkern_lib::add_cohere_layer_norm: residual \(3, 1\)"):
+        lib.op("add_cohere_layer_norm")(x, r[:, :1], w, 1e-5)

@@ -92,6 +92,9 @@ CASES = {
     "add_layer_norm_no_bias": (layernorm.add_layer_norm_no_bias, lambda rows, d, dtype: (
         rand(rows, d, dtype=dtype, scale=2.0) + (3.0 if dtype == torch.float32 else 0.0), rand(rows, d, dtype=dtype),
         rand(d, dtype=dtype), d, 1e-5)),
+    # Cohere's LayerNorm written out in float32: the bias-free kernel's arithmetic, with and without the add
+    "add_cohere_layer_norm": (layernorm.add_cohere_layer_norm, add_row_case(row_case(2.0))),
+    "cohere_layer_norm": (layernorm.cohere_layer_norm, row_case(2.0)),
     "softmax": (softmax.softmax, lambda rows, d, dtype: (rand(rows, d, dtype=dtype, scale=4.0),)),
     "bias_gelu": (gelu.bias_gelu, ew_case(1, True)),
     "bias_gelu_residual": (gelu.bias_gelu_residual, ew_case(2, True)),

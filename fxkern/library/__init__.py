@@ -9,7 +9,7 @@ pattern functions (each pattern is also its op's CPU reference):
 * :mod:`~fxkern.library.rmsnorm` — Llama/Mistral/Qwen2 ``LlamaRMSNorm``, ``T5LayerNorm``, ``GemmaRMSNorm``,
   ``nn.RMSNorm``, litgpt's ``RMSNorm``, each also fused with the residual add before it;
 * :mod:`~fxkern.library.layernorm` — a residual add and the ``nn.LayerNorm`` after it (BERT, GPT-2, ViT;
-  ModernBERT's, which has no bias);
+  ModernBERT's, which has no bias), and Cohere's LayerNorm written out in float32, with and without the add;
 * :mod:`~fxkern.library.gelu` — bias + GELU (+ residual) for erf, tanh, ``gelu_new`` and Megatron GELU, and CLIP's ``quick_gelu``;
 * :mod:`~fxkern.library.swiglu` — ``silu(gate) * up``, ``gelu(gate) * up`` (Gemma, T5), and SwiGLU/GEGLU
   over the two halves of one projection (``x.chunk(2, -1)``: Phi-3, diffusers, ModernBERT);
@@ -53,7 +53,16 @@ from fxkern.library.gelu import (
     megatron_bias_gelu,
     quick_gelu,
 )
-from fxkern.library.layernorm import ADD_LAYER_NORM, ADD_LAYER_NORM_NO_BIAS, add_layer_norm, add_layer_norm_no_bias
+from fxkern.library.layernorm import (
+    ADD_COHERE_LAYER_NORM,
+    ADD_LAYER_NORM,
+    ADD_LAYER_NORM_NO_BIAS,
+    COHERE_LAYER_NORM,
+    add_cohere_layer_norm,
+    add_layer_norm,
+    add_layer_norm_no_bias,
+    cohere_layer_norm,
+)
 from fxkern.library.norm_rotary import (
     GEMMA_RMS_NORM_ROTARY,
     GEMMA_RMS_NORM_ROTARY_REPEAT_KV,
@@ -148,8 +157,10 @@ def op(name: str):
 
 __all__ = [
     "ADD_GEMMA_RMS_NORM",
+    "ADD_COHERE_LAYER_NORM",
     "ADD_LAYER_NORM",
     "ADD_LAYER_NORM_NO_BIAS",
+    "COHERE_LAYER_NORM",
     "ADD_LITGPT_RMS_NORM",
     "ADD_RMS_NORM",
     "BIAS_GELU",
@@ -182,8 +193,10 @@ __all__ = [
     "SOFTMAX",
     "SWIGLU",
     "add_gemma_rmsnorm",
+    "add_cohere_layer_norm",
     "add_layer_norm",
     "add_layer_norm_no_bias",
+    "cohere_layer_norm",
     "add_litgpt_rmsnorm",
     "add_llama_rmsnorm",
     "add_meta_rmsnorm",

@@ -12,6 +12,10 @@ ModernBERT (``norm_bias=False`` by default), whose pre-norm layers add the atten
 then ``mlp_norm`` it, and add the MLP's output before the next layer's ``attn_norm``.
 
 PyTorch's own LayerNorm is already one kernel, so the plain norm is left to it: the win is the add.
+Cohere (Command R) writes its LayerNorm out in float32 instead (``CohereLayerNorm``: mean, centred
+variance, ``rsqrt``, the weight multiplied in float32, no bias), eight kernels in eager: the bias-free
+kernel computes it, after the residual add (``add_cohere_layer_norm``) and alone (``cohere_layer_norm``,
+the embeddings' norm, the same kernel without the add).
 
 Kernel: the row layout of :mod:`fxkern.library.rmsnorm` (a 256-thread block per 8192 elements, the
 rows that start there, a row held in registers by the fewest power-of-two threads that fit it):
@@ -32,7 +36,7 @@ import torch.nn.functional as F
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 from fxkern.errors import KernelInputError
-from fxkern.library._rules import DTYPES, NAMESPACE, add_rule, row_geometry_8k, row_param
+from fxkern.library._rules import COMPILE_FREE_IRS, DTYPES, NAMESPACE, add_rule, row_geometry_8k, row_param
 from fxkern.library.cuda_common import COMMON, row_tuning
 from fxkern.ops import cuda_kernel_op
 from fxkern.patterns import SENTINELS
@@ -96,8 +100,9 @@ __device__ __forceinline__ Pack<T, V> ln_out(const Pack<T, V>& h, const T* __res
 }
 
 // Rows of D elements, V elements an access (16 bytes, or 1), NV accesses a thread held in registers;
-// w and b are (D,) (b unread without BIAS). Writes h = x + res and y = layer_norm(h).
-template <typename T, int V, int NV, bool BIAS>
+// w and b are (D,) (b unread without BIAS). Writes h = x + res and y = layer_norm(h); without ADD,
+// y = layer_norm(x) (res and h unread: Cohere's norm of the embeddings).
+template <typename T, int V, int NV, bool BIAS, bool ADD = true>
 __device__ __forceinline__ void add_layernorm_rows(const T* __restrict__ x, const T* __restrict__ res,
                                                    const T* __restrict__ w, const T* __restrict__ b, float eps,
                                                    int D, unsigned rows, T* __restrict__ y, T* __restrict__ h,
@@ -118,8 +123,12 @@ __device__ __forceinline__ void add_layernorm_rows(const T* __restrict__ x, cons
             for (int k = 0; k < NV; ++k) {
                 const int col = (k * G + t) * V;
                 if (live && col < D) {
-                    c[k] = add_rounded(load<T, V>(x + off + col), load<T, V>(res + off + col));
-                    store<T, V>(h + off + col, c[k]);
+                    if constexpr (ADD) {
+                        c[k] = add_rounded(load<T, V>(x + off + col), load<T, V>(res + off + col));
+                        store<T, V>(h + off + col, c[k]);
+                    } else {
+                        c[k] = load<T, V>(x + off + col);
+                    }
                     s = pack_sum(c[k], s);
                 }
             }
@@ -142,27 +151,33 @@ __device__ __forceinline__ void add_layernorm_rows(const T* __restrict__ x, cons
                 }
             }
         }
-    } else {  // long rows: the whole block on one row, reading back what each thread wrote to h
+    } else {  // long rows: the whole block on one row, reading back what each thread wrote to h (or x)
         // columns counted in 64 bits: a row may hold up to 2^31 - 1 elements, and an int column stepped
         // past it wrapped below zero
+        const T* __restrict__ hr = ADD ? h : x;
         for (unsigned row = begin; row < end; ++row) {
             const size_t off = (size_t)row * D;
             float s = 0.0f;
 #pragma unroll 4
             for (long long col = threadIdx.x * V; col < D; col += ROW_THREADS * V) {
-                const Pack<T, V> c = add_rounded(load<T, V>(x + off + col), load<T, V>(res + off + col));
-                store<T, V>(h + off + col, c);
+                Pack<T, V> c;
+                if constexpr (ADD) {
+                    c = add_rounded(load<T, V>(x + off + col), load<T, V>(res + off + col));
+                    store<T, V>(h + off + col, c);
+                } else {
+                    c = load<T, V>(x + off + col);
+                }
                 s = pack_sum(c, s);
             }
             const float mean = group_sum(s, ROW_THREADS, red[0]) * inv_d;
             float q = 0.0f;
 #pragma unroll 4
             for (long long col = threadIdx.x * V; col < D; col += ROW_THREADS * V)
-                q = pack_centred_squares(load<T, V>(h + off + col), mean, q);
+                q = pack_centred_squares(load<T, V>(hr + off + col), mean, q);
             const float rstd = rsqrtf(group_sum(q, ROW_THREADS, red[1]) * inv_d + eps);
 #pragma unroll 4
             for (long long col = threadIdx.x * V; col < D; col += ROW_THREADS * V)
-                store<T, V>(y + off + col, ln_out<BIAS>(load<T, V>(h + off + col), w, b, col, mean, rstd));
+                store<T, V>(y + off + col, ln_out<BIAS>(load<T, V>(hr + off + col), w, b, col, mean, rstd));
         }
     }
 }
@@ -170,19 +185,19 @@ __device__ __forceinline__ void add_layernorm_rows(const T* __restrict__ x, cons
 }  // namespace fxk
 
 namespace fxk {
-template <typename T, bool BIAS>
+template <typename T, bool BIAS, bool ADD = true>
 __device__ __forceinline__ void add_layernorm(const T* x, const T* res, const T* w, const T* b, float eps, int D,
                                               int n, T* y, T* h) {
     __shared__ float red[2][ROW_WARPS];
     if (D <= 0) return;
     const unsigned rows = (unsigned)n / (unsigned)D;
     constexpr int V = 16 / sizeof(T);
-    if (D % V == 0 && aligned16(x) && aligned16(res) && aligned16(w) && (!BIAS || aligned16(b)) && aligned16(y) &&
-        aligned16(h))
-        add_layernorm_rows<T, V, (sizeof(T) == 4 ? FXK_ROW_PACKS_F32 : FXK_ROW_PACKS_HALF), BIAS>(
+    if (D % V == 0 && aligned16(x) && (!ADD || aligned16(res)) && aligned16(w) && (!BIAS || aligned16(b)) &&
+        aligned16(y) && (!ADD || aligned16(h)))
+        add_layernorm_rows<T, V, (sizeof(T) == 4 ? FXK_ROW_PACKS_F32 : FXK_ROW_PACKS_HALF), BIAS, ADD>(
             x, res, w, b, eps, D, rows, y, h, red);
     else
-        add_layernorm_rows<T, 1, FXK_ROW_SCALARS, BIAS>(x, res, w, b, eps, D, rows, y, h, red);
+        add_layernorm_rows<T, 1, FXK_ROW_SCALARS, BIAS, ADD>(x, res, w, b, eps, D, rows, y, h, red);
 }
 }  // namespace fxk
 
@@ -198,6 +213,20 @@ template <typename T>
 __global__ void __launch_bounds__(ROW_THREADS, sizeof(T) == 4 ? FXK_ROW_BLOCKS_F32 : FXK_ROW_BLOCKS_HALF)
 add_layer_norm_no_bias(const T* x, const T* res, const T* w, int normalized_size, float eps, int D, int n, T* y, T* h) {
     fxk::add_layernorm<T, false>(x, res, w, nullptr, eps, D, n, y, h);
+}
+
+// Cohere's LayerNorm written out in float32 (no bias: the bias-free kernel's arithmetic), with the
+// residual add before it and without (the embeddings' norm).
+template <typename T>
+__global__ void __launch_bounds__(ROW_THREADS, sizeof(T) == 4 ? FXK_ROW_BLOCKS_F32 : FXK_ROW_BLOCKS_HALF)
+add_cohere_layer_norm(const T* x, const T* res, const T* w, float eps, int D, int n, T* y, T* h) {
+    fxk::add_layernorm<T, false>(x, res, w, nullptr, eps, D, n, y, h);
+}
+
+template <typename T>
+__global__ void __launch_bounds__(ROW_THREADS, sizeof(T) == 4 ? FXK_ROW_BLOCKS_F32 : FXK_ROW_BLOCKS_HALF)
+cohere_layer_norm(const T* x, const T* w, float eps, int D, int n, T* y) {
+    fxk::add_layernorm<T, false, false>(x, nullptr, w, nullptr, eps, D, n, y, nullptr);
 }
 """
 
@@ -223,6 +252,25 @@ ADD_LAYER_NORM_NO_BIAS = KernelSpec(
 )
 
 
+# Cohere's LayerNorm, written out in float32 (no bias), after a residual add and alone.
+ADD_COHERE_LAYER_NORM = KernelSpec(
+    SOURCE, "add_cohere_layer_norm",
+    inputs=[InputDecl("x"), InputDecl("residual"), InputDecl("weight", broadcast=True), ScalarInput("eps", float)],
+    outputs=[OutputDecl("y", SameAs("x")), OutputDecl("h", SameAs("x"))],
+    extras=[DimSize("x", -1), Numel("x")],
+    geometry=Custom(row_geometry_8k),
+    dtypes=DTYPES,
+)
+COHERE_LAYER_NORM = KernelSpec(
+    SOURCE, "cohere_layer_norm",
+    inputs=[InputDecl("x"), InputDecl("weight", broadcast=True), ScalarInput("eps", float)],
+    outputs=[OutputDecl("y", SameAs("x"))],
+    extras=[DimSize("x", -1), Numel("x")],
+    geometry=Custom(row_geometry_8k),
+    dtypes=DTYPES,
+)
+
+
 def add_layer_norm(x, residual, weight, bias, normalized_size: int, eps: float):
     """A residual add and the next ``nn.LayerNorm`` (BERT's ``self.LayerNorm(hidden_states +
     input_tensor)``, GPT-2's ``attn_output + residual`` then ``ln_2``): the norm and the sum.
@@ -239,6 +287,27 @@ def add_layer_norm_no_bias(x, residual, weight, normalized_size: int, eps: float
     MLP's add), whose ``norm_bias`` is False by default. The norm and the sum."""
     h = x + residual
     return F.layer_norm(h, (normalized_size,), weight, None, eps), h
+
+
+def cohere_layer_norm(hidden_states, weight, eps: float):
+    """transformers' ``CohereLayerNorm.forward`` (Cohere, Cohere 2: Command R), as written there: a
+    LayerNorm without bias computed in float32 (centred variance), the weight multiplied in float32,
+    one rounding at the end; the bias-free kernel's arithmetic. Cohere norms each layer's input once
+    (attention and MLP run in parallel on it): after the first layer, that input is a residual sum."""
+    input_dtype = hidden_states.dtype
+    hidden_states = hidden_states.to(torch.float32)
+    mean = hidden_states.mean(-1, keepdim=True)
+    variance = (hidden_states - mean).pow(2).mean(-1, keepdim=True)
+    hidden_states = (hidden_states - mean) * torch.rsqrt(variance + eps)
+    hidden_states = weight.to(torch.float32) * hidden_states
+    return hidden_states.to(input_dtype)
+
+
+def add_cohere_layer_norm(x, residual, weight, eps: float):
+    """Cohere's residual add (``residual + hidden_states_attention + hidden_states_mlp``: the last of its
+    two adds) and the next layer's ``input_layernorm`` (or the final norm): the norm and the sum."""
+    h = x + residual
+    return cohere_layer_norm(h, weight, eps), h
 
 
 def _check(x, residual, weight, bias, normalized_size, op: str = "add_layer_norm") -> None:
@@ -270,6 +339,18 @@ def _outputs_no_bias(x, residual, weight, normalized_size, eps):
     return x.new_empty(x.shape), x.new_empty(x.shape)
 
 
+def _outputs_cohere(x, residual, weight, eps):
+    """The Cohere add + norm op's outputs (and its fake impl), as ``_outputs``."""
+    _check(x, residual, weight, None, x.shape[-1] if x.dim() else None, "add_cohere_layer_norm")
+    return x.new_empty(x.shape), x.new_empty(x.shape)
+
+
+def _output_cohere(x, weight, eps):
+    """The plain Cohere norm's output (and its fake impl)."""
+    _check(x, x, weight, None, x.shape[-1] if x.dim() else None, "cohere_layer_norm")
+    return x.new_empty(x.shape)
+
+
 _WEIGHT_ROW, _BIAS_ROW = row_param("x", "weight", same_shape="residual"), row_param("x", "bias")
 
 
@@ -295,3 +376,12 @@ def register(rules) -> None:
     example = (torch.randn(4, 37), torch.randn(4, 37), torch.randn(37), 37, SENTINELS[float])
     add_rule(rules, add_layer_norm_no_bias, op, "add_layer_norm_no_bias", filter=_layer_norm_operands,
              example_inputs=example, irs=("export",))
+    # Cohere's norm is written out (no aten.layer_norm to lose), so its rules hold in every IR fxkern
+    # runs its ops in; the residual form first (the plain one matches inside it).
+    op = cuda_kernel_op(f"{NAMESPACE}::add_cohere_layer_norm", ADD_COHERE_LAYER_NORM, reference=add_cohere_layer_norm,
+                        meta_fn=_outputs_cohere)
+    add_rule(rules, add_cohere_layer_norm, op, "add_cohere_layer_norm", filter=_WEIGHT_ROW, irs=COMPILE_FREE_IRS)
+    op = cuda_kernel_op(f"{NAMESPACE}::cohere_layer_norm", COHERE_LAYER_NORM, reference=cohere_layer_norm,
+                        meta_fn=_output_cohere)
+    add_rule(rules, cohere_layer_norm, op, "cohere_layer_norm", filter=row_param("hidden_states", "weight"),
+             irs=COMPILE_FREE_IRS)
