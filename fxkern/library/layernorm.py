@@ -230,45 +230,22 @@ cohere_layer_norm(const T* x, const T* w, float eps, int D, int n, T* y) {
 }
 """
 
-ADD_LAYER_NORM = KernelSpec(
-    SOURCE, "add_layer_norm",
-    inputs=[InputDecl("x"), InputDecl("residual"), InputDecl("weight", broadcast=True),
-            InputDecl("bias", broadcast=True), ScalarInput("normalized_size", int), ScalarInput("eps", float)],
-    outputs=[OutputDecl("y", SameAs("x")), OutputDecl("h", SameAs("x"))],
-    extras=[DimSize("x", -1), Numel("x")],
-    geometry=Custom(row_geometry_8k),
-    dtypes=DTYPES,
-)
+def _spec(kernel: str, *inputs, outputs=("y", "h")) -> KernelSpec:
+    """A spec of this source's row kernels: ``x`` first, then the other inputs; the outputs of x's shape
+    (the norm, and the sum where there is an add); the row length and the element count as extras."""
+    return KernelSpec(SOURCE, kernel, inputs=[InputDecl("x"), *inputs],
+                      outputs=[OutputDecl(name, SameAs("x")) for name in outputs],
+                      extras=[DimSize("x", -1), Numel("x")], geometry=Custom(row_geometry_8k), dtypes=DTYPES)
 
+
+_RESIDUAL, _WEIGHT, _BIAS = InputDecl("residual"), InputDecl("weight", broadcast=True), InputDecl("bias", broadcast=True)
+_EPS = ScalarInput("eps", float)
+ADD_LAYER_NORM = _spec("add_layer_norm", _RESIDUAL, _WEIGHT, _BIAS, ScalarInput("normalized_size", int), _EPS)
 # nn.LayerNorm(..., bias=False) (ModernBERT's norm_bias=False): the same kernel, no bias read.
-ADD_LAYER_NORM_NO_BIAS = KernelSpec(
-    SOURCE, "add_layer_norm_no_bias",
-    inputs=[InputDecl("x"), InputDecl("residual"), InputDecl("weight", broadcast=True),
-            ScalarInput("normalized_size", int), ScalarInput("eps", float)],
-    outputs=[OutputDecl("y", SameAs("x")), OutputDecl("h", SameAs("x"))],
-    extras=[DimSize("x", -1), Numel("x")],
-    geometry=Custom(row_geometry_8k),
-    dtypes=DTYPES,
-)
-
-
+ADD_LAYER_NORM_NO_BIAS = _spec("add_layer_norm_no_bias", _RESIDUAL, _WEIGHT, ScalarInput("normalized_size", int), _EPS)
 # Cohere's LayerNorm, written out in float32 (no bias), after a residual add and alone.
-ADD_COHERE_LAYER_NORM = KernelSpec(
-    SOURCE, "add_cohere_layer_norm",
-    inputs=[InputDecl("x"), InputDecl("residual"), InputDecl("weight", broadcast=True), ScalarInput("eps", float)],
-    outputs=[OutputDecl("y", SameAs("x")), OutputDecl("h", SameAs("x"))],
-    extras=[DimSize("x", -1), Numel("x")],
-    geometry=Custom(row_geometry_8k),
-    dtypes=DTYPES,
-)
-COHERE_LAYER_NORM = KernelSpec(
-    SOURCE, "cohere_layer_norm",
-    inputs=[InputDecl("x"), InputDecl("weight", broadcast=True), ScalarInput("eps", float)],
-    outputs=[OutputDecl("y", SameAs("x"))],
-    extras=[DimSize("x", -1), Numel("x")],
-    geometry=Custom(row_geometry_8k),
-    dtypes=DTYPES,
-)
+ADD_COHERE_LAYER_NORM = _spec("add_cohere_layer_norm", _RESIDUAL, _WEIGHT, _EPS)
+COHERE_LAYER_NORM = _spec("cohere_layer_norm", _WEIGHT, _EPS, outputs=("y",))
 
 
 def add_layer_norm(x, residual, weight, bias, normalized_size: int, eps: float):
