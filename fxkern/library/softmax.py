@@ -140,8 +140,8 @@ struct Rows {
 // position bias, (1, H, Q, D)), rows are visited in (h, q, b) order, so a mask row is read from memory
 // once for the whole batch; in memory order each batch read the whole mask again (32 MB in float32 at
 // 32x512x512, past what L2 keeps among the streamed scores). Otherwise rows are visited in memory
-// order. Two divisions a row. (Memory order for masks small enough to stay in L2 was 4% faster for a 0.5 MB bfloat16 one,
-// but choosing at run time made the float32 kernels spill: benchmarks/masked_tuning.py.)
+// order. Two divisions a row. (Memory order for masks small enough to stay in L2 was 4% faster for a
+// 0.5 MB bfloat16 one, but choosing at run time made the float32 kernels spill: masked_tuning.py.)
 // FXK_MASK_PAIRS=0 keeps the 16-bit prologue on the float path (benchmarks/masked_tuning.py's baseline).
 #ifndef FXK_MASK_PAIRS
 #define FXK_MASK_PAIRS 1
@@ -180,15 +180,16 @@ struct MaskedRows {
     const T* __restrict__ mask;
     float scale, cap, inv_cap;
     int D;
-    unsigned B, H, Q, sB, sH, sQ;  // the mask's row strides per batch, head and query (0: broadcast)
+    unsigned B, H, Q;           // the scores' batches, heads and queries
+    unsigned sB, sH, sQ;        // the mask's row strides per batch, head and query (0: broadcast)
     bool scale_is_t;            // the scale is exactly a T (0.125 is; 1 / sqrt(96) is not)
     bool cap_is_t;              // and the cap (Gemma 2's 50.0 is)
     __device__ __forceinline__ MaskedRows(const T* x_, const T* mask_, float scale_, int D_, unsigned rows, int H_,
                                           int Q_, int mB, int mH, int mQ, float cap_ = 1.0f)
         : x(x_), mask(mask_), scale(scale_), cap(cap_), inv_cap(__frcp_rn(cap_)), D(D_),
-          B(H_ > 0 && Q_ > 0 ? rows / ((unsigned)H_ * (unsigned)Q_) : 0u), H((unsigned)H_), Q((unsigned)Q_), sB(mB > 1 ? (unsigned)(mH * mQ) : 0u), sH(mH > 1 ? (unsigned)mQ : 0u),
-          sQ(mQ > 1 ? 1u : 0u), scale_is_t(to_f<T>(from_f<T>(scale_)) == scale_),
-          cap_is_t(to_f<T>(from_f<T>(cap_)) == cap_) {}
+          B(H_ > 0 && Q_ > 0 ? rows / ((unsigned)H_ * (unsigned)Q_) : 0u), H((unsigned)H_), Q((unsigned)Q_),
+          sB(mB > 1 ? (unsigned)(mH * mQ) : 0u), sH(mH > 1 ? (unsigned)mQ : 0u), sQ(mQ > 1 ? 1u : 0u),
+          scale_is_t(to_f<T>(from_f<T>(scale_)) == scale_), cap_is_t(to_f<T>(from_f<T>(cap_)) == cap_) {}
     struct Row { const T* x; const T* m; size_t o; };
     __device__ __forceinline__ Row row(unsigned r) const {
         unsigned b, h, q;
@@ -197,7 +198,7 @@ struct MaskedRows {
             h = r - bq * H;
             b = bq / Q;
             q = bq - b * Q;
-        } else if (sB == 0 && B > 1) {  // likewise
+        } else if (sB == 0 && B > 1) {  // the batch shares a per-head mask: (h, q, b)
             const unsigned hq = r / B;
             b = r - hq * B;
             h = hq / Q;
