@@ -40,7 +40,7 @@ TOL = {torch.float32: 1e-4, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
 
 def cases():
     """(label, rule name, make_inputs(dtype) -> args)."""
-    from fxkern.library import gelu, layernorm, norm_rotary, rmsnorm, rotary, softmax, swiglu
+    from fxkern.library import gelu, interleaved_rotary, layernorm, norm_rotary, rmsnorm, rotary, softmax, swiglu
 
     rows, d = SHAPE
 
@@ -58,6 +58,14 @@ def cases():
         emb = pos * (1.0 / 10000 ** (torch.arange(0, d, 2, device="cuda") / d))[None]
         emb = torch.cat((emb, emb), -1)[None, None]
         return t(b, s, h * d, dtype=dt).view(b, s, h, d).transpose(1, 2), emb.cos().to(dt), emb.sin().to(dt), d // 2
+
+    def interleaved(b, s, h, d, rot, dt):
+        """Queries as GLM projects them ((b, s, h * d) viewed (b, h, s, d)), cos and sin (1, 1, s, rot) whose
+        columns come in pairs (repeat_interleave, as the models build them)."""
+        x = rope(b, s, h, d, dt)[0]
+        pos = torch.arange(s, device="cuda", dtype=torch.float32)[:, None]
+        emb = (pos * (1.0 / 10000 ** (torch.arange(0, rot, 2, device="cuda") / rot))[None]).repeat_interleave(2, -1)
+        return x, emb.cos().to(dt)[None, None], emb.sin().to(dt)[None, None]
 
     def neox(b, s, h, d, rot, dt):
         """GPT-NeoX's queries (a third of each head's fused QKV row), cos and sin (1, 1, s, rot), half, rot."""
@@ -153,6 +161,14 @@ def cases():
         # projection's rows, 16x2048 tokens, 32 heads of 128
         ("partial RoPE (transformers, GPT-NeoX), q 16x32x2048x128 of fused QKV, rotary_dim 32",
          "partial_rotary_embedding", rotary.partial_rotary_embedding, lambda dt: neox(16, 2048, 32, 128, 32, dt)),
+        # GLM's, GPT-J's and Cohere's interleaved rotation (pairs 2i, 2i + 1) on projected queries
+        ("interleaved RoPE (GLM, Cohere), q 16x32x2048x128", "interleaved_rotary_embedding",
+         interleaved_rotary.interleaved_rotary_embedding, lambda dt: interleaved(16, 2048, 32, 128, 128, dt)),
+        ("interleaved RoPE in float32 (Cohere's 16-bit models), q 16x32x2048x128", "interleaved_rotary_embedding_float32",
+         interleaved_rotary.interleaved_rotary_embedding_float32, lambda dt: interleaved(16, 2048, 32, 128, 128, dt)),
+        ("partial interleaved RoPE (GLM-4), q 16x32x2048x128, rotary_dim 64", "partial_interleaved_rotary_embedding",
+         interleaved_rotary.partial_interleaved_rotary_embedding,
+         lambda dt: (*interleaved(16, 2048, 32, 128, 64, dt), 64)),
         # Qwen3's and Gemma 3's query and key norms with the rotation after them (32 query heads, 8 key/value
         # heads of 128, 16x2048 tokens): x as each model's norm reads it, (b, s, h, d) and (b, h, s, d)
         ("q norm + RoPE (Qwen3), q 16x2048x32x128", "rms_norm_rotary_embedding", norm_rotary.rms_norm_rotary_embedding,

@@ -60,7 +60,9 @@ def test_rule_set_is_named_built_once_and_complete(rules):
             "partial_rotary_embedding", "whole_rotary_embedding", "repeat_kv", "rotary_embedding_repeat_kv",
             "whole_rotary_embedding_repeat_kv", "partial_rotary_embedding_repeat_kv", "rms_norm_rotary_embedding",
             "gemma_rms_norm_rotary_embedding", "rms_norm_rotary_embedding_repeat_kv",
-            "gemma_rms_norm_rotary_embedding_repeat_kv"} <= {r.name for r in rules}
+            "gemma_rms_norm_rotary_embedding_repeat_kv", "interleaved_rotary_embedding",
+            "interleaved_rotary_embedding_float32", "partial_interleaved_rotary_embedding",
+            "whole_interleaved_rotary_embedding"} <= {r.name for r in rules}
     assert all(str(r.op).startswith("fxkern_lib.") for r in rules)
     # every tensor input comes before the scalars (TensorRT plugins need that)
     for spec in (lib.RMS_NORM, lib.GEMMA_RMS_NORM, lib.ADD_RMS_NORM, lib.SOFTMAX, lib.SWIGLU, lib.BIAS_GELU_RESIDUAL,
@@ -68,7 +70,8 @@ def test_rule_set_is_named_built_once_and_complete(rules):
                  lib.PARTIAL_ROTARY, lib.ROTARY_REPEAT_KV, lib.PARTIAL_ROTARY_REPEAT_KV, lib.REPEAT_KV, lib.ADD_LAYER_NORM,
                  lib.RMS_NORM_ROTARY, lib.GEMMA_RMS_NORM_ROTARY, lib.RMS_NORM_ROTARY_REPEAT_KV,
                  lib.GEMMA_RMS_NORM_ROTARY_REPEAT_KV, lib.ADD_LAYER_NORM_NO_BIAS, lib.LITGPT_RMS_NORM,
-                 lib.ADD_LITGPT_RMS_NORM, lib.MASKED_SOFTMAX, lib.GEGLU_CHUNKED_GATE_FIRST):
+                 lib.ADD_LITGPT_RMS_NORM, lib.MASKED_SOFTMAX, lib.GEGLU_CHUNKED_GATE_FIRST, lib.INTERLEAVED_ROTARY,
+                 lib.PARTIAL_INTERLEAVED_ROTARY):
         kinds = [type(d).__name__ for d in spec.inputs]
         assert kinds == sorted(kinds, key=lambda k: k != "InputDecl")
 
@@ -1971,3 +1974,170 @@ def test_cohere_layer_norm_ops_check_their_operands():
         lib.op("cohere_layer_norm")(x, w.view(4, 10), 1e-5)
     with pytest.raises(fxkern.KernelInputError, match=r"fxkern_lib::add_cohere_layer_norm: residual \(3, 1\)"):
         lib.op("add_cohere_layer_norm")(x, r[:, :1], w, 1e-5)
+
+
+# ---- the interleaved rotary embedding: GPT-J, CodeGen, GLM, GLM-4, Cohere -------------------------------
+
+
+def interleaved_tables(b, s, d, dtype=torch.float32):
+    """(b, s, d) cos and sin whose columns come in equal pairs, as transformers' Cohere builds them."""
+    pos = torch.arange(s, dtype=torch.float32)[:, None] * (1.0 / 10000 ** (torch.arange(0, d, 2) / d))[None]
+    emb = pos.repeat_interleave(2, dim=-1).expand(b, s, d)
+    return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+def _decoder_config(**extra):
+    return dict(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+                num_key_value_heads=2, max_position_embeddings=64, **extra)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
+@pytest.mark.parametrize("family", ["gptj", "codegen", "glm", "glm4", "cohere", "cohere2"])
+def test_interleaved_rotary_in_transformers_models(family, dtype):
+    """Each family's queries and keys (two layers: four rotations) take one op each, and the logits stay
+    equal to the bit: GPT-J and CodeGen rotate the first rotary_dim columns of their (B, S, H, D) heads,
+    GLM and GLM-4 half of each head (partial_rotary_factor 0.5), Cohere the whole head, in float32 for
+    16-bit models (``q.float()``: the float32 op)."""
+    ids = torch.randint(0, 128, (2, 16))
+    if family in ("gptj", "codegen"):
+        name = {"gptj": "GPTJ", "codegen": "CodeGen"}[family]
+        model = _tiny_decoder(f"{name}Config", f"{name}ForCausalLM", dtype, vocab_size=128, n_positions=64, n_embd=64,
+                              n_layer=2, n_head=4, rotary_dim=8, n_inner=96, bos_token_id=0, eos_token_id=0)
+        want = "partial_interleaved_rotary_embedding"
+    elif family in ("glm", "glm4"):
+        name = {"glm": "Glm", "glm4": "Glm4"}[family]
+        model = _tiny_decoder(f"{name}Config", f"{name}ForCausalLM", dtype, head_dim=16, pad_token_id=0,
+                              **_decoder_config())
+        want = "partial_interleaved_rotary_embedding"
+    else:
+        name = {"cohere": "Cohere", "cohere2": "Cohere2"}[family]
+        extra = {"sliding_window": 8} if family == "cohere2" else {}
+        model = _tiny_decoder(f"{name}Config", f"{name}ForCausalLM", dtype, pad_token_id=0, bos_token_id=1,
+                              eos_token_id=2, **_decoder_config(**extra))
+        want = "interleaved_rotary_embedding" + ("_float32" if dtype != torch.float32 else "")
+    calls = _rewritten_logits_equal(model, ids)
+    assert {k: v for k, v in calls.items() if "rotary" in k} == {want: 4}
+
+
+class _GPTJStyle(nn.Module):
+    """GPT-J's attention as written: (B, S, H, D) heads, half-width tables interleaved per call, the
+    first rotary_dim columns rotated (``[:, :, :, ::2]`` slices), then the transpose."""
+
+    def __init__(self, rotary_dim):
+        super().__init__()
+        self.rotary_dim = rotary_dim
+
+    @staticmethod
+    def rotate_every_two(x):
+        x1 = x[:, :, :, ::2]
+        x2 = x[:, :, :, 1::2]
+        return torch.stack((-x2, x1), dim=-1).flatten(-2)
+
+    def forward(self, q, sin, cos):
+        sin = torch.repeat_interleave(sin[:, :, None, :], 2, 3)
+        cos = torch.repeat_interleave(cos[:, :, None, :], 2, 3)
+        if self.rotary_dim is None:
+            return ((q * cos) + (self.rotate_every_two(q) * sin)).transpose(1, 2)
+        q_rot, q_pass = q[:, :, :, :self.rotary_dim], q[:, :, :, self.rotary_dim:]
+        q_rot = (q_rot * cos) + (self.rotate_every_two(q_rot) * sin)
+        return torch.cat([q_rot, q_pass], dim=-1).transpose(1, 2)
+
+
+class _GLMStyle(nn.Module):
+    """GLM's apply_rotary_pos_emb on a projection's (B, H, S, D) view, rotary_dim = cos.shape[-1]."""
+
+    def forward(self, q_proj, cos, sin):
+        b, s, _ = q_proj.shape
+        q = q_proj.view(b, s, 4, -1).transpose(1, 2)
+        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+        cos = cos[..., :cos.shape[-1] // 2].repeat_interleave(2, dim=-1)
+        sin = sin[..., :sin.shape[-1] // 2].repeat_interleave(2, dim=-1)
+        rotary_dim = cos.shape[-1]
+        q_rot, q_pass = q[..., :rotary_dim], q[..., rotary_dim:]
+        x1, x2 = q_rot[..., 0::2], q_rot[..., 1::2]
+        q_embed = (q_rot * cos) + (torch.stack((-x2, x1), dim=-1).flatten(-2) * sin)
+        return torch.cat([q_embed, q_pass], dim=-1)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=["float32", "float16", "bfloat16"])
+def test_interleaved_rotary_forms(dtype):
+    torch.manual_seed(0)
+    b, s, h, d = 2, 8, 4, 16
+    sin, cos = (t[..., :d // 2] for t in interleaved_tables(b, s, d))  # GPT-J's half-width sin, cos
+    q = torch.randn(b, s, h, d)
+    assert replaced(_GPTJStyle(8), q, sin[..., :4], cos[..., :4], dtype=dtype) == {
+        "partial_interleaved_rotary_embedding": 1}
+    assert replaced(_GPTJStyle(None), q, sin, cos, dtype=dtype) == {"interleaved_rotary_embedding": 1}
+    glm_cos, glm_sin = rope_tables(b, s, d)  # cat((freqs, freqs)): GLM keeps the first half, interleaved
+    assert replaced(_GLMStyle(), torch.randn(b, s, h * 2 * d), glm_cos, glm_sin, dtype=dtype) == {
+        "partial_interleaved_rotary_embedding": 1}  # heads of 32, the first 16 columns rotated
+    whole = torch.randn(b, s, h * d)  # heads of 16: the whole head (export keeps the empty slice and the cat)
+    assert replaced(_GLMStyle(), whole, glm_cos, glm_sin, dtype=dtype) == {"partial_interleaved_rotary_embedding": 1}
+
+
+def test_interleaved_rotary_refusals():
+    """Tables of another dtype than x's (ERNIE 4.5's float32 ones beside 16-bit queries), which the
+    kernels do not read, stay PyTorch's."""
+    from fxkern.library.interleaved_rotary import interleaved_rotary_embedding
+
+    q = torch.randn(2, 4, 8, 16, dtype=torch.bfloat16)
+    cos, sin = (t[:, None] for t in interleaved_tables(2, 8, 16))
+    assert replaced(Fn(interleaved_rotary_embedding), q, cos, sin) == {"interleaved_rotary_embedding": 1}
+    ep = torch.export.export(Fn(interleaved_rotary_embedding), (q, cos, sin))  # float32 tables, 16-bit q
+    assert not library_calls(fxkern.apply(ep, lib.rules()))
+
+
+def test_interleaved_rotary_ops_check_their_inputs_and_keep_eager_layout():
+    op, partial = lib.op("interleaved_rotary_embedding"), lib.op("partial_interleaved_rotary_embedding")
+    cos, sin = (t[:, None] for t in interleaved_tables(2, 8, 16))
+    projected = torch.randn(2, 8, 4 * 16).view(2, 8, 4, 16).transpose(1, 2)
+    want = lib.interleaved_rotary_embedding(projected, cos, sin)
+    got = op(projected, cos, sin)
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+    assert got.stride() == want.stride() != got.contiguous().stride()  # the projection's order, as eager's
+    wide = torch.randn(2, 4, 8, 24)
+    torch.testing.assert_close(partial(wide, cos, sin, 16), lib.partial_interleaved_rotary_embedding(wide, cos, sin, 16),
+                               rtol=0, atol=0)
+    with pytest.raises(fxkern.KernelInputError, match=r"interleaved_rotary_embedding: x's last axis is 15, odd; .* pair"):
+        op(torch.randn(2, 4, 8, 15), cos[..., :15], sin[..., :15])
+    with pytest.raises(fxkern.KernelInputError, match=r"partial_interleaved_rotary_embedding: rotary_dim is 15, odd"):
+        partial(wide, cos[..., :15], sin[..., :15], 15)
+    with pytest.raises(fxkern.KernelInputError, match=r"give cos and sin x's dtype"):
+        op(projected.bfloat16(), cos, sin)
+    with pytest.raises(fxkern.KernelInputError, match=r"cos \(and sin\) \(2, 1, 8, 16\) does not broadcast onto x"):
+        op(torch.randn(2, 4, 8, 8), cos, sin)
+
+
+def test_interleaved_rotary_eager_path_reads_each_layout_in_place():
+    """The CUDA path's plumbing, run on the CPU with the private strided op's reference as the kernel:
+    the walk it picks over x, the rotated and pass columns it derives from the tables, and the layout
+    it writes give the pattern's numbers and eager's strides."""
+    from fxkern.library import interleaved_rotary as ir
+    from fxkern.library import rotary
+
+    strided = torch.ops.fxkern_lib._interleaved_rotary_strided
+    strided32 = torch.ops.fxkern_lib._interleaved_rotary_strided_float32
+    b, s, h, d = 2, 8, 4, 16
+    cos, sin = (t[:, None] for t in interleaved_tables(b, s, d))
+    layouts = {
+        "projected": torch.randn(b, s, h * d).view(b, s, h, d).transpose(1, 2),
+        "contiguous": torch.randn(b, h, s, d),
+        "GPT-J's (B, S, H, D)": torch.randn(b, h, s, d).transpose(1, 2).contiguous().transpose(1, 2),
+        "part of wider heads": torch.randn(b, h, s, d + 8)[..., :d],
+    }
+    plain = rotary._eager("fxkern_lib::interleaved_rotary_embedding", (strided, strided), ir._output, True)
+    partial = rotary._eager("fxkern_lib::partial_interleaved_rotary_embedding", (strided, strided), ir._partial_output,
+                            True)
+    float32 = rotary._eager("fxkern_lib::interleaved_rotary_embedding_float32", (strided32, strided32),
+                            ir._float32_output, True)
+    for where, x in layouts.items():
+        want = ir.interleaved_rotary_embedding(x, cos, sin)
+        got = plain(x, cos, sin)
+        torch.testing.assert_close(got, want, rtol=0, atol=0, msg=where)
+        assert all(g == w for g, w, n in zip(got.stride(), want.stride(), got.shape) if n > 1), where
+        narrow = (cos[..., :8], sin[..., :8])
+        torch.testing.assert_close(partial(x, *narrow, 8), ir.partial_interleaved_rotary_embedding(x, *narrow, 8),
+                                   rtol=0, atol=0, msg=where)
+        x16, c16, s16 = x.bfloat16(), cos.bfloat16(), sin.bfloat16()
+        torch.testing.assert_close(float32(x16, c16, s16), ir.interleaved_rotary_embedding_float32(x16, c16, s16),
+                                   rtol=0, atol=0, msg=where)

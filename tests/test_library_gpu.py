@@ -20,7 +20,7 @@ import torch
 
 import fxkern
 import fxkern.library as lib
-from fxkern.library import gelu, layernorm, norm_rotary, rmsnorm, rotary, softmax, swiglu
+from fxkern.library import gelu, interleaved_rotary, layernorm, norm_rotary, rmsnorm, rotary, softmax, swiglu
 
 pytestmark = pytest.mark.gpu
 
@@ -1027,6 +1027,78 @@ def test_gpt_neox_queries_are_read_out_of_the_fused_projection():
     cos, sin = rope_tables(b, s, 32, torch.bfloat16)
     names = kernels_run(lambda: lib.op("partial_rotary_embedding")(q, cos, sin, 16, 32))
     assert runs_only(names, "rotary_strided"), names  # one kernel: no copy of q first
+    torch.cuda.synchronize()
+
+
+# ---- the interleaved rotary embedding (GPT-J, GLM, Cohere): pairs (2i, 2i + 1), equal to the bit ------
+
+
+def interleaved_tables(b, s, d, dtype):
+    """(b, 1, s, d) cos and sin whose columns come in equal pairs (repeat_interleave, as the models build them)."""
+    pos = torch.arange(s, device="cuda", dtype=torch.float32)[:, None]
+    inv = 1.0 / 10000 ** (torch.arange(0, d, 2, device="cuda", dtype=torch.float32) / d)
+    emb = (pos * inv).repeat_interleave(2, dim=-1)[None].expand(b, s, d)
+    return emb.cos().to(dtype)[:, None], emb.sin().to(dtype)[:, None]
+
+
+def check_interleaved(name, x, cos, sin, *scalars, where):
+    """The op against its pattern run by eager PyTorch: the same bits, laid out as eager's."""
+    poison()
+    got = lib.op(name)(x, cos, sin, *scalars)
+    want = getattr(interleaved_rotary, name)(x, cos, sin, *scalars)
+    assert got.shape == want.shape and got.dtype == want.dtype, where
+    assert laid_out_as(got, want), f"{where}: strides {got.stride()}, eager's {want.stride()}"
+    bits = {4: torch.int32, 2: torch.int16}[got.element_size()]  # to the bit: -0 is not +0
+    same = (got.view(bits) == want.view(bits)) | (got.isnan() & want.isnan())
+    assert bool(same.all()), f"{name} {where}: {int((~same).sum())} elements differ in their bits"
+
+
+# Head sizes: 2 and 6 (no 16-byte pack), 16, 64, 128, 74 (the scalar path: 37 pairs), 256.
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).removeprefix("torch."))
+def test_interleaved_rotary_on_every_layout_and_head_size(dtype):
+    torch.manual_seed(0)
+    b, s, h = 3, 37, 5
+    for d in HEAD_SIZES:
+        cos, sin = interleaved_tables(b, s, d, dtype)
+        layouts = dict(gqa_layouts(b, s, h, d, dtype))
+        layouts["GPT-J's (b, s, h, d) heads"] = rand(b, s, h, d, dtype=dtype, scale=3.0)
+        layouts["one element past 16-byte alignment"] = torch.cat(
+            [cos.new_zeros(1), rand(b * h * s * d, dtype=dtype)])[1:].view(b, h, s, d)
+        for lname, x in layouts.items():
+            bs = x.shape[:3]  # GPT-J's tables broadcast over its heads, axis 2: (b, s, 1, d)
+            tables = {"(b, 1, s, d)": (cos, sin), "(1, 1, s, d)": (cos[:1], sin[:1])}
+            if lname.startswith("GPT-J"):
+                tables = {"(b, s, 1, d)": (cos.transpose(1, 2), sin.transpose(1, 2))}
+            tables["as x, random"] = (rand(*bs, d, dtype=dtype), rand(*bs, d, dtype=dtype))  # pairs unequal too
+            for tname, (c, sn) in tables.items():
+                where = f"{dtype} d={d} x {lname}, cos {tname}"
+                check_interleaved("interleaved_rotary_embedding", x, c, sn, where=where)
+                if dtype != torch.float32:
+                    check_interleaved("interleaved_rotary_embedding_float32", x, c, sn, where=where)
+        for rot in {2, d // 4 * 2, d - 2} - {0, d}:
+            c, sn = interleaved_tables(b, s, rot, dtype)
+            for lname, x in layouts.items():
+                if not lname.startswith("GPT-J"):
+                    check_interleaved("partial_interleaved_rotary_embedding", x, c, sn, rot,
+                                      where=f"{dtype} d={d} rotary_dim={rot} x {lname}")
+
+
+def test_interleaved_rotary_special_values_and_one_kernel():
+    vals = [0.0, float("inf"), float("nan"), -3.0e38, 1.0, -1e-39, 3e-5, 0.5, 2.0, -1.5, 0.25, -0.0, float("-inf"),
+            7.0, -2e-39, 1e-4]
+    x = torch.tensor(vals, device="cuda").repeat(8, 1)
+    x = torch.cat([x, x.roll(3, dims=1)], 0).view(2, 2, 4, 16)
+    for dtype in DTYPES:
+        cos, sin = interleaved_tables(2, 4, 16, dtype)
+        check_interleaved("interleaved_rotary_embedding", x.to(dtype), cos, sin, where=f"{dtype} special values")
+    q = rand(2, 64, 4 * 64, dtype=torch.bfloat16).view(2, 64, 4, 64).transpose(1, 2)
+    cos, sin = interleaved_tables(2, 64, 64, torch.bfloat16)
+    for name, args in (("interleaved_rotary_embedding", ()), ("interleaved_rotary_embedding_float32", ()),
+                       ("partial_interleaved_rotary_embedding", (64,))):
+        names = kernels_run(lambda: lib.op(name)(q, cos, sin, *args))
+        assert runs_only(names, "interleaved_rotary_strided"), names  # one kernel: no copy of q first
+    empty = q[:, :, :0]
+    assert lib.op("interleaved_rotary_embedding")(empty, cos[:, :, :0], sin[:, :, :0]).shape == empty.shape
     torch.cuda.synchronize()
 
 

@@ -181,7 +181,9 @@ def test_model_survey_rewrites_families_beyond_the_benchmark_and_lists_what_is_l
     assert model_survey.main(["--models", "cohere,gptj", "--dtype", "bfloat16", "--leftover"]) == 0
     out = capsys.readouterr().out
     assert "cohere: add_cohere_layer_norm x2, cohere_layer_norm x1," in out and out.count("output exact") == 2
-    # GPT-J's interleaved rotary (rotate_every_two: stack, flatten) is not matched yet: its stack is left
-    assert re.search(r"left: stack @ models/gptj/modeling_gptj\.py:\d+", out)
+    # GPT-J's interleaved rotary is one op (its stack is not left), and its first layer's norm, which no
+    # residual add precedes, is PyTorch's LayerNorm
+    assert "partial_interleaved_rotary_embedding x4" in out and "left: stack" not in out
+    assert re.search(r"left: layer_norm @ models/gptj/modeling_gptj\.py:\d+", out)
     with pytest.raises(SystemExit):
         model_survey.main(["--models", "no_such_family"])

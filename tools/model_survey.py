@@ -60,6 +60,12 @@ FAMILIES = {
         vocab_size=VOCAB, n_positions=64, n_embd=64, n_layer=2, n_head=4, rotary_dim=8, n_inner=96, bos_token_id=0,
         eos_token_id=0)),
     "glm4": Model("Glm4ForCausalLM", "Glm4Config", {**_LLAMA_LIKE, "head_dim": 16, "pad_token_id": 0}),
+    "glm": Model("GlmForCausalLM", "GlmConfig", {**_LLAMA_LIKE, "head_dim": 16, "pad_token_id": 0}),
+    "codegen": Model("CodeGenForCausalLM", "CodeGenConfig", dict(
+        vocab_size=VOCAB, n_positions=64, n_ctx=64, n_embd=64, n_layer=2, n_head=4, rotary_dim=8, n_inner=96,
+        bos_token_id=0, eos_token_id=0)),
+    "cohere2": Model("Cohere2ForCausalLM", "Cohere2Config", {**_LLAMA_LIKE, **_TOKENS, "sliding_window": 8}),
+    "ernie4_5": Model("Ernie4_5ForCausalLM", "Ernie4_5Config", {**_LLAMA_LIKE, **_TOKENS, "head_dim": 16}),
     "gpt_oss": Model("GptOssForCausalLM", "GptOssConfig", {**_LLAMA_LIKE, **_MOE, "head_dim": 16, "sliding_window": 8}),
     "smollm3": Model("SmolLM3ForCausalLM", "SmolLM3Config", {**_LLAMA_LIKE, **_TOKENS}),
     "clip_text": Model("CLIPTextModel", "CLIPTextConfig", dict(

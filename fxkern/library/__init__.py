@@ -21,7 +21,9 @@ pattern functions (each pattern is also its op's CPU reference):
 * :mod:`~fxkern.library.rotary` — rotary position embedding as transformers and litgpt write it,
   ``q * cos + rotate_half(q) * sin``, and GPT-NeoX's and Phi-3's partial rotation with its ``cat``,
   reading queries and keys where the projection left them; and grouped-query attention's
-  ``repeat_kv`` of the values, and of the keys with their rotation (one pass).
+  ``repeat_kv`` of the values, and of the keys with their rotation (one pass);
+* :mod:`~fxkern.library.interleaved_rotary` — the interleaved rotary embedding, columns ``2i`` and ``2i + 1``
+  a pair (GPT-J, CodeGen, GLM, GLM-4, Cohere, ERNIE 4.5), whole or partial.
 
 Importing this package registers nothing. :func:`rules` registers every op (``fxkern_lib::*``,
 compiled by NVRTC: no GPU needed, cached on disk) and traces every pattern, once per process.
@@ -32,7 +34,7 @@ from __future__ import annotations
 import threading
 
 from fxkern import compiler
-from fxkern.library import gelu, layernorm, norm_rotary, rmsnorm, rotary, softmax, swiglu
+from fxkern.library import gelu, interleaved_rotary, layernorm, norm_rotary, rmsnorm, rotary, softmax, swiglu
 from fxkern.library.gelu import (
     BIAS_GELU,
     BIAS_GELU_NEW,
@@ -52,6 +54,12 @@ from fxkern.library.gelu import (
     gelu_new,
     megatron_bias_gelu,
     quick_gelu,
+)
+from fxkern.library.interleaved_rotary import (
+    INTERLEAVED_ROTARY,
+    PARTIAL_INTERLEAVED_ROTARY,
+    interleaved_rotary_embedding,
+    partial_interleaved_rotary_embedding,
 )
 from fxkern.library.layernorm import (
     ADD_COHERE_LAYER_NORM,
@@ -128,7 +136,7 @@ NAME = "fxkern.library"
 # forms before the add + RMSNorm forms, since `gelu(...) + x` followed by a norm moves fewer bytes
 # as a GELU+residual kernel and a plain norm (5 passes) than as a GELU and an add+norm (6); a head's
 # norm and rotation before either alone.
-_MODULES = (gelu, norm_rotary, rmsnorm, layernorm, swiglu, softmax, rotary)
+_MODULES = (gelu, norm_rotary, rmsnorm, layernorm, swiglu, softmax, rotary, interleaved_rotary)
 _lock = threading.Lock()
 _rules = None
 
@@ -175,11 +183,13 @@ __all__ = [
     "GEMMA_RMS_NORM",
     "GEMMA_RMS_NORM_ROTARY",
     "GEMMA_RMS_NORM_ROTARY_REPEAT_KV",
+    "INTERLEAVED_ROTARY",
     "LITGPT_RMS_NORM",
     "MASKED_SOFTMAX",
     "MEGATRON_BIAS_GELU",
     "QUICK_GELU",
     "NAME",
+    "PARTIAL_INTERLEAVED_ROTARY",
     "PARTIAL_ROTARY",
     "PARTIAL_ROTARY_REPEAT_KV",
     "REPEAT_KV",
@@ -215,6 +225,8 @@ __all__ = [
     "gemma_rms_norm_rotary_embedding",
     "gemma_rms_norm_rotary_embedding_repeat_kv",
     "gemma_rmsnorm",
+    "interleaved_rotary",
+    "interleaved_rotary_embedding",
     "layernorm",
     "litgpt_rmsnorm",
     "llama_rmsnorm",
@@ -224,6 +236,7 @@ __all__ = [
     "meta_rmsnorm",
     "norm_rotary",
     "op",
+    "partial_interleaved_rotary_embedding",
     "partial_rotary_embedding",
     "partial_rotary_embedding_repeat_kv",
     "repeat_kv",

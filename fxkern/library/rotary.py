@@ -203,7 +203,66 @@ __device__ __forceinline__ void store_out(T* p, const Pack<T, V>& v) {
         store<T, V>(p, v);
 }
 
-template <typename T, int V, bool EVICT = false, unsigned PP_REPEAT = 1>
+// N columns from p, V at a time (the scalar path, V = 1, reads a pair of columns as two), and back.
+template <typename T, int V, int N>
+__device__ __forceinline__ Pack<T, N> load_cols(const T* p) {
+    Pack<T, N> r;
+#pragma unroll
+    for (int k = 0; k < N / V; ++k) {
+        const Pack<T, V> q = load<T, V>(p + k * V);
+#pragma unroll
+        for (int j = 0; j < V; ++j) r.v[k * V + j] = q.v[j];
+    }
+    return r;
+}
+template <typename T, int V, int N, bool EVICT>
+__device__ __forceinline__ void store_cols(T* p, const Pack<T, N>& r) {
+#pragma unroll
+    for (int k = 0; k < N / V; ++k) {
+        Pack<T, V> q;
+#pragma unroll
+        for (int j = 0; j < V; ++j) q.v[j] = r.v[k * V + j];
+        store_out<T, V, EVICT>(p + k * V, q);
+    }
+}
+
+// The interleaved rotation (GPT-J's rotate_every_two, GLM's and Cohere's rotate_half): columns 2i and
+// 2i + 1 are a pair, y_2i = x_2i*c_2i - x_2i+1*s_2i and y_2i+1 = x_2i+1*c_2i+1 + x_2i*s_2i+1, each
+// product and the sum rounded to M as eager's mul, mul, add store them (N even: whole pairs), and the
+// result to T: M is T, or float where the model rotates a float32 copy of 16-bit x (Cohere's
+// ``q.float()``, then ``.to(dtype)``). 16-bit pairs go through the packed instructions as rope_packs'
+// do: eager's rotated operand, stack((-x_2i+1, x_2i)), is the pair's halves swapped and the new first
+// one's sign flipped (eager's neg), exactly.
+template <typename T, int N, typename M = T>
+__device__ __forceinline__ Pack<T, N> rope_pairs(const Pack<T, N>& x, const Pack<T, N>& c, const Pack<T, N>& s) {
+    static_assert(N % 2 == 0, "whole pairs of columns");
+    Pack<T, N> y;
+    if constexpr (FXK_ROPE_PAIRS && sizeof(T) == 2 && sizeof(M) == 2) {
+        using P = typename Pair<T>::P;
+        const P *px = reinterpret_cast<const P*>(x.v), *pc = reinterpret_cast<const P*>(c.v);
+        const P* ps = reinterpret_cast<const P*>(s.v);
+        P* py = reinterpret_cast<P*>(y.v);
+#pragma unroll
+        for (int j = 0; j < N / 2; ++j) {
+            const unsigned u = __byte_perm(*reinterpret_cast<const unsigned*>(&px[j]), 0u, 0x1032) ^ 0x8000u;
+            py[j] = __hadd2_rn(__hmul2_rn(px[j], pc[j]), __hmul2_rn(*reinterpret_cast<const P*>(&u), ps[j]));
+        }
+    } else {
+        float fx[N], fc[N], fs[N], o[N];
+        to_floats(x, fx);
+        to_floats(c, fc);
+        to_floats(s, fs);
+#pragma unroll
+        for (int j = 0; j < N; j += 2) {
+            o[j] = rope_first<M>(fx[j], fx[j + 1], fc[j], fs[j]);
+            o[j + 1] = rope_second<M>(fx[j], fx[j + 1], fc[j + 1], fs[j + 1]);
+        }
+        y = from_floats<T, N>(o);
+    }
+    return y;
+}
+
+template <typename T, int V, bool EVICT = false, unsigned PP_REPEAT = 1, bool PAIRS = false, typename M = T>
 __device__ __forceinline__ void rotary_rows(const T* __restrict__ x, const T* __restrict__ cs, const T* __restrict__ sn,
                                             unsigned half, unsigned pass, unsigned B, const Rows& w,
                                             unsigned cB, unsigned cH, unsigned cS, unsigned R, T* __restrict__ y) {
@@ -217,7 +276,12 @@ __device__ __forceinline__ void rotary_rows(const T* __restrict__ x, const T* __
     // from the SASS, and tests/test_tools.py checks it)
     constexpr unsigned PP = FXK_PASS_PACKS;
     const unsigned pp = R > 1 ? PP_REPEAT : PP;
-    const unsigned rot = 2 * half, D = rot + pass, Prot = half / V, Ppass = pass / V, Q = (Ppass + pp - 1) / pp;
+    // PAIRS: an item rotates VP columns of pairs (2i, 2i + 1): two neighbouring packs, as many bytes as
+    // an item of the halves (one pack an item had half the loads in flight: 83-85% of copy on an H200,
+    // 2026-11-27), or one pair on the scalar path
+    constexpr unsigned VP = !PAIRS ? V : V < 2 ? 2 : 2 * V;
+    const unsigned rot = 2 * half, D = rot + pass, Prot = PAIRS ? rot / VP : half / V, Ppass = pass / V;
+    const unsigned Q = (Ppass + pp - 1) / pp;
     const unsigned P = Prot + Q;
     const unsigned items = B * w.A1 * w.A2 * P;
     const size_t head = (size_t)w.S * D;  // one head's rows in y
@@ -229,6 +293,16 @@ __device__ __forceinline__ void rotary_rows(const T* __restrict__ x, const T* __
         unsigned b, h, s;
         const size_t xo = w.locate(r, b, h, s);
         const size_t out = w.out(r, b, h, s, R, D, head);
+        if constexpr (PAIRS) {
+            if (j < Prot) {
+                const unsigned col = j * VP;
+                const size_t co = (size_t)(b * sB + h * sH + s * sS) * rot + col;
+                const Pack<T, VP> yv = rope_pairs<T, VP, M>(load_cols<T, V, VP>(x + xo + col),
+                                                            load_cols<T, V, VP>(cs + co), load_cols<T, V, VP>(sn + co));
+                for (unsigned k = 0; k < R; ++k) store_cols<T, V, VP, EVICT>(y + out + k * head + col, yv);
+                continue;
+            }
+        }
         if (j < Prot) {
             const unsigned col = j * V;
             const size_t co = (size_t)(b * sB + h * sH + s * sS) * rot + col;
@@ -257,16 +331,18 @@ __device__ __forceinline__ void rotary_rows(const T* __restrict__ x, const T* __
     }
 }
 
-template <typename T, bool EVICT = false, unsigned PP_REPEAT = 1>
+template <typename T, bool EVICT = false, unsigned PP_REPEAT = 1, bool PAIRS = false, typename M = T>
 __device__ __forceinline__ void rotary(const T* x, const T* cs, const T* sn, int half, int pass, int B, const Rows& w,
                                        int cB, int cH, int cS, int R, T* y) {
     constexpr int V = 16 / sizeof(T);
     if (half < 0 || pass < 0 || R <= 0 || half + pass == 0) return;
-    const bool packs = half % V == 0 && pass % V == 0 && w.sB % V == 0 && w.s1 % V == 0 && w.s2 % V == 0;
+    // an item takes a pack of V columns from each half, or with PAIRS two packs of pairs
+    const bool packs = (PAIRS ? 2 * half % (2 * V) : half % V) == 0 && pass % V == 0 && w.sB % V == 0
+                       && w.s1 % V == 0 && w.s2 % V == 0;
     if (packs && aligned16(x) && aligned16(cs) && aligned16(sn) && aligned16(y))
-        rotary_rows<T, V, EVICT, PP_REPEAT>(x, cs, sn, half, pass, B, w, cB, cH, cS, R, y);
+        rotary_rows<T, V, EVICT, PP_REPEAT, PAIRS, M>(x, cs, sn, half, pass, B, w, cB, cH, cS, R, y);
     else
-        rotary_rows<T, 1>(x, cs, sn, half, pass, B, w, cB, cH, cS, R, y);
+        rotary_rows<T, 1, false, 1, PAIRS, M>(x, cs, sn, half, pass, B, w, cB, cH, cS, R, y);
 }
 
 // x contiguous (B, A1, A2, D): its strides.
@@ -500,16 +576,22 @@ def whole_rotary_embedding_repeat_kv(x, cos, sin, half: int, batch: int, kv_head
     return repeat_kv(whole_rotary_embedding(x, cos, sin, half, head_dim), batch, kv_heads, n_rep, seq, head_dim, heads)
 
 
-def _strided_reference(x_span, cos, sin, half, pass_cols, B, A1, A2, sB, s1, s2, heads_inner, n_rep, in_order, cB,
-                       cH, cS):
-    """ROTARY_STRIDED in PyTorch (its CPU impl): x rebuilt from the span, rotated, repeated, laid out as
-    the kernel writes it."""
-    x = x_span.as_strided((B, A1, A2, 2 * half + pass_cols), (sB, s1, s2, 1))
-    x = x.transpose(1, 2) if heads_inner else x
-    cos, sin = cos[..., :2 * half], sin[..., :2 * half]
-    y = torch.cat([rotary_embedding(x[..., :2 * half], cos, sin, half), x[..., 2 * half:]], dim=-1) if half else x
-    out = strided_output(x_span, 2 * half + pass_cols, B, A1, A2, heads_inner, n_rep, in_order)
-    return out.copy_(y.repeat_interleave(n_rep, dim=1))
+def strided_reference(rotate):
+    """ROTARY_STRIDED in PyTorch (its CPU impl), or a variant's rotating with ``rotate(x, cos, sin)``:
+    x rebuilt from the span, its first 2 * half columns rotated, repeated, laid out as the kernel writes it."""
+
+    def reference(x_span, cos, sin, half, pass_cols, B, A1, A2, sB, s1, s2, heads_inner, n_rep, in_order, cB, cH, cS):
+        x = x_span.as_strided((B, A1, A2, 2 * half + pass_cols), (sB, s1, s2, 1))
+        x = x.transpose(1, 2) if heads_inner else x
+        cos, sin = cos[..., :2 * half], sin[..., :2 * half]
+        y = torch.cat([rotate(x[..., :2 * half], cos, sin), x[..., 2 * half:]], dim=-1) if half else x
+        out = strided_output(x_span, 2 * half + pass_cols, B, A1, A2, heads_inner, n_rep, in_order)
+        return out.copy_(y.repeat_interleave(n_rep, dim=1))
+
+    return reference
+
+
+_strided_reference = strided_reference(lambda x, cos, sin: rotary_embedding(x, cos, sin, x.shape[-1] // 2))
 
 
 # ---- checks, outputs, layout ----------------------------------------------------------------------
@@ -715,10 +797,10 @@ def in_walk_order(out: torch.Tensor) -> int:
 
 def _eager(op: str, strided, check, rotated: bool):
     """A public op on CUDA: checks the call, narrows broadcast tables, and runs ROTARY_STRIDED on x
-    where it lies (``strided``: its launcher and ROTARY_STRIDED_REPEAT's, for n_rep 1 and more). All
-    of it but the launch depends only on the call's signature, so it is decided once per signature
-    (as the launches under it are, fxkern.ops). ``rotated``: the op takes cos, sin and half after x;
-    its scalars are (half[, rotary_dim], sizes...) or, for repeat_kv, (sizes...)."""
+    where it lies (``strided``: its launcher and ROTARY_STRIDED_REPEAT's, for n_rep 1 and more, or a
+    variant's). All of it but the launch depends only on the call's signature, so it is decided once
+    per signature (as the launches under it are, fxkern.ops). ``rotated``: the op takes cos and sin
+    after x and rotates cos's columns; its scalars are the rest ([half][, rotary_dim], sizes...)."""
     decided = Signatures()
 
     def on_cuda(x, *args):
@@ -728,7 +810,7 @@ def _eager(op: str, strided, check, rotated: bool):
         how = decided.get(key)
         if how is None:
             out = check(x, *args)  # the meta_fn: the call's checks, and its output (B, H * n_rep, S, D)
-            half = scalars[0] if rotated else 0
+            half = tables[0].shape[-1] // 2 if rotated else 0  # cos's columns, which the check held half to
             how = decided.remember(key, (_broadcast_axes(*tables) if rotated else (), walk(x) if x.numel() else None,
                                          half, x.shape[-1] - 2 * half, out.shape[1] // x.shape[1] if x.shape[1] else 1,
                                          tuple(out.shape), in_walk_order(out)))
