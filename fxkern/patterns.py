@@ -407,7 +407,9 @@ def sized_sites(pattern: Pattern, fn: Callable[..., Any], example_inputs: Sequen
     model dividing by a constant 8 at rows of 16 (found by a probe). The other sizes keep equal
     sizes equal and scale each distinct size by a factor of its own (so a ratio of two sizes changes
     too); where the pattern needs sizes in proportion (halves), every size is doubled instead; dims
-    of 1 change too where broadcasting allows. None found when no trace succeeds or ops differ."""
+    of 1 change too where broadcasting allows. Where none of those traces, an ``int`` example equal
+    to a size is scaled with it as well (a captured width: ``x[..., :rotary_dim]`` against tables
+    ``rotary_dim`` wide). None found when no trace succeeds or ops differ."""
     ops = _op_nodes(pattern.graph)
     literal = [(n.name, dict(_literal_sites(n))) for n in ops]
     if not any(sites for _, sites in literal):
@@ -415,12 +417,21 @@ def sized_sites(pattern: Pattern, fn: Callable[..., Any], example_inputs: Sequen
     sizes = sorted({d for v in example_inputs if isinstance(v, torch.Tensor) for d in v.shape})
     primes = [2, 3, 5, 7, 11, 13, 17, 19, 23, 29, 31, 37, 41, 43, 47]
     distinct = {d: d * primes[i % len(primes)] for i, d in enumerate(sizes)}
+
+    def resize(v: Any, scale: Optional[Dict[int, int]], least: int, widths: bool) -> Any:
+        if isinstance(v, torch.Tensor):
+            return torch.empty([(scale[d] if scale else 2 * d) if d >= least else d for d in v.shape],
+                               dtype=v.dtype, device="meta")
+        if widths and type(v) is int and v >= least and v in distinct:
+            return scale[v] if scale else 2 * v
+        return v
+
     other = None
-    for scale, least in ((distinct, 1), (distinct, 2), (None, 1), (None, 2)):
+    for scale, least, widths in ((distinct, 1, False), (distinct, 2, False), (None, 1, False), (None, 2, False),
+                                 (distinct, 1, True), (None, 2, True)):
         if scale is not None and len(sizes) > len(primes):
             continue
-        resized = [torch.empty([(scale[d] if scale else 2 * d) if d >= least else d for d in v.shape],
-                               dtype=v.dtype, device="meta") if isinstance(v, torch.Tensor) else v for v in example_inputs]
+        resized = [resize(v, scale, least, widths) for v in example_inputs]
         other = _trace_quietly(fn, pattern.ir, pattern.params, resized)
         if other is not None and [n.target for n in other] == [n.target for n in ops]:
             break

@@ -478,6 +478,7 @@ def _sizes_differ(rule: Rule, cp: Any, match: Match, matcher: Matcher) -> Option
     missing, dims, dtypes = _bound_tensors(cp, match)
     if missing is not None:
         return f"input {missing!r} has no tensor metadata, and the pattern computes {', '.join(cp.sized)} from its sizes"
+    scalars = tuple((name, match.bindings[name]) for name in rule.scalar_params if name in match.bindings)
     values = _symbol_values(dims)
     if values is None:
         return (f"the pattern computes {', '.join(cp.sized)} from its inputs' sizes, and {dims} have sizes with no "
@@ -485,7 +486,7 @@ def _sizes_differ(rule: Rule, cp: Any, match: Match, matcher: Matcher) -> Option
     for doubled in [None] + sorted(values, key=str):
         sizes = _sizes_at(dims, {sym: 2 * v if sym == doubled else v for sym, v in values.items()})
         try:
-            at = rule.compiled_at(cp.ir, tuple(zip(sizes, dtypes)))
+            at = rule.compiled_at(cp.ir, tuple(zip(sizes, dtypes)), scalars)
         except Exception as exc:  # noqa: BLE001 - the pattern's own trace at these sizes
             return f"the pattern could not be traced at this match's sizes {sizes}: {exc}"
         if not any(m is not None and m.node_set == match.node_set and _same_bindings(m, match)

@@ -110,13 +110,16 @@ class Rule:
             self._ops_differ[key] = differ
         return self._ops_differ[key]
 
-    def compiled_at(self, ir: str, inputs: Tuple[Tuple[Tuple[int, ...], torch.dtype], ...]) -> matcher.CompiledPattern:
-        """The pattern traced in ``ir`` with tensors of these (shape, dtype) (cached): the numbers it
-        computes from its inputs' sizes are then literals, those of a match's own inputs."""
-        key = (ir, inputs)
+    def compiled_at(self, ir: str, inputs: Tuple[Tuple[Tuple[int, ...], torch.dtype], ...],
+                    scalars: Tuple[Tuple[str, Any], ...] = ()) -> matcher.CompiledPattern:
+        """The pattern traced in ``ir`` with tensors of these (shape, dtype) and these (name, value)
+        scalars (cached; the others at their example values): the numbers it computes from its inputs'
+        sizes are then literals, those of a match's own inputs. A match's captured widths go with its
+        sizes (``x[..., :rotary_dim]`` traced at the match's tables needs the match's rotary_dim)."""
+        key = (ir, inputs, scalars)
         if key not in self._compiled:
-            given = iter(inputs)
-            examples = [_meta(*next(given)) if p.kind == "tensor" else v
+            given, values = iter(inputs), dict(scalars)
+            examples = [_meta(*next(given)) if p.kind == "tensor" else values.get(p.name, v)
                         for p, v in zip(patterns.pattern_params(self.pattern), self.examples(inputs[0][1]))]
             traced = patterns.trace(self.pattern, ir, example_inputs=examples)
             self._compiled[key] = matcher.compile_pattern(traced, self.noise)

@@ -1451,15 +1451,15 @@ def test_rotary_near_misses_are_left_alone():
     x, (cos, sin) = torch.randn(2, 4, 8, 16), rope_tables(1, 8, 16)
     cos, sin = cos[:, None], sin[:, None]
 
-    def interleaved(x, c, s):  # GPT-J's rotate_every_two: another computation
+    def interleaved(x, c, s):  # GPT-J's rotate_every_two: another computation, the interleaved op's
         x1, x2 = x[..., ::2], x[..., 1::2]
         return x * c + torch.stack((-x2, x1), dim=-1).flatten(-2) * s
 
     def quarter(x, c, s):  # halves that are not halves: the kernel would rotate other columns
         return x * c + torch.cat((-x[..., 4:], x[..., :4]), dim=-1) * s
 
-    for fn in (interleaved, quarter):
-        assert replaced(Fn(fn), x, cos, sin) == {}
+    assert replaced(Fn(interleaved), x, cos, sin) == {"interleaved_rotary_embedding": 1}
+    assert replaced(Fn(quarter), x, cos, sin) == {}
     three_d = Fn(lambda x, c, s: x * c + rotate_half(x) * s)
     assert replaced(three_d, x[0], cos[0], sin[0]) == {}
     # float32 tables with bfloat16 queries: the products promote to float32, which the kernel does not compute
@@ -2073,6 +2073,24 @@ def test_interleaved_rotary_forms(dtype):
         "partial_interleaved_rotary_embedding": 1}  # heads of 32, the first 16 columns rotated
     whole = torch.randn(b, s, h * d)  # heads of 16: the whole head (export keeps the empty slice and the cat)
     assert replaced(_GLMStyle(), whole, glm_cos, glm_sin, dtype=dtype) == {"partial_interleaved_rotary_embedding": 1}
+
+
+@pytest.mark.parametrize("shape", [(2, 8, 4, 24), (1, 1, 2, 24)], ids=["batch", "one position"])
+def test_partial_interleaved_rotary_after_run_decompositions(shape):
+    """Core ATen (``run_decompositions()``, the IR Torch-TensorRT's is made from) writes ``flatten(-2)``
+    as a view to the rotated slice's sizes: the partial and whole-head forms still take one op each,
+    traced again at each match's own sizes and rotary_dim (which matched only batch = positions = 1,
+    and fell back to the plain op and PyTorch's ``cat``, before 2026-11-27)."""
+    b, s, h, d = shape
+    cos, sin = (t[:, :, None] for t in interleaved_tables(b, s, 16))
+    for rotary_dim, module in ((8, _GPTJStyle(8)), (d, _GPTJStyle(None))):
+        c, sn = cos[..., :rotary_dim // 2], sin[..., :rotary_dim // 2]  # GPT-J's half-width tables
+        ep = torch.export.export(module, (torch.randn(b, s, h, d), sn[:, :, 0], c[:, :, 0])).run_decompositions()
+        new = fxkern.apply(ep, lib.rules(), verify=True)
+        args = (torch.randn(b, s, h, d), torch.randn(b, s, rotary_dim // 2), torch.randn(b, s, rotary_dim // 2))
+        torch.testing.assert_close(new.module()(*args), ep.module()(*args), rtol=0, atol=0)
+        want = "partial_interleaved_rotary_embedding" if rotary_dim < d else "interleaved_rotary_embedding"
+        assert library_calls(new) == {want: 1}
 
 
 def test_interleaved_rotary_refusals():

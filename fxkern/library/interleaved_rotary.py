@@ -1,6 +1,6 @@
 """The interleaved rotary embedding: columns ``2i`` and ``2i + 1`` of a head rotated as a pair.
 
-GPT-J and CodeGen (``rotate_every_two``), GLM and GLM-4, Cohere 1 and 2, and ERNIE 4.5 (each its own
+GPT-J and CodeGen (``rotate_every_two``), GLM and GLM-4, and Cohere 1 and 2 (each its own
 ``rotate_half``) write::
 
     x1 = x[..., 0::2]
@@ -24,8 +24,9 @@ Cohere's 16-bit models rotate ``q.float()`` against 16-bit tables and cast the r
 ``interleaved_rotary_embedding_float32``, the same kernel rounding each product and sum to float32.
 
 Numbers: eager's roundings are kept, as in rotary.py, so results equal eager's to the bit in every
-dtype. Not matched: ERNIE 4.5's 16-bit models (float32 tables beside 16-bit queries: the kernels read
-tables of x's dtype; its float32 models match), and the keys' rotation fused with grouped-query
+dtype. Not matched: ERNIE 4.5, which casts the rotated operand (``rotate_half(q).float()``: a cast
+between the ``flatten`` and the product, even in float32) and keeps float32 tables beside 16-bit
+queries (the kernels read tables of x's dtype), and the keys' rotation fused with grouped-query
 attention's ``repeat_kv`` (two ops: ``repeat_kv`` matches the copy).
 """
 
@@ -130,7 +131,7 @@ INTERLEAVED_ROTARY_STRIDED_FLOAT32 = dataclasses.replace(INTERLEAVED_ROTARY_STRI
 
 
 def interleaved_rotary_embedding(x, cos, sin):
-    """GPT-J's ``apply_rotary_pos_emb`` (and GLM's, Cohere's, ERNIE 4.5's) for one of q, k:
+    """GPT-J's ``apply_rotary_pos_emb`` (and GLM's and Cohere's) for one of q, k:
     ``(x * cos) + (rotate_every_two(x) * sin)``, with ``rotate_every_two(x) =
     torch.stack((-x[..., 1::2], x[..., 0::2]), dim=-1).flatten(-2)``."""
     x1 = x[..., 0::2]
@@ -226,10 +227,12 @@ def whole_operands(match) -> bool:
     return interleaved_operands(match) and match.bindings.get("rotary_dim") == _head_size(_fakes(match)[0])
 
 
-# Traced at rank 4 (the slices' axis is a literal 3); the partial forms rotate 74 columns of 90.
+# Traced at rank 4 (the slices' axis is a literal 3); the partial forms rotate 74 columns of 90. Their
+# batch, heads and positions differ from each other and from 1: core ATen writes flatten(-2) as a view
+# to x_rot's sizes, each found as a size (patterns.sized_sites) where a 1 would stay a literal.
 _EXAMPLE = (torch.zeros(1, 2, 1, 74), torch.zeros(1, 1, 1, 74), torch.zeros(1, 1, 1, 74))
-_PARTIAL_EXAMPLE = (torch.zeros(1, 2, 1, 90), torch.zeros(1, 1, 1, 74), torch.zeros(1, 1, 1, 74), 74)
-_WHOLE_EXAMPLE = (*_EXAMPLE, 74)
+_PARTIAL_EXAMPLE = (torch.zeros(3, 2, 5, 90), torch.zeros(3, 1, 5, 74), torch.zeros(3, 1, 5, 74), 74)
+_WHOLE_EXAMPLE = (torch.zeros(3, 2, 5, 74), torch.zeros(3, 1, 5, 74), torch.zeros(3, 1, 5, 74), 74)
 
 
 def _examples_in(dtype):
