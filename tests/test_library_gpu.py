@@ -866,6 +866,13 @@ def laid_out_as(got, want) -> bool:
     return all(g == w for g, w, n in zip(got.stride(), want.stride(), got.shape) if n > 1)
 
 
+def bits_equal(got, want, where):
+    """got is want to the bit: -0 is not +0 (NaNs, of any payload, are equal)."""
+    bits = {4: torch.int32, 2: torch.int16}[got.element_size()]
+    same = (got.view(bits) == want.view(bits)) | (got.isnan() & want.isnan())
+    assert bool(same.all()), f"{where}: {int((~same).sum())} elements differ in their bits"
+
+
 def check_rope(x, cos, sin, where):
     poison()
     got = lib.op("rotary_embedding")(x, cos, sin, x.shape[-1] // 2)
@@ -874,9 +881,7 @@ def check_rope(x, cos, sin, where):
     # eager's layout: the projection's (B, S, H, D) memory where x is its view, else contiguous
     assert laid_out_as(got, want), f"{where}: strides {got.stride()}, eager's {want.stride()}"
     torch.testing.assert_close(got, want, rtol=0, atol=0, equal_nan=True, msg=lambda m: f"{where}: {m}")
-    bits = {4: torch.int32, 2: torch.int16}[got.element_size()]  # to the bit: -0 is not +0
-    same = (got.view(bits) == want.view(bits)) | (got.isnan() & want.isnan())
-    assert bool(same.all()), f"{where}: {int((~same).sum())} elements differ in their bits"
+    bits_equal(got, want, where)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).removeprefix("torch."))
@@ -957,9 +962,7 @@ def gqa_layouts(b, s, h, d, dtype):
 
 def same_bits(got, want, where):
     assert got.is_contiguous() and got.shape == want.shape and got.dtype == want.dtype, where
-    bits = {4: torch.int32, 2: torch.int16}[got.element_size()]
-    same = (got.view(bits) == want.view(bits)) | (got.isnan() & want.isnan())
-    assert bool(same.all()), f"{where}: {int((~same).sum())} elements differ in their bits"
+    bits_equal(got, want, where)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).removeprefix("torch."))
@@ -1048,9 +1051,7 @@ def check_interleaved(name, x, cos, sin, *scalars, where):
     want = getattr(interleaved_rotary, name)(x, cos, sin, *scalars)
     assert got.shape == want.shape and got.dtype == want.dtype, where
     assert laid_out_as(got, want), f"{where}: strides {got.stride()}, eager's {want.stride()}"
-    bits = {4: torch.int32, 2: torch.int16}[got.element_size()]  # to the bit: -0 is not +0
-    same = (got.view(bits) == want.view(bits)) | (got.isnan() & want.isnan())
-    assert bool(same.all()), f"{name} {where}: {int((~same).sum())} elements differ in their bits"
+    bits_equal(got, want, f"{name} {where}")
 
 
 # Head sizes: 2 and 6 (no 16-byte pack), 16, 64, 128, 74 (the scalar path: 37 pairs), 256.

@@ -23,7 +23,7 @@ pattern functions (each pattern is also its op's CPU reference):
   reading queries and keys where the projection left them; and grouped-query attention's
   ``repeat_kv`` of the values, and of the keys with their rotation (one pass);
 * :mod:`~fxkern.library.interleaved_rotary` — the interleaved rotary embedding, columns ``2i`` and ``2i + 1``
-  a pair (GPT-J, CodeGen, GLM, GLM-4, Cohere, ERNIE 4.5), whole or partial.
+  a pair (GPT-J, CodeGen, GLM, GLM-4, Cohere 1 and 2), whole or partial.
 
 Importing this package registers nothing. :func:`rules` registers every op (``fxkern_lib::*``,
 compiled by NVRTC: no GPU needed, cached on disk) and traces every pattern, once per process.

@@ -336,9 +336,9 @@ __device__ __forceinline__ void rotary(const T* x, const T* cs, const T* sn, int
                                        int cB, int cH, int cS, int R, T* y) {
     constexpr int V = 16 / sizeof(T);
     if (half < 0 || pass < 0 || R <= 0 || half + pass == 0) return;
-    // an item takes a pack of V columns from each half, or with PAIRS two packs of pairs
-    const bool packs = (PAIRS ? 2 * half % (2 * V) : half % V) == 0 && pass % V == 0 && w.sB % V == 0
-                       && w.s1 % V == 0 && w.s2 % V == 0;
+    // an item takes a pack of V columns from each half, or with PAIRS two packs of pairs: either way
+    // half a multiple of V
+    const bool packs = half % V == 0 && pass % V == 0 && w.sB % V == 0 && w.s1 % V == 0 && w.s2 % V == 0;
     if (packs && aligned16(x) && aligned16(cs) && aligned16(sn) && aligned16(y))
         rotary_rows<T, V, EVICT, PP_REPEAT, PAIRS, M>(x, cs, sn, half, pass, B, w, cB, cH, cS, R, y);
     else
