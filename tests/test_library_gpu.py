@@ -873,15 +873,19 @@ def bits_equal(got, want, where):
     assert bool(same.all()), f"{where}: {int((~same).sum())} elements differ in their bits"
 
 
-def check_rope(x, cos, sin, where):
-    poison()
-    got = lib.op("rotary_embedding")(x, cos, sin, x.shape[-1] // 2)
-    want = rotary.rotary_embedding(x, cos, sin, x.shape[-1] // 2)
+def same_as_eager(got, want, where):
+    """A rotation's result is eager's: its shape, dtype and layout (the projection's (B, S, H, D) memory
+    where x is its view, else contiguous), and its values to the bit."""
     assert got.shape == want.shape and got.dtype == want.dtype, where
-    # eager's layout: the projection's (B, S, H, D) memory where x is its view, else contiguous
     assert laid_out_as(got, want), f"{where}: strides {got.stride()}, eager's {want.stride()}"
     torch.testing.assert_close(got, want, rtol=0, atol=0, equal_nan=True, msg=lambda m: f"{where}: {m}")
     bits_equal(got, want, where)
+
+
+def check_rope(x, cos, sin, where):
+    poison()
+    got = lib.op("rotary_embedding")(x, cos, sin, x.shape[-1] // 2)
+    same_as_eager(got, rotary.rotary_embedding(x, cos, sin, x.shape[-1] // 2), where)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).removeprefix("torch."))
@@ -1048,10 +1052,7 @@ def check_interleaved(name, x, cos, sin, *scalars, where):
     """The op against its pattern run by eager PyTorch: the same bits, laid out as eager's."""
     poison()
     got = lib.op(name)(x, cos, sin, *scalars)
-    want = getattr(interleaved_rotary, name)(x, cos, sin, *scalars)
-    assert got.shape == want.shape and got.dtype == want.dtype, where
-    assert laid_out_as(got, want), f"{where}: strides {got.stride()}, eager's {want.stride()}"
-    bits_equal(got, want, f"{name} {where}")
+    same_as_eager(got, getattr(interleaved_rotary, name)(x, cos, sin, *scalars), f"{name} {where}")
 
 
 # Head sizes: 2 and 6 (no 16-byte pack), 16, 64, 128, 74 (the scalar path: 37 pairs), 256.
