@@ -5,7 +5,10 @@ the pattern's (first) output, found through one index of the graph by
 target, and each is matched by walking the pattern backwards from there,
 so the cost is linear in the graph, not in its subsets. The walk
 
-* tries both operand orders of commutative ops (``add``, ``mul``...);
+* tries both operand orders of commutative ops (``add``, ``mul``...), and
+  when a walk fails further on, the orders it took at up to four of them
+  without trying the other (``cos * x`` binds x to cos until ``sin *
+  rotate_half(x)`` says otherwise);
 * lets one graph node feed several pattern parameters;
 * passes through "noise" ops that change neither values nor shapes
   (shape-preserving views, clones, and same-dtype casts when allowed),
@@ -305,17 +308,27 @@ class Match:
 class Failure:
     anchor: fx.Node
     depth: int
-    reason: str
+    why: Any  # the reason, or a function giving it: most failed walks are never reported
     nodes: List[fx.Node] = field(default_factory=list)
     literal: bool = False  # the walk stopped at a literal the graph has otherwise
 
+    @property
+    def reason(self) -> str:
+        if callable(self.why):
+            self.why = self.why()
+        return self.why
+
 
 class _State:
-    __slots__ = ("p2g", "used", "bind", "absorbed", "copies", "shapes", "depth", "fail", "prefs", "choices")
+    __slots__ = ("p2g", "used", "bind", "absorbed", "copies", "shapes", "depth", "fail", "prefs", "choices", "open", "noise")
 
-    def __init__(self, prefs: Sequence[int] = ()):
+    def __init__(self, noise: Set[fx.Node], prefs: Sequence[int] = ()):
+        self.noise = noise  # the graph's nodes the pattern's policy passes through
         self.prefs = prefs  # preferred operand order at each commutative op, in visiting order
         self.choices = 0
+        # commutative choices (by visit number) whose first order held, so the other was never tried;
+        # kept across backtracking: a failure further on may be the first order's fault
+        self.open: List[int] = []
         self.p2g: Dict[int, fx.Node] = {}
         self.used: Set[fx.Node] = set()
         self.bind: Dict[str, Any] = {}
@@ -354,6 +367,8 @@ class Matcher:
         self.by_target, self.twins = index_graph(graph) if index is None else index
         self._noise: Dict[FrozenSet[str], Set[fx.Node]] = {}
         self._candidates: Dict[int, Tuple[CompiledPattern, List[fx.Node]]] = {}
+        self._signatures: Dict[FrozenSet[str], Dict[fx.Node, tuple]] = {}
+        self._filtered: Dict[Any, List[fx.Node]] = {}
 
     def noise(self, policy: FrozenSet[str]) -> Set[fx.Node]:
         """The graph's nodes that ``policy`` lets a match pass through."""
@@ -373,8 +388,9 @@ class Matcher:
 
     def candidates(self, pattern: CompiledPattern) -> List[fx.Node]:
         """Graph nodes with the anchor's op whose arguments include, as ops, every op the anchor
-        takes from inside the pattern: a cheap test that rejects most nodes before a walk. Once a
-        pattern: a rule whose walks must know its numbers from sizes is looked at twice."""
+        takes from inside the pattern, and whose arguments' arguments every op those take: a cheap
+        test that rejects most nodes before a walk. Once a pattern: a rule whose walks must know its
+        numbers from sizes is looked at twice."""
         known = self._candidates.get(id(pattern))
         if known is not None and known[0] is pattern:
             return known[1]
@@ -384,17 +400,43 @@ class Matcher:
 
     def _find_candidates(self, pattern: CompiledPattern) -> List[fx.Node]:
         nodes = self.by_target.get(pattern.anchor.target, [])
-        needed = [pattern.nodes[a.index].target for a in pattern.anchor.args if isinstance(a, Ref)]
+        refs = [pattern.nodes[a.index] for a in pattern.anchor.args if isinstance(a, Ref)]
+        needed = [_ops_read(refs)] + ([_ops_read(pattern.nodes[a.index] for r in refs for a in r.args if isinstance(a, Ref))])
+        needed = [need for need in needed if need]
         if not needed:
             return nodes
-        noise = self.noise(pattern.policy)
-        out = []
-        for n in nodes:
-            have = [self._skip(a, noise)[0] for a in n.args if isinstance(a, fx.Node)]
-            targets = [self.twins.get(h, h.target) for h in have if h.op == "call_function"]
-            if all(targets.count(t) >= needed.count(t) for t in needed):
-                out.append(n)
-        return out
+        key = (pattern.anchor.target, pattern.policy, tuple(tuple(sorted(need.items(), key=str)) for need in needed))
+        found = self._filtered.get(key)  # a rule's dtype variants, and rules alike near their anchor, share it
+        if found is None:
+            sigs = self._signatures.setdefault(pattern.policy, {})
+            found = self._filtered[key] = [
+                n for n in nodes if all(have.get(t, 0) >= k for need, have in zip(needed, self._signature(n, pattern.policy, sigs))
+                                        for t, k in need.items())]
+        return found
+
+    def _signature(self, node: fx.Node, policy: FrozenSet[str], sigs: Dict[fx.Node, tuple]) -> tuple:
+        """({op: count} of the calls ``node`` reads, {op: count} of the calls those read), past
+        noise: a match's pattern ops one and two steps from its anchor are among them (each graph
+        argument slot holds at most one pattern argument), so a node that lacks them needs no walk.
+        Once per node and noise policy, shared by the patterns anchored on its op."""
+        sig = sigs.get(node)
+        if sig is None:
+            noise = self.noise(policy)
+            read = [self._skip(a, noise)[0] for a in (*node.args, *node.kwargs.values()) if isinstance(a, fx.Node)]
+            read = [h for h in read if h.op == "call_function"]
+            first: Dict[Any, int] = {}
+            second: Dict[Any, int] = {}
+            for h in read:
+                t = self.twins.get(h, h.target)
+                first[t] = first.get(t, 0) + 1
+                for a in (*h.args, *h.kwargs.values()):
+                    if isinstance(a, fx.Node):
+                        a = self._skip(a, noise)[0]
+                        if a.op == "call_function":
+                            t = self.twins.get(a, a.target)
+                            second[t] = second.get(t, 0) + 1
+            sig = sigs[node] = (first, second)
+        return sig
 
     def sites(self, pattern: CompiledPattern) -> List[fx.Node]:
         """Every node with the anchor's op (what the report counts as candidate sites)."""
@@ -404,7 +446,9 @@ class Matcher:
         """Every distinct match at ``anchor`` (or one Failure), trying other operand orders of the
         first ``limit`` commutative ops: ``x + b`` binds (x, b) one way or the other, and only the
         op's own check can tell which one it takes."""
-        m, fail, decisions = self._match(pattern, anchor, ())
+        m, fail, decisions, open_choices = self._match(pattern, anchor, ())
+        if m is None and open_choices:
+            m, decisions = self._reopen(pattern, anchor, open_choices[:limit])
         if m is None:
             yield None, fail
             return
@@ -412,20 +456,33 @@ class Matcher:
         yield m, None
         for bits in range(1, 2 ** min(decisions, limit)):
             prefs = [(bits >> k) & 1 for k in range(min(decisions, limit))]
-            other, _, _ = self._match(pattern, anchor, prefs)
+            other = self._match(pattern, anchor, prefs)[0]
             if other is not None and _binding_key(other) not in seen:
                 seen.add(_binding_key(other))
                 yield other, None
 
     def _match(self, pattern: CompiledPattern, anchor: fx.Node, prefs: Sequence[int]):
-        """(match or None, failure or None, number of commutative choices met) for one walk."""
-        st = _State(prefs)
+        """(match or None, failure or None, number of commutative choices met, the open ones) for one walk."""
+        st = _State(self.noise(pattern.policy), prefs)
         m, fail = self._run(pattern, anchor, st)
-        return m, fail, st.choices
+        return m, fail, st.choices, st.open
+
+    def _reopen(self, pattern: CompiledPattern, anchor: fx.Node, open_choices: Sequence[int]):
+        """(match, choices) or (None, 0): a failed walk again, with the other operand order at each
+        subset of the commutative ops where it kept its first order and so never backtracked into
+        them. Only walks that failed after such a choice pay for this, at most 15 of them."""
+        for bits in range(1, 2 ** len(open_choices)):
+            prefs = [0] * (max(open_choices) + 1)
+            for j, k in enumerate(open_choices):
+                prefs[k] = (bits >> j) & 1
+            m, _, decisions, _ = self._match(pattern, anchor, prefs)
+            if m is not None:
+                return m, decisions
+        return None, 0
 
     def _run(self, pattern: CompiledPattern, anchor: fx.Node, st: "_State") -> Tuple[Optional[Match], Optional[Failure]]:
         if not self._node(pattern, pattern.outputs[0], anchor, st):
-            return None, Failure(anchor, st.fail[0], _reason(st.fail[1]), st.fail[2], st.fail[3])
+            return None, Failure(anchor, st.fail[0], st.fail[1], st.fail[2], st.fail[3])
         for out in pattern.outputs[1:]:
             if out in st.p2g:
                 continue
@@ -479,11 +536,13 @@ class Matcher:
             st.used.add(g)
             return self._args(pat, pnode.args, gargs, st, g)
         first_fail = None
-        for gargs_order in orders:
+        for i, gargs_order in enumerate(orders):
             snap = st.snapshot()
             st.p2g[pi] = g
             st.used.add(g)
             if self._args(pat, pnode.args, gargs_order, st, g):
+                if i == 0:
+                    st.open.append(k)
                 return True
             st.restore(snap)
             first_fail = first_fail or st.fail
@@ -502,10 +561,9 @@ class Matcher:
         if kind is Ref:
             if not isinstance(ga, fx.Node):
                 return st.failed(lambda: f"{where.name!r} has the literal {ga!r} where the pattern has op {pat.nodes[pa.index].name!r}")
-            noise = self.noise(pat.policy)
-            if ga not in noise:
+            if ga not in st.noise:
                 return self._node(pat, pa.index, ga, st)
-            target, skipped = self._skip(ga, noise)
+            target, skipped = self._skip(ga, st.noise)
             n_before = len(st.absorbed)
             st.absorbed.extend(skipped)
             if self._node(pat, pa.index, target, st):
@@ -515,8 +573,7 @@ class Matcher:
         if kind is Bind:
             if not isinstance(ga, fx.Node):
                 return st.failed(lambda: f"{where.name!r} has the literal {ga!r} where the pattern has tensor {pa.name!r}")
-            noise = self.noise(pat.policy)
-            target, skipped = self._skip(ga, noise)
+            target, skipped = self._skip(ga, st.noise)
             bound = st.bind.get(pa.name)
             if bound is not None and bound is not target:
                 return st.failed(lambda: f"parameter {pa.name!r} would be both {bound.name!r} and {target.name!r}")
@@ -581,8 +638,12 @@ class Matcher:
         return False
 
 
-def _reason(r: Any) -> str:
-    return r() if callable(r) else r
+def _ops_read(pnodes: Iterable[PNode]) -> Dict[Any, int]:
+    """{op: count} of the pattern ops ``pnodes`` take as direct arguments."""
+    found: Dict[Any, int] = {}
+    for pn in pnodes:
+        found[pn.target] = found.get(pn.target, 0) + 1
+    return found
 
 
 def _binding_key(m: Match) -> tuple:

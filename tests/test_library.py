@@ -1191,6 +1191,8 @@ def test_rotary_embedding_forms(dtype):
     assert replaced(Fn(litgpt_apply_rope), torch.randn(2, 4, 8, 16), cos, sin, dtype=dtype) == {"rotary_embedding": 1}
     one = Fn(lambda x, c, s: (x * c) + (rotate_half(x) * s))  # cos shared by the batch: (1, 1, s, d)
     assert replaced(one, torch.randn(2, 4, 8, 16), cos[:1, None], sin[:1, None], dtype=dtype) == {"rotary_embedding": 1}
+    tables_first = Fn(lambda x, c, s: c * x + s * rotate_half(x))  # the tables written first in both products
+    assert replaced(tables_first, torch.randn(2, 4, 8, 16), cos[:, None], sin[:, None], dtype=dtype) == {"rotary_embedding": 1}
 
 
 def test_llama_queries_and_keys_are_rotated_by_one_kernel_each(rules):
@@ -2068,6 +2070,10 @@ def test_interleaved_rotary_forms(dtype):
     assert replaced(_GPTJStyle(8), q, sin[..., :4], cos[..., :4], dtype=dtype) == {
         "partial_interleaved_rotary_embedding": 1}
     assert replaced(_GPTJStyle(None), q, sin, cos, dtype=dtype) == {"interleaved_rotary_embedding": 1}
+    every_two = lambda x: torch.stack((-x[..., 1::2], x[..., 0::2]), dim=-1).flatten(-2)  # noqa: E731
+    tables_first = Fn(lambda x, c, s: c * x + s * every_two(x))
+    it_cos, it_sin = (t.unsqueeze(1) for t in interleaved_tables(b, s, d))
+    assert replaced(tables_first, torch.randn(b, h, s, d), it_cos, it_sin, dtype=dtype) == {"interleaved_rotary_embedding": 1}
     glm_cos, glm_sin = rope_tables(b, s, d)  # cat((freqs, freqs)): GLM keeps the first half, interleaved
     assert replaced(_GLMStyle(), torch.randn(b, s, h * 2 * d), glm_cos, glm_sin, dtype=dtype) == {
         "partial_interleaved_rotary_embedding": 1}  # heads of 32, the first 16 columns rotated

@@ -61,6 +61,35 @@ def test_commutative_operands_match_either_order(bgr):
         run_both(ep, new, x, b, r)
 
 
+def mixed_rotation(x, c, s):
+    return x * c + x.flip(-1) * s
+
+
+@pytest.fixture(scope="module")
+def mixed():
+    rs = RuleSet("mix")
+    return rs, fxkern.replace(mixed_rotation, spec_like(mixed_rotation), rules=rs)
+
+
+@pytest.mark.parametrize("written", [
+    lambda x, c, s: c * x + s * x.flip(-1),
+    lambda x, c, s: s * x.flip(-1) + c * x,
+    lambda x, c, s: c * x + x.flip(-1) * s,
+])
+def test_an_operand_order_that_held_is_revisited_when_the_walk_fails_further_on(written, mixed):
+    """``c * x`` first binds the pattern's x to c, which holds until ``s * x.flip(-1)`` reads x: the
+    walk had backtracked only within the op that failed, so a model writing its tables first (as
+    ``cos * x + sin * rotate_half(x)``) was missed (found by a review)."""
+    rs, rule = mixed
+    args = torch.randn(2, 8), torch.randn(2, 8), torch.randn(2, 8)
+    ep = export(Fn(written), *args)
+    new = fxkern.apply(ep, rs, verify=True)
+    assert count_target(new, rule.op) == 1
+    run_both(ep, new, *args)
+    # the flip reads neither input of the first product: no order makes that the pattern
+    assert fxkern.explain(export(Fn(lambda x, c, s: c * x + s * (x + 1).flip(-1)), *args), rs)["mixed_rotation"].matches == []
+
+
 def quick_gelu(x):
     return x * torch.sigmoid(1.702 * x)
 
