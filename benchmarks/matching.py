@@ -12,12 +12,18 @@ The rewriter and inductor get their patterns traced in the graph's IR (the
 same export trace fxkern uses, with the graph's literal eps), as they would
 find nothing otherwise.
 
-    python benchmarks/matching.py [--sizes 1000 10000 50000] [--skip-slow]
+A second table times what a user's ``apply(ep)`` does on a real model: every
+rule of fxkern.library, in both the export and core ATen IRs, on transformers'
+Llama exported at toy width with 25 to 400 decoder layers (about 2k to 29k
+nodes; most nodes are near some rule's anchor, few are matched).
+
+    python benchmarks/matching.py [--sizes 1000 10000 50000] [--llama-layers 25 100 400]
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import statistics
 import sys
 import time
@@ -196,10 +202,51 @@ def run_inductor(gm, rs):
     return time.perf_counter() - t0, count
 
 
+def llama_program(layers: int) -> torch.export.ExportedProgram:
+    """transformers' Llama with ``layers`` decoder layers, toy width (hidden 64, 4 heads, 2 key/value
+    heads), exported in float32 as a user would (``use_cache=False``)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=layers,
+                         num_attention_heads=4, num_key_value_heads=2)
+    model = LlamaForCausalLM(config).eval()
+    return torch.export.export(model, (torch.randint(0, 128, (2, 16)),), kwargs={"use_cache": False})
+
+
+def run_library_pass(ep: torch.export.ExportedProgram, rules) -> tuple:
+    """(seconds, ops placed) of the library's pass on a copy of ``ep``'s graph, in the IRs ``apply(ep)``
+    looks in (the pass alone: no program copy, no codegen)."""
+    from fxkern import rewrite
+
+    gm = copy.deepcopy(ep.graph_module)
+    t0 = time.perf_counter()
+    rewrite.rewrite_graph(gm.graph, rules, rewrite.EXPORT_IRS)
+    seconds = time.perf_counter() - t0
+    return seconds, sum(1 for n in gm.graph.nodes if getattr(n.target, "namespace", None) == "fxkern_lib")
+
+
+def llama_rows(layer_counts):
+    """(layers, nodes, median pass s, matches) for each layer count, the library's rules traced first."""
+    from fxkern import library
+
+    rules = library.rules()
+    rows = []
+    for layers in layer_counts:
+        ep = llama_program(layers)
+        if not rows:
+            fxkern.apply(ep, rules)  # the patterns' traces, once a process
+        runs = [run_library_pass(ep, rules) for _ in range(3)]
+        rows.append((layers, len(ep.graph.nodes), statistics.median(t for t, _ in runs), runs[0][1]))
+        print(rows[-1], flush=True)
+    return rows, len(list(rules))
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser()
     parser.add_argument("--sizes", type=int, nargs="+", default=[1000, 10000, 50000])
     parser.add_argument("--slow-limit", type=int, default=50000, help="largest size the fx rewriter is run at")
+    parser.add_argument("--llama-layers", type=int, nargs="*", default=[25, 100, 400])
     parser.add_argument("--section-out", type=Path, default=None)
     args = parser.parse_args(argv)
     rs = fxkern_rules()
@@ -249,6 +296,16 @@ def main(argv=None):
         sp_ind = "-" if tind is None else f"{tind / tp:.0f}x"
         lines.append(f"| {n} | {tp:.3f} | {t:.3f} | {f} | {t / n * 1e6:.1f} | {tc:.3f} | {fmt(trw)} | {frw if frw is not None else '-'} | {sp_rw} "
                      f"| {fmt(tind)} | {find if find is not None else '-'} | {sp_ind} |")
+    if args.llama_layers:
+        llama, n_rules = llama_rows(args.llama_layers)
+        stage_lines += [
+            "",
+            f"fxkern.library ({n_rules} rules) on transformers' Llama exports (toy width, float32), the pass `apply(ep)` "
+            f"runs (export and core ATen IRs; no copy, no codegen), median of 3:",
+            "",
+            "| layers | nodes | library pass s | ops placed | us/node |",
+            "| ---: | ---: | ---: | ---: | ---: |",
+        ] + [f"| {layers} | {n} | {t:.3f} | {found} | {t / n * 1e6:.1f} |" for layers, n, t, found in llama]
     body = "\n".join(lines + stage_lines)
     common.emit("matching", body, args.section_out)
 
