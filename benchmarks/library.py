@@ -151,6 +151,10 @@ def cases():
          lambda dt: rope(16, 2048, 32, 128, dt)),
         ("RoPE (transformers), q 8x32x512x64", "rotary_embedding", rotary.rotary_embedding,
          lambda dt: rope(8, 512, 32, 64, dt)),
+        # OLMo 1-3: the tables kept in float32 beside 16-bit queries, the products promoted, the sum cast back
+        ("RoPE with float32 tables (OLMo), q 16x32x2048x128", "rotary_embedding_float32_tables",
+         rotary.rotary_embedding_float32_tables,
+         lambda dt: (rope(16, 2048, 32, 128, dt)[0], *rope(1, 2048, 1, 128, torch.float32)[1:])),
         # grouped-query attention as Llama 3 8B has it (8 key/value heads of 128 for 32 query heads), 16x2048
         # tokens: the projected keys rotated and repeated 4 times, the projected values repeated
         ("RoPE + repeat_kv (transformers), k 16x8x2048x128 to 32 heads", "rotary_embedding_repeat_kv",

@@ -167,7 +167,7 @@ VARIANTS: dict[str, dict] = {
     "repeats in the output's order": {**SHIPPED, "edits": _OUTPUT_ORDER},
     "repeats in the output's order, 2048 a block": {**SHIPPED, "edits": _OUTPUT_ORDER, "per_block": 2048},
     "16-byte path only": {**SHIPPED, "edits": (
-        ("    else\n        rotary_rows<T, 1, false, 1, PAIRS, M>(x, cs, sn, half, pass, B, w, cB, cH, cS, R, y);\n", ""),)},
+        ("    else\n        rotary_rows<T, 1, false, 1, PAIRS, M, C>(x, cs, sn, half, pass, B, w, cB, cH, cS, R, y);\n", ""),)},
 }
 
 

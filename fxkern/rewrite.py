@@ -208,7 +208,7 @@ class _Facts:
         self.layouts: Dict[Any, Tuple[Any, Optional[str]]] = {}
         self.layouts_done: Set[Any] = set()
         self.anchor_dtypes: Dict[Any, List[Optional[torch.dtype]]] = {}
-        self._by_target, self._upcasts, self._dtypes_at = by_target, None, {}
+        self._by_target, self._upcasts, self._downcasts, self._dtypes_at = by_target, None, None, {}
         self.held_at: Dict[fx.Node, List[int]] = {}  # the held outputs' positions, by node
         if where.held is not None:
             for i, n in enumerate(torch.utils._pytree.tree_leaves(graph.find_nodes(op="output")[0].args[0])):
@@ -222,13 +222,20 @@ class _Facts:
                                 for t in _CASTS for n in self._by_target.get(t, ()) for a in n.all_input_nodes)
         return self._upcasts
 
+    def downcasts(self) -> bool:
+        """Whether the graph casts a value to a 16-bit float (looked at once, on the casts alone)."""
+        if self._downcasts is None:
+            self._downcasts = any(isinstance(v := n.meta.get("val"), torch.Tensor) and v.dtype in (torch.float16, torch.bfloat16)
+                                  for t in _CASTS for n in self._by_target.get(t, ()))
+        return self._downcasts
+
     def dtypes_at(self, target: Any) -> List[torch.dtype]:
-        """The floating dtypes of the nodes calling ``target``, and those a float32 one upcasts from
-        (below); once per target: rules anchored on one op (a ``mul``) share it."""
+        """The floating dtypes of the nodes calling ``target``, those a float32 one upcasts from, and
+        those it is cast down to (below); once per target: rules anchored on one op (a ``mul``) share it."""
         found = self._dtypes_at.get(target)
         if found is None:
             found = self._dtypes_at[target] = []
-            upcasts = self.upcasts()
+            upcasts, downcasts = self.upcasts(), self.downcasts()
             for n in self._by_target.get(target, ()):
                 val = n.meta.get("val")
                 d = val.dtype if isinstance(val, torch.Tensor) else torch.float32
@@ -236,6 +243,8 @@ class _Facts:
                     found.append(d)
                 if upcasts and d == torch.float32:  # also the dtype upcast on the way in
                     found.extend(up for up in _upcast_from(n) if up not in found)
+                if downcasts and d == torch.float32:  # and the one it is cast back to
+                    found.extend(down for down in _downcast_to(n) if down not in found)
         return found
 
     def autocast_at(self, node: fx.Node) -> Tuple[str, ...]:
@@ -841,6 +850,9 @@ def _rule_candidates(rule: Rule, irs: Sequence[str], matcher: Matcher,
             for m, fail in matcher.matches_at(cp, min(sites, key=pos.__getitem__)):
                 if m is None and (closest is None or fail.depth > closest.depth):
                     closest = fail
+    if safe and misses:  # a rule's other dtype's trace inside its own match (OLMo's rotation without its cast back)
+        covered = {n.name for c in safe for n in c.match.nodes}
+        misses = [m for m in misses if not covered.issuperset(m.nodes)]
     near = None if closest is None else NearMiss(rule.name, [n.name for n in closest.nodes], closest.reason)
     return len(sites), safe, misses, near
 
@@ -1106,6 +1118,20 @@ def _anchor_dtypes(rule: Rule, ir: str, facts: _Facts) -> List[Optional[torch.dt
 # traced in core ATen (found by a probe). The dtypes cast to float32 shortly before such an op count too.
 _CASTS = {torch.ops.aten._to_copy.default, torch.ops.prims.convert_element_type.default,
           torch.ops.aten.to.dtype, torch.ops.aten.to.dtype_layout}
+
+
+def _downcast_to(node: fx.Node) -> List[torch.dtype]:
+    """The floating dtypes other than float32 that casts reading ``node`` give: a pattern whose 16-bit
+    inputs promote to float32 inside it without a cast (OLMo's 16-bit queries times float32 tables)
+    and ends in a cast back has that cast in its 16-bit trace only, and in core ATen a float32
+    trace with none (the export IR keeps the no-op ``to``)."""
+    found = []
+    for u in node.users:
+        val = u.meta.get("val")
+        if u.target in _CASTS and isinstance(val, torch.Tensor) and val.dtype.is_floating_point \
+                and val.dtype != torch.float32 and val.dtype not in found:
+            found.append(val.dtype)
+    return found
 
 
 def _upcast_from(node: fx.Node, depth: int = 4) -> List[torch.dtype]:

@@ -73,7 +73,7 @@ def library_inputs(op, dtype, device, rows=37, cols=1000):
     scalars; attention's masked softmax gets (2, 3, rows, cols) scores, a (2, 1, rows, cols) mask and
     a scale (or divisor) of 8, and Gemma 2's a cap of 0.1 (randn scores times 1/8, over 0.1, reach
     tanh's curve); the rotary embedding (2, 3, rows, d) queries with d the even one of cols and
-    cols - 1, (2, 1, rows, d) cos and sin and half = d // 2 (the partial one rotating half of d,
+    cols - 1, (2, 1, rows, d) cos and sin (float32 for OLMo's op) and half = d // 2 (the partial one rotating half of d,
     rounded to even; the interleaved ones the same without half); repeat_kv's (2, 3, rows, d) keys repeated twice, with their sizes; a head's norm
     and rotation the same with heads of d = 256 (74 for odd cols) and a (d,) weight."""
     from fxkern import kernel_op
@@ -102,8 +102,9 @@ def library_inputs(op, dtype, device, rows=37, cols=1000):
         x = torch.randn(2, 3, rows, d, dtype=dtype, device=device)
         cos, sin = (torch.randn(2, 1, rows, rot, dtype=dtype, device=device) for _ in range(2))
         return (x, cos, sin, rot // 2, rot) + (sizes if "repeat_kv" in name else ())
-    if "rotary" in name:
-        x, cos, sin = (torch.randn(2, n, rows, d, dtype=dtype, device=device) for n in (3, 1, 1))
+    if "rotary" in name:  # OLMo's op: float32 cos and sin
+        x, cos, sin = (torch.randn(2, n, rows, d, dtype=torch.float32 if n == 1 and "float32_tables" in name else dtype,
+                                   device=device) for n in (3, 1, 1))
         return (x, cos, sin, d // 2) + (sizes if "repeat_kv" in name else ())
     if "repeat_kv" in name:
         return (torch.randn(2, 3, rows, d, dtype=dtype, device=device),) + sizes

@@ -2021,6 +2021,43 @@ def test_interleaved_rotary_in_transformers_models(family, dtype):
     assert {k: v for k, v in calls.items() if "rotary" in k} == {want: 4}
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=["float32", "bfloat16", "float16"])
+@pytest.mark.parametrize("family", ["olmo", "olmo2", "olmo3"])
+def test_rotary_with_float32_tables_in_transformers_models(family, dtype):
+    """OLMo 1, 2 and 3 keep cos and sin in float32 beside 16-bit queries and keys: the products promote
+    to float32, ``.to(q_type)`` rounds the sum once. Each rotation (two layers: four) takes one op, the
+    plain one in float32, and the logits stay equal to the bit."""
+    name = {"olmo": "Olmo", "olmo2": "Olmo2", "olmo3": "Olmo3"}[family]
+    extra = {"sliding_window": 8} if family == "olmo3" else {}
+    model = _tiny_decoder(f"{name}Config", f"{name}ForCausalLM", dtype, pad_token_id=0, bos_token_id=1,
+                          eos_token_id=2, **_decoder_config(**extra))
+    calls = _rewritten_logits_equal(model, torch.randint(0, 128, (2, 16)))
+    want = "rotary_embedding" + ("_float32_tables" if dtype != torch.float32 else "")
+    assert {k: v for k, v in calls.items() if "rotary" in k} == {want: 4}
+
+
+def olmo_rotary(x, cos, sin):
+    """OLMo's ``apply_rotary_pos_emb`` for one of q, k: float32 cos and sin, the sum cast back."""
+    return ((x * cos) + (rotate_half(x) * sin)).to(x.dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bfloat16", "float16"])
+def test_rotary_with_float32_tables_forms(dtype):
+    torch.manual_seed(0)
+    cos, sin = rope_tables(2, 8, 16)
+    x = torch.randn(2, 4, 8, 16)
+    model, args = Fn(olmo_rotary).eval(), (x.to(dtype), cos[:, None], sin[:, None])
+    ep = torch.export.export(model, args)
+    for program in (ep, ep.run_decompositions()):
+        new = fxkern.apply(program, lib.rules(), verify=True)
+        assert library_calls(new) == {"rotary_embedding_float32_tables": 1}
+        # the rule's float32 trace, its rotation without the cast, inside the match is not a near-miss
+        assert fxkern.explain(program, lib.rules())["rotary_embedding_float32_tables"].near_misses == []
+        torch.testing.assert_close(new.module()(*args), model(*args), rtol=0, atol=0)
+    # in float32 the cast is gone and it is the plain rotation
+    assert replaced(Fn(olmo_rotary), x, cos[:, None], sin[:, None]) == {"rotary_embedding": 1}
+
+
 class _GPTJStyle(nn.Module):
     """GPT-J's attention as written: (B, S, H, D) heads, half-width tables interleaved per call, the
     first rotary_dim columns rotated (``[:, :, :, ::2]`` slices), then the transpose."""

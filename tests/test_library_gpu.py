@@ -947,6 +947,56 @@ def test_rotary_embedding_reads_the_projection_in_place_and_empty_input():
     assert out.shape == empty.shape
 
 
+def check_float32_tables(x, cos, sin, where):
+    poison()
+    half = x.shape[-1] // 2
+    got = lib.op("rotary_embedding_float32_tables")(x, cos, sin, half)
+    same_as_eager(got, rotary.rotary_embedding_float32_tables(x, cos, sin, half), f"float32 tables {where}")
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).removeprefix("torch."))
+def test_rotary_with_float32_tables_on_every_layout_and_head_size(dtype):
+    """OLMo's rotation: x of any dtype (float32: the plain op's numbers), float32 cos and sin, the float32
+    products and sum rounded once, as eager's promoted ops and ``.to(q_type)``."""
+    torch.manual_seed(0)
+    b, s, h = 3, 37, 5
+    for d in HEAD_SIZES:
+        cos, sin = rope_tables(b, s, d, torch.float32)
+        layouts = dict(gqa_layouts(b, s, h, d, dtype))
+        layouts["one element past 16-byte alignment"] = torch.cat(
+            [cos.new_zeros(1).to(dtype), rand(b * h * s * d, dtype=dtype)])[1:].view(b, h, s, d)
+        tables = {
+            "(b, 1, s, d)": (cos, sin),
+            "(1, 1, s, d)": (cos[:1], sin[:1]),
+            "(b, h, s, d), random": (rand(b, h, s, d, dtype=torch.float32), rand(b, h, s, d, dtype=torch.float32)),
+            "expanded over the batch": (cos[:1].expand(b, 1, s, d), sin[:1].expand(b, 1, s, d)),
+        }
+        for lname, x in layouts.items():
+            for tname, (c, sn) in tables.items():
+                check_float32_tables(x, c, sn, f"{dtype} d={d} x {lname}, cos {tname}")
+
+
+def test_rotary_with_float32_tables_special_values_one_kernel_and_checks():
+    vals = [0.0, float("inf"), float("nan"), -3.0e38, 1.0, -1e-39, 3e-5, 0.5, 2.0, -1.5, 0.25, -0.0, float("-inf"),
+            7.0, -2e-39, 1e-4]
+    x = torch.tensor(vals, device="cuda").repeat(8, 1)
+    x = torch.cat([x, x.roll(3, dims=1)], 0).view(2, 2, 4, 16)
+    cos, sin = rope_tables(2, 4, 16, torch.float32)
+    big = torch.full_like(cos, 3.0e38)  # float32 products past the 16-bit range: eager's inf after the cast
+    for dtype in (torch.float16, torch.bfloat16):
+        check_float32_tables(x.to(dtype), cos, sin, f"{dtype} special values")
+        check_float32_tables(x.to(dtype), big, sin, f"{dtype} products past its range")
+    q = rand(2, 64, 4 * 64, dtype=torch.bfloat16).view(2, 64, 4, 64).transpose(1, 2)
+    cos, sin = rope_tables(2, 64, 64, torch.float32)
+    op = lib.op("rotary_embedding_float32_tables")
+    names = kernels_run(lambda: op(q, cos, sin, 32))
+    assert runs_only(names, "rotary_strided_float32_tables"), names  # one kernel, no copy of q first
+    assert op(q[:, :, :0], cos[:, :, :0], sin[:, :, :0], 32).shape == q[:, :, :0].shape
+    with pytest.raises(fxkern.KernelInputError, match="float32 cos and sin"):
+        op(q, cos.to(torch.bfloat16), sin.to(torch.bfloat16), 32)
+    torch.cuda.synchronize()  # no sticky error left behind
+
+
 # ---- grouped-query attention: keys rotated and repeated, values repeated (copies, equal to the bit) ----
 
 

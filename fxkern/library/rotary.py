@@ -45,6 +45,10 @@ for the values, and ``rotary_embedding_repeat_kv`` for the keys, which writes ea
 expand and the reshape (``heads`` is ``kv_heads * n_rep``, which the graph holds as a literal); a
 dynamic size is a symbol, not a literal, and leaves the copy to PyTorch.
 
+OLMo (1 to 3, FlexOlmo) keeps ``cos`` and ``sin`` in float32 beside 16-bit queries and keys, so the
+products promote to float32 and ``q_embed.to(q_type)`` rounds the sum once:
+``rotary_embedding_float32_tables``, the same kernel reading float32 tables and computing in float32.
+
 Numbers: each of eager's four roundings is kept, ``T(T(x*cos) + T(-x2*sin))``, so the result equals
 eager PyTorch's to the bit in every dtype; the repeats are copies.
 """
@@ -93,11 +97,13 @@ __device__ __forceinline__ float rope_second(float a, float b, float c, float s)
 // is eager's float product rounded, and likewise the sum; about a quarter of the float path's
 // instructions (conversions, roundings), which left a 16-bit kernel issue-bound. The _rn forms keep
 // the compiler from contracting a multiply and an add into an fma.
-template <typename T, int V>
-__device__ __forceinline__ void rope_packs(const Pack<T, V>& a, const Pack<T, V>& b, const Pack<T, V>& c1,
-                                           const Pack<T, V>& c2, const Pack<T, V>& s1, const Pack<T, V>& s2,
+// C: the tables' type (T, or float beside 16-bit x: OLMo), M: the type each product and the sum are
+// rounded to (T, or float where the model computes in float32).
+template <typename T, int V, typename C = T, typename M = T>
+__device__ __forceinline__ void rope_packs(const Pack<T, V>& a, const Pack<T, V>& b, const Pack<C, V>& c1,
+                                           const Pack<C, V>& c2, const Pack<C, V>& s1, const Pack<C, V>& s2,
                                            Pack<T, V>& ya, Pack<T, V>& yb) {
-    if constexpr (FXK_ROPE_PAIRS && sizeof(T) == 2 && V % 2 == 0) {
+    if constexpr (FXK_ROPE_PAIRS && sizeof(T) == 2 && sizeof(C) == 2 && sizeof(M) == 2 && V % 2 == 0) {
         using P = typename Pair<T>::P;
         const P *pa = reinterpret_cast<const P*>(a.v), *pb = reinterpret_cast<const P*>(b.v);
         const P *pc1 = reinterpret_cast<const P*>(c1.v), *pc2 = reinterpret_cast<const P*>(c2.v);
@@ -118,8 +124,8 @@ __device__ __forceinline__ void rope_packs(const Pack<T, V>& a, const Pack<T, V>
         to_floats(s2, g2);
 #pragma unroll
         for (int j = 0; j < V; ++j) {
-            oa[j] = rope_first<T>(fa[j], fb[j], f1[j], g1[j]);
-            ob[j] = rope_second<T>(fa[j], fb[j], f2[j], g2[j]);
+            oa[j] = rope_first<M>(fa[j], fb[j], f1[j], g1[j]);
+            ob[j] = rope_second<M>(fa[j], fb[j], f2[j], g2[j]);
         }
         ya = from_floats<T, V>(oa);
         yb = from_floats<T, V>(ob);
@@ -215,6 +221,15 @@ __device__ __forceinline__ Pack<T, N> load_cols(const T* p) {
     }
     return r;
 }
+// V columns of a table: one load where they fit 16 bytes (tables of x's type), else 16-byte packs
+// (float32 tables beside 16-bit x).
+template <typename C, int V>
+__device__ __forceinline__ Pack<C, V> load_table(const C* p) {
+    if constexpr (V * sizeof(C) <= 16)
+        return load<C, V>(p);
+    else
+        return load_cols<C, 16 / sizeof(C), V>(p);
+}
 template <typename T, int V, int N, bool EVICT>
 __device__ __forceinline__ void store_cols(T* p, const Pack<T, N>& r) {
 #pragma unroll
@@ -233,11 +248,11 @@ __device__ __forceinline__ void store_cols(T* p, const Pack<T, N>& r) {
 // ``q.float()``, then ``.to(dtype)``). 16-bit pairs go through the packed instructions as rope_packs'
 // do: eager's rotated operand, stack((-x_2i+1, x_2i)), is the pair's halves swapped and the new first
 // one's sign flipped (eager's neg), exactly.
-template <typename T, int N, typename M = T>
-__device__ __forceinline__ Pack<T, N> rope_pairs(const Pack<T, N>& x, const Pack<T, N>& c, const Pack<T, N>& s) {
+template <typename T, int N, typename M = T, typename C = T>
+__device__ __forceinline__ Pack<T, N> rope_pairs(const Pack<T, N>& x, const Pack<C, N>& c, const Pack<C, N>& s) {
     static_assert(N % 2 == 0, "whole pairs of columns");
     Pack<T, N> y;
-    if constexpr (FXK_ROPE_PAIRS && sizeof(T) == 2 && sizeof(M) == 2) {
+    if constexpr (FXK_ROPE_PAIRS && sizeof(T) == 2 && sizeof(M) == 2 && sizeof(C) == 2) {
         using P = typename Pair<T>::P;
         const P *px = reinterpret_cast<const P*>(x.v), *pc = reinterpret_cast<const P*>(c.v);
         const P* ps = reinterpret_cast<const P*>(s.v);
@@ -262,8 +277,9 @@ __device__ __forceinline__ Pack<T, N> rope_pairs(const Pack<T, N>& x, const Pack
     return y;
 }
 
-template <typename T, int V, bool EVICT = false, unsigned PP_REPEAT = 1, bool PAIRS = false, typename M = T>
-__device__ __forceinline__ void rotary_rows(const T* __restrict__ x, const T* __restrict__ cs, const T* __restrict__ sn,
+template <typename T, int V, bool EVICT = false, unsigned PP_REPEAT = 1, bool PAIRS = false, typename M = T,
+          typename C = T>
+__device__ __forceinline__ void rotary_rows(const T* __restrict__ x, const C* __restrict__ cs, const C* __restrict__ sn,
                                             unsigned half, unsigned pass, unsigned B, const Rows& w,
                                             unsigned cB, unsigned cH, unsigned cS, unsigned R, T* __restrict__ y) {
     // a row written once: FXK_PASS_PACKS pass packs a thread, an item as large as a rotated one; written
@@ -280,6 +296,8 @@ __device__ __forceinline__ void rotary_rows(const T* __restrict__ x, const T* __
     // an item of the halves (one pack an item had half the loads in flight: 83-85% of copy on an H200,
     // 2026-11-27), or one pair on the scalar path
     constexpr unsigned VP = !PAIRS ? V : V < 2 ? 2 : 2 * V;
+    // the tables' loads: V columns of C in 16-byte packs (two for float tables beside 16-bit x)
+    constexpr int VC = 16 / (int)sizeof(C) < V ? 16 / (int)sizeof(C) : V;
     const unsigned rot = 2 * half, D = rot + pass, Prot = PAIRS ? rot / VP : half / V, Ppass = pass / V;
     const unsigned Q = (Ppass + pp - 1) / pp;
     const unsigned P = Prot + Q;
@@ -297,8 +315,9 @@ __device__ __forceinline__ void rotary_rows(const T* __restrict__ x, const T* __
             if (j < Prot) {
                 const unsigned col = j * VP;
                 const size_t co = (size_t)(b * sB + h * sH + s * sS) * rot + col;
-                const Pack<T, VP> yv = rope_pairs<T, VP, M>(load_cols<T, V, VP>(x + xo + col),
-                                                            load_cols<T, V, VP>(cs + co), load_cols<T, V, VP>(sn + co));
+                const Pack<T, VP> yv = rope_pairs<T, VP, M, C>(load_cols<T, V, VP>(x + xo + col),
+                                                               load_cols<C, VC, VP>(cs + co),
+                                                               load_cols<C, VC, VP>(sn + co));
                 for (unsigned k = 0; k < R; ++k) store_cols<T, V, VP, EVICT>(y + out + k * head + col, yv);
                 continue;
             }
@@ -307,10 +326,10 @@ __device__ __forceinline__ void rotary_rows(const T* __restrict__ x, const T* __
             const unsigned col = j * V;
             const size_t co = (size_t)(b * sB + h * sH + s * sS) * rot + col;
             const Pack<T, V> xa = load<T, V>(x + xo + col), xb = load<T, V>(x + xo + col + half);
-            const Pack<T, V> ca = load<T, V>(cs + co), cb = load<T, V>(cs + co + half);
-            const Pack<T, V> sa = load<T, V>(sn + co), sb = load<T, V>(sn + co + half);
+            const Pack<C, V> ca = load_table<C, V>(cs + co), cb = load_table<C, V>(cs + co + half);
+            const Pack<C, V> sa = load_table<C, V>(sn + co), sb = load_table<C, V>(sn + co + half);
             Pack<T, V> ya, yb;
-            rope_packs<T, V>(xa, xb, ca, cb, sa, sb, ya, yb);
+            rope_packs<T, V, C, M>(xa, xb, ca, cb, sa, sb, ya, yb);
             for (unsigned k = 0; k < R; ++k) {
                 store_out<T, V, EVICT>(y + out + k * head + col, ya);
                 store_out<T, V, EVICT>(y + out + k * head + col + half, yb);
@@ -331,8 +350,8 @@ __device__ __forceinline__ void rotary_rows(const T* __restrict__ x, const T* __
     }
 }
 
-template <typename T, bool EVICT = false, unsigned PP_REPEAT = 1, bool PAIRS = false, typename M = T>
-__device__ __forceinline__ void rotary(const T* x, const T* cs, const T* sn, int half, int pass, int B, const Rows& w,
+template <typename T, bool EVICT = false, unsigned PP_REPEAT = 1, bool PAIRS = false, typename M = T, typename C = T>
+__device__ __forceinline__ void rotary(const T* x, const C* cs, const C* sn, int half, int pass, int B, const Rows& w,
                                        int cB, int cH, int cS, int R, T* y) {
     constexpr int V = 16 / sizeof(T);
     if (half < 0 || pass < 0 || R <= 0 || half + pass == 0) return;
@@ -340,9 +359,9 @@ __device__ __forceinline__ void rotary(const T* x, const T* cs, const T* sn, int
     // half a multiple of V
     const bool packs = half % V == 0 && pass % V == 0 && w.sB % V == 0 && w.s1 % V == 0 && w.s2 % V == 0;
     if (packs && aligned16(x) && aligned16(cs) && aligned16(sn) && aligned16(y))
-        rotary_rows<T, V, EVICT, PP_REPEAT, PAIRS, M>(x, cs, sn, half, pass, B, w, cB, cH, cS, R, y);
+        rotary_rows<T, V, EVICT, PP_REPEAT, PAIRS, M, C>(x, cs, sn, half, pass, B, w, cB, cH, cS, R, y);
     else
-        rotary_rows<T, 1, false, 1, PAIRS, M>(x, cs, sn, half, pass, B, w, cB, cH, cS, R, y);
+        rotary_rows<T, 1, false, 1, PAIRS, M, C>(x, cs, sn, half, pass, B, w, cB, cH, cS, R, y);
 }
 
 // x contiguous (B, A1, A2, D): its strides.
@@ -367,6 +386,16 @@ __global__ void __launch_bounds__(128) partial_rotary(const T* x, const T* cs, c
                                                       int n, int A1, int A2, int D, int cB, int cH, int cS, T* y) {
     if (D <= 0) return;
     fxk::rotary<T>(x, cs, sn, half, D - 2 * half, n / (A1 * A2 * D), fxk::contiguous_rows(A1, A2, D), cB, cH, cS, 1, y);
+}
+
+// OLMo's 16-bit queries and keys: float32 cos and sin, each product and the sum in float32, rounded once.
+template <typename T>
+__global__ void __launch_bounds__(128) rotary_float32_tables(const T* x, const float* cs, const float* sn, int half,
+                                                             int n, int A1, int A2, int cB, int cH, int cS, T* y) {
+    const int D = 2 * half;
+    if (D <= 0) return;
+    fxk::rotary<T, false, 1, false, float, float>(x, cs, sn, half, 0, n / (A1 * A2 * D),
+                                                  fxk::contiguous_rows(A1, A2, D), cB, cH, cS, 1, y);
 }
 
 // The grouped-query keys: rotated (partly, with pass columns) and repeated for each query head of their
@@ -420,6 +449,17 @@ __global__ void __launch_bounds__(128) rotary_strided(const T* x_span, const T* 
                              cB, cH, cS, n_rep, y);
 }
 
+// rotary_float32_tables in eager PyTorch: rotary_strided's walk, float32 tables.
+template <typename T>
+__global__ void __launch_bounds__(128) rotary_strided_float32_tables(const T* x_span, const float* cs, const float* sn,
+                                                                     int half, int pass, int B, int A1, int A2, int sB,
+                                                                     int s1, int s2, int heads_inner, int n_rep,
+                                                                     int in_order, int cB, int cH, int cS, T* y) {
+    fxk::rotary<T, false, 2, false, float, float>(x_span, cs, sn, half, pass, B,
+                                                  fxk::rows_of(A1, A2, sB, s1, s2, heads_inner, in_order), cB, cH, cS,
+                                                  n_rep, y);
+}
+
 // The same for n_rep > 1 (the eager path launches it only then): repeated rows stored evict-first.
 template <typename T>
 __global__ void __launch_bounds__(128) rotary_strided_repeat(const T* x_span, const T* cs, const T* sn, int half,
@@ -467,6 +507,12 @@ PARTIAL_ROTARY = KernelSpec(
     geometry=Custom(rotary_geometry),
     dtypes=DTYPES,
 )
+
+# OLMo's 16-bit x (B, H, S, D) with float32 cos and sin (cB, cH, cS, D); a float32 x is ROTARY's
+# numbers (and the rule leaves it to that op, whose pattern it then is).
+_FLOAT32_TABLES = [InputDecl("cos", dtype=torch.float32), InputDecl("sin", dtype=torch.float32)]
+ROTARY_FLOAT32_TABLES = dataclasses.replace(
+    ROTARY, kernel_name="rotary_float32_tables", inputs=[InputDecl("x"), *_FLOAT32_TABLES, ScalarInput("half", int)])
 
 # Grouped-query attention's keys and values, repeated for every query head of their group. The sizes
 # are the literals transformers' repeat_kv leaves in the graph (the pattern captures each); the
@@ -521,6 +567,10 @@ STRIDED = f"{NAMESPACE}::_rotary_strided"
 # The same kernel for rows written n_rep > 1 times, stored evict-first.
 ROTARY_STRIDED_REPEAT = dataclasses.replace(ROTARY_STRIDED, kernel_name="rotary_strided_repeat")
 STRIDED_REPEAT = f"{NAMESPACE}::_rotary_strided_repeat"
+# The same reading float32 tables beside 16-bit x (each row written once).
+ROTARY_STRIDED_FLOAT32_TABLES = dataclasses.replace(
+    ROTARY_STRIDED, kernel_name="rotary_strided_float32_tables",
+    inputs=[InputDecl("x_span"), *_FLOAT32_TABLES, *[ScalarInput(n, int) for n in _STRIDED_ARGS]])
 _STRIDED_SCHEMA = ("(Tensor x_span, Tensor cos, Tensor sin, " + ", ".join(f"int {n}" for n in _STRIDED_ARGS)
                    + ") -> Tensor")
 
@@ -534,6 +584,12 @@ def rotary_embedding(x, cos, sin, half: int):
     x1 = x[..., :half]
     x2 = x[..., half:]
     return (x * cos) + (torch.cat((-x2, x1), dim=-1) * sin)
+
+
+def rotary_embedding_float32_tables(x, cos, sin, half: int):
+    """OLMo's ``apply_rotary_pos_emb`` (OLMo 1-3, FlexOlmo) for 16-bit q or k: cos and sin stay float32,
+    so the products and the sum are float32, and ``q_embed.to(q_type)`` rounds once."""
+    return rotary_embedding(x, cos, sin, half).to(x.dtype)
 
 
 def partial_rotary_embedding(x, cos, sin, half: int, rotary_dim: int):
@@ -598,10 +654,12 @@ _strided_reference = strided_reference(lambda x, cos, sin: rotary_embedding(x, c
 
 
 def _check(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, half: int,
-           op: str = f"{NAMESPACE}::rotary_embedding", rotary_dim: int | None = None, x_name: str = "x") -> None:
-    """What the kernels read: 4-d x (B, H, S, D), cos and sin (cB, cH, cS, R) of x's dtype, each of cB,
-    cH, cS 1 or x's size, R = 2 * half the columns rotated: x's last axis, or ``rotary_dim`` (at most it).
-    ``x_name``: what the errors call x (an op that rotates a view of its input names the view)."""
+           op: str = f"{NAMESPACE}::rotary_embedding", rotary_dim: int | None = None, x_name: str = "x",
+           float32_tables: bool = False) -> None:
+    """What the kernels read: 4-d x (B, H, S, D), cos and sin (cB, cH, cS, R) of x's dtype (with
+    ``float32_tables``, float32 beside 16-bit x), each of cB, cH, cS 1 or x's size, R = 2 * half the
+    columns rotated: x's last axis, or ``rotary_dim`` (at most it). ``x_name``: what the errors call x
+    (an op that rotates a view of its input names the view)."""
     if x.dim() != 4:
         raise KernelInputError(f"{op}: x {tuple(x.shape)} must be 4-d (batch, heads, positions, head_dim), as "
                                f"attention writes queries and keys; view (batch * heads, ...) ones back to 4-d")
@@ -611,7 +669,10 @@ def _check(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, half: int,
     if x.dtype not in DTYPES:
         raise KernelInputError(f"{op}: x is {x.dtype}; the kernels take {', '.join(str(d) for d in DTYPES)}: cast x, "
                                f"cos and sin to one of them")
-    if cos.dtype != x.dtype or sin.dtype != x.dtype:
+    if float32_tables and (cos.dtype != torch.float32 or sin.dtype != torch.float32):
+        raise KernelInputError(f"{op}: x is {x.dtype}, cos {cos.dtype}, sin {sin.dtype}; this op rotates x with float32 "
+                               f"cos and sin (OLMo's): for tables of x's dtype use rotary_embedding")
+    if not float32_tables and (cos.dtype != x.dtype or sin.dtype != x.dtype):
         raise KernelInputError(f"{op}: x is {x.dtype}, cos {cos.dtype}, sin {sin.dtype}; give cos and sin x's dtype "
                                f"(transformers casts them: cos.to(x.dtype))")
     if tuple(cos.shape) != tuple(sin.shape):
@@ -683,6 +744,12 @@ def _output(x, cos, sin, half):
     """rotary_embedding's output (and its fake impl): checks the call, a tensor of x's shape laid out
     as eager's (:func:`like_eager`)."""
     _check(x, cos, sin, half)
+    return like_eager(x)
+
+
+def _float32_tables_output(x, cos, sin, half):
+    """rotary_embedding_float32_tables' output (and its fake impl): as rotary_embedding's."""
+    _check(x, cos, sin, half, f"{NAMESPACE}::rotary_embedding_float32_tables", float32_tables=True)
     return like_eager(x)
 
 
@@ -835,13 +902,14 @@ def _eager(op: str, strided, check, rotated: bool):
 # ---- the rules ------------------------------------------------------------------------------------
 
 
-def rotates(x, cos, sin, half, rotary_dim=None) -> bool:
+def rotates(x, cos, sin, half, rotary_dim=None, tables=None) -> bool:
     """Whether fake values x, cos and sin and a captured half (and rotary_dim) are what the rotary
-    kernels read: 4-d tensors of one library dtype, cos and sin of one shape that broadcasts onto x (its
-    first rotary_dim columns, where given) as the kernel reads it, half half the columns rotated."""
+    kernels read: 4-d tensors of one library dtype (``tables``: the tables' own), cos and sin of one
+    shape that broadcasts onto x (its first rotary_dim columns, where given) as the kernel reads it,
+    half half the columns rotated."""
     if not all(isinstance(v, torch.Tensor) and v.dim() == 4 for v in (x, cos, sin)) or not isinstance(half, int):
         return False
-    if x.dtype not in DTYPES or cos.dtype != x.dtype or sin.dtype != x.dtype:
+    if x.dtype not in DTYPES or cos.dtype != (tables or x.dtype) or sin.dtype != cos.dtype:
         return False
     if not all(statically_known_true(a == b) for a, b in zip(cos.shape, sin.shape)):
         return False
@@ -855,6 +923,13 @@ def rotary_operands(match) -> bool:
     """A filter: the matched x, cos, sin and half (and rotary_dim, where captured) pass :func:`rotates`."""
     x, cos, sin = (match.bindings[n].meta.get("val") for n in ("x", "cos", "sin"))
     return rotates(x, cos, sin, match.bindings.get("half"), match.bindings.get("rotary_dim"))
+
+
+def float32_table_operands(match) -> bool:
+    """A filter for OLMo's form: 16-bit x with float32 cos and sin that pass :func:`rotates`."""
+    x, cos, sin = (match.bindings[n].meta.get("val") for n in ("x", "cos", "sin"))
+    return (isinstance(x, torch.Tensor) and x.dtype != torch.float32
+            and rotates(x, cos, sin, match.bindings.get("half"), tables=torch.float32))
 
 
 def whole_operands(match) -> bool:
@@ -897,6 +972,11 @@ def both(*filters):
 _EXAMPLE = (torch.zeros(1, 2, 1, 74), torch.zeros(1, 1, 1, 74), torch.zeros(1, 1, 1, 74), 37)
 _PARTIAL_EXAMPLE = (torch.zeros(1, 2, 1, 90), torch.zeros(1, 1, 1, 74), torch.zeros(1, 1, 1, 74), 37, 74)
 _WHOLE_EXAMPLE = (*_EXAMPLE, 74)
+
+
+def _float32_tables_example(dtype):
+    """_EXAMPLE with x in the matched graph's dtype (the cast back is a literal of it), the tables float32."""
+    return (_EXAMPLE[0].to(dtype), *_EXAMPLE[1:])
 # The repeat's sizes, each a literal nothing else in the traced pattern holds (the unsqueeze's axis is 2,
 # the slices' 3): batch 13, kv_heads 5, n_rep 7, seq 11, head_dim 74 (90 for the partial form), heads 35.
 _KV_TABLES = (torch.zeros(1, 1, 11, 74), torch.zeros(1, 1, 11, 74))
@@ -946,6 +1026,16 @@ def register(rules) -> None:
              irs=COMPILE_FREE_IRS, example_inputs=_PARTIAL_EXAMPLE)
     add_rule(rules, whole_rotary_embedding, partial, "whole_rotary_embedding", filter=whole_operands,
              irs=COMPILE_FREE_IRS, example_inputs=_WHOLE_EXAMPLE)
+    (float32_tables_strided,) = launchers(
+        ((f"{NAMESPACE}::_rotary_strided_float32_tables", ROTARY_STRIDED_FLOAT32_TABLES),),
+        strided_reference(lambda x, cos, sin: rotary_embedding_float32_tables(x, cos, sin, x.shape[-1] // 2)),
+        _strided_output, _STRIDED_SCHEMA)
+    qualname = f"{NAMESPACE}::rotary_embedding_float32_tables"
+    float32_tables = cuda_kernel_op(
+        qualname, ROTARY_FLOAT32_TABLES, reference=rotary_embedding_float32_tables, meta_fn=_float32_tables_output,
+        eager_fn=_eager(qualname, (float32_tables_strided, float32_tables_strided), _float32_tables_output, True))
+    add_rule(rules, rotary_embedding_float32_tables, float32_tables, "rotary_embedding_float32_tables",
+             filter=float32_table_operands, irs=COMPILE_FREE_IRS, example_inputs=_float32_tables_example)
     rotary = op("rotary_embedding", ROTARY, rotary_embedding, _output)
     add_rule(rules, rotary_embedding, rotary, "rotary_embedding", filter=rotary_operands, irs=COMPILE_FREE_IRS,
              example_inputs=_EXAMPLE)
