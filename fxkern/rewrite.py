@@ -816,6 +816,8 @@ def _rule_candidates(rule: Rule, irs: Sequence[str], matcher: Matcher,
         refusal: Optional[Tuple[Match, str]] = None
         accepted_here = None
         val = anchor.meta.get("val")
+        if rule.dtypes is not None and not (isinstance(val, torch.Tensor) and val.dtype in rule.dtypes):
+            continue
         for dtypes, cp in anchors[anchor]:
             if None not in dtypes and isinstance(val, torch.Tensor) and val.dtype not in dtypes:
                 continue
@@ -1109,7 +1111,8 @@ def _anchor_dtypes(rule: Rule, ir: str, facts: _Facts) -> List[Optional[torch.dt
     """dtypes to trace the pattern for: those of the graph's candidate anchors (float32 when unknown)."""
     if rule.traced_once:
         return [None]
-    return list(facts.dtypes_at(rule.compiled(ir, torch.float32).anchor.target)) or [torch.float32]
+    found = list(facts.dtypes_at(rule.compiled(ir, torch.float32).anchor.target)) or [torch.float32]
+    return found if rule.dtypes is None else [d for d in found if d in rule.dtypes]
 
 
 # A pattern that computes in float32 between casts (transformers' softmax(..., dtype=torch.float32).to(

@@ -13,7 +13,7 @@ import functools
 import itertools
 import logging
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, FrozenSet, Iterator, List, Optional, Sequence, Tuple, Union
 
 import torch
 
@@ -40,6 +40,7 @@ class Rule:
     arg_params: Tuple[str, ...] = ()  # pattern parameter feeding each op argument, in op order
     order: int = field(default_factory=lambda: next(_order))
     irs: Optional[Tuple[str, ...]] = None  # the IRs the rule applies in (None: all)
+    dtypes: Optional[FrozenSet[torch.dtype]] = None  # the anchor dtypes it applies at (None: all)
     _compiled: Dict[Tuple[Any, ...], matcher.CompiledPattern] = field(default_factory=dict, repr=False)
     _traced: Dict[Tuple[str, Any], patterns.Pattern] = field(default_factory=dict, repr=False)
     _ops_differ: Dict[Tuple[Any, ...], bool] = field(default_factory=dict, repr=False)
@@ -206,6 +207,7 @@ def replace(
     priority: Optional[int] = None,
     noise: Optional[Sequence[str]] = None,
     irs: Optional[Sequence[str]] = None,
+    dtypes: Optional[Sequence[torch.dtype]] = None,
 ) -> Rule:
     """Make a rule that replaces every safe occurrence of ``pattern`` by one call of ``target``.
 
@@ -218,7 +220,10 @@ def replace(
     pattern whose graph holds its inputs' dtype (``.to(input_dtype)``).
     ``irs`` limits the rule to some pattern IRs (``fxkern.patterns.TRACERS``), e.g. leaving out
     ``"inductor"`` for a replacement that inductor's own fusion beats, or a pattern that cannot be
-    traced in every IR.
+    traced in every IR. ``dtypes`` limits it to candidates whose output has one of these dtypes: a
+    kernel for 16-bit values only, or a pattern whose float32 trace is another rule's (casts to
+    float32 and back vanish there), is then not tried at the others, which costs no walks and
+    leaves no near-misses in the report.
     """
     if not callable(pattern):
         raise SpecError(f"a pattern must be a function, got {pattern!r}")
@@ -252,7 +257,11 @@ def replace(
         bad = [ir for ir in irs if ir not in patterns.TRACERS]
         if bad or not irs:
             raise SpecError(f"irs={list(irs)}: name one or more of {sorted(patterns.TRACERS)}")
-    rule = Rule(rule_name, pattern, op, filter, example_inputs, priority, policy, arg_params, irs=irs)
+    if dtypes is not None:
+        dtypes = frozenset(dtypes)
+        if not dtypes or not all(isinstance(d, torch.dtype) for d in dtypes):
+            raise SpecError(f"dtypes={sorted(map(str, dtypes))}: name one or more torch dtypes (torch.bfloat16, ...)")
+    rule = Rule(rule_name, pattern, op, filter, example_inputs, priority, policy, arg_params, irs=irs, dtypes=dtypes)
     # trace once now: a broken pattern fails here, not inside apply
     compiled = rule.compiled("export" if irs is None or "export" in irs else irs[0], torch.float32)
     returns = overload._schema.returns

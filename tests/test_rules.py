@@ -159,6 +159,24 @@ def test_rule_limited_to_some_irs():
     assert isinstance(gm, fx.GraphModule)
 
 
+def test_rule_limited_to_some_dtypes():
+    """dtypes= tries a rule only at candidates of those dtypes: a bfloat16-only kernel's rule leaves a
+    float32 model alone, with no near-miss in the report, and still takes the bfloat16 one."""
+
+    def mish_like(x):
+        return x * torch.tanh(torch.nn.functional.softplus(x))
+
+    rules = fxkern.RuleSet("dtypes")
+    spec = spec_like(mish_like, dtypes=(torch.bfloat16,))
+    fxkern.replace(mish_like, spec, name="fxkern_test_dtypes::mish", rules=rules, dtypes=[torch.bfloat16])
+    model, x = Fn(lambda h: mish_like(h) + 1), torch.randn(4, 8)
+    report = fxkern.explain(torch.export.export(model, (x,)), rules)
+    assert report.matches == [] and report.near_misses == [] and report["mish"].closest is None
+    assert len(fxkern.explain(torch.export.export(model.to(torch.bfloat16), (x.bfloat16(),)), rules).matches) == 1
+    with pytest.raises(SpecError, match="dtypes="):
+        fxkern.replace(mish_like, spec, name="fxkern_test_dtypes::bad", rules=fxkern.RuleSet(), dtypes=["bfloat16"])
+
+
 def test_one_example_tensor_for_two_parameters_is_refused():
     # Traced once, the pattern would be ``x + x`` and never match ``x + residual``.
     def add_then_exp(x, residual):

@@ -108,10 +108,15 @@ def rows_in_place(on_cuda: Callable[..., Any]) -> Callable[..., Any]:
 def add_rule(rules: RuleSet, pattern: Callable[..., Any], target: Any, name: str,
              filter: Callable[[Any], bool] | None = None, irs: Sequence[str] | None = None,
              example_inputs: Sequence[Any] | Callable[[torch.dtype], Sequence[Any]] | None = None,
-             priority: int | None = None) -> Rule:
+             priority: int | None = None, dtypes: Sequence[torch.dtype] | None = None) -> Rule:
     """``fxkern.replace`` into the library's rule set, the op named ``fxkern_lib::<name>``."""
     return replace(pattern, target, name=f"{NAMESPACE}::{name}", rules=rules, filter=filter, irs=irs,
-                   example_inputs=example_inputs, priority=priority)
+                   example_inputs=example_inputs, priority=priority, dtypes=dtypes)
+
+
+# The anchor dtypes of a pattern that computes in float32 between 16-bit values: in float32 its casts
+# vanish and it is another rule's pattern, which that rule takes.
+SIXTEEN_BIT = (torch.float16, torch.bfloat16)
 
 
 # ---- filters: what the pattern's structure cannot say about its inputs' shapes ----------------------

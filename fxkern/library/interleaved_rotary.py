@@ -38,7 +38,7 @@ import torch
 
 from fxkern.errors import KernelInputError
 from fxkern.library import rotary
-from fxkern.library._rules import COMPILE_FREE_IRS, DTYPES, NAMESPACE, add_rule
+from fxkern.library._rules import COMPILE_FREE_IRS, DTYPES, NAMESPACE, SIXTEEN_BIT, add_rule
 from fxkern.ops import cuda_kernel_op
 from fxkern.spec import Custom, DimSize, InputDecl, KernelSpec, Numel, OutputDecl, SameAs, ScalarInput
 
@@ -255,8 +255,9 @@ def register(rules) -> None:
         return cuda_kernel_op(qualname, spec, reference=reference, meta_fn=output,
                               eager_fn=rotary._eager(qualname, (launch, launch), output, rotated=True))
 
-    def rule(pattern, target, accept, example):
-        add_rule(rules, pattern, target, pattern.__name__, filter=accept, irs=COMPILE_FREE_IRS, example_inputs=example)
+    def rule(pattern, target, accept, example, dtypes=None):
+        add_rule(rules, pattern, target, pattern.__name__, filter=accept, irs=COMPILE_FREE_IRS, example_inputs=example,
+                 dtypes=dtypes)
 
     partial = op("partial_interleaved_rotary_embedding", PARTIAL_INTERLEAVED_ROTARY,
                  partial_interleaved_rotary_embedding, _partial_output)
@@ -266,4 +267,4 @@ def register(rules) -> None:
     rule(interleaved_rotary_embedding, plain, interleaved_operands, _EXAMPLE)
     float32 = op("interleaved_rotary_embedding_float32", INTERLEAVED_ROTARY_FLOAT32,
                  interleaved_rotary_embedding_float32, _float32_output, strided_float32)
-    rule(interleaved_rotary_embedding_float32, float32, sixteen_bit_operands, _examples_in)
+    rule(interleaved_rotary_embedding_float32, float32, sixteen_bit_operands, _examples_in, SIXTEEN_BIT)

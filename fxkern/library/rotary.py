@@ -61,7 +61,8 @@ import torch
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 from fxkern.errors import KernelInputError
-from fxkern.library._rules import COMPILE_FREE_IRS, DTYPES, NAMESPACE, add_rule, broadcasts_4d, check_broadcast_4d
+from fxkern.library._rules import (COMPILE_FREE_IRS, DTYPES, NAMESPACE, SIXTEEN_BIT, add_rule, broadcasts_4d,
+                                   check_broadcast_4d)
 from fxkern.library.cuda_common import COMMON, EW_BLOCK
 from fxkern.ops import Signatures, cuda_kernel_op, kernel_op, tensor_signature
 from fxkern.spec import Custom, DimSize, InputDecl, KernelSpec, Numel, OutputDecl, SameAs, ScalarInput
@@ -1035,7 +1036,8 @@ def register(rules) -> None:
         qualname, ROTARY_FLOAT32_TABLES, reference=rotary_embedding_float32_tables, meta_fn=_float32_tables_output,
         eager_fn=_eager(qualname, (float32_tables_strided, float32_tables_strided), _float32_tables_output, True))
     add_rule(rules, rotary_embedding_float32_tables, float32_tables, "rotary_embedding_float32_tables",
-             filter=float32_table_operands, irs=COMPILE_FREE_IRS, example_inputs=_float32_tables_example)
+             filter=float32_table_operands, irs=COMPILE_FREE_IRS, example_inputs=_float32_tables_example,
+             dtypes=SIXTEEN_BIT)
     rotary = op("rotary_embedding", ROTARY, rotary_embedding, _output)
     add_rule(rules, rotary_embedding, rotary, "rotary_embedding", filter=rotary_operands, irs=COMPILE_FREE_IRS,
              example_inputs=_EXAMPLE)
