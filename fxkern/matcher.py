@@ -367,7 +367,7 @@ class Matcher:
         self.by_target, self.twins = index_graph(graph) if index is None else index
         self._noise: Dict[FrozenSet[str], Set[fx.Node]] = {}
         self._candidates: Dict[int, Tuple[CompiledPattern, List[fx.Node]]] = {}
-        self._signatures: Dict[FrozenSet[str], Dict[fx.Node, tuple]] = {}
+        self._signatures: Dict[Tuple[Any, FrozenSet[str]], List[Tuple[tuple, List[fx.Node]]]] = {}
         self._filtered: Dict[Any, List[fx.Node]] = {}
 
     def noise(self, policy: FrozenSet[str]) -> Set[fx.Node]:
@@ -408,35 +408,42 @@ class Matcher:
         key = (pattern.anchor.target, pattern.policy, tuple(tuple(sorted(need.items(), key=str)) for need in needed))
         found = self._filtered.get(key)  # a rule's dtype variants, and rules alike near their anchor, share it
         if found is None:
-            sigs = self._signatures.setdefault(pattern.policy, {})
             found = self._filtered[key] = [
-                n for n in nodes if all(have.get(t, 0) >= k for need, have in zip(needed, self._signature(n, pattern.policy, sigs))
-                                        for t, k in need.items())]
+                n for sig, group in self._by_signature(pattern.anchor.target, pattern.policy)
+                if all(have.get(t, 0) >= k for need, have in zip(needed, sig) for t, k in need.items()) for n in group]
         return found
 
-    def _signature(self, node: fx.Node, policy: FrozenSet[str], sigs: Dict[fx.Node, tuple]) -> tuple:
+    def _by_signature(self, target: Any, policy: FrozenSet[str]) -> List[Tuple[tuple, List[fx.Node]]]:
+        """The nodes calling ``target`` grouped by :meth:`_signature`: a model's layers repeat a few
+        signatures, so each pattern tests those, not every node."""
+        groups = self._signatures.get((target, policy))
+        if groups is None:
+            by_key: Dict[tuple, Tuple[tuple, List[fx.Node]]] = {}
+            for n in self.by_target.get(target, []):
+                sig = self._signature(n, policy)
+                by_key.setdefault((frozenset(sig[0].items()), frozenset(sig[1].items())), (sig, []))[1].append(n)
+            groups = self._signatures[(target, policy)] = list(by_key.values())
+        return groups
+
+    def _signature(self, node: fx.Node, policy: FrozenSet[str]) -> tuple:
         """({op: count} of the calls ``node`` reads, {op: count} of the calls those read), past
         noise: a match's pattern ops one and two steps from its anchor are among them (each graph
-        argument slot holds at most one pattern argument), so a node that lacks them needs no walk.
-        Once per node and noise policy, shared by the patterns anchored on its op."""
-        sig = sigs.get(node)
-        if sig is None:
-            noise = self.noise(policy)
-            read = [self._skip(a, noise)[0] for a in (*node.args, *node.kwargs.values()) if isinstance(a, fx.Node)]
-            read = [h for h in read if h.op == "call_function"]
-            first: Dict[Any, int] = {}
-            second: Dict[Any, int] = {}
-            for h in read:
-                t = self.twins.get(h, h.target)
-                first[t] = first.get(t, 0) + 1
-                for a in (*h.args, *h.kwargs.values()):
-                    if isinstance(a, fx.Node):
-                        a = self._skip(a, noise)[0]
-                        if a.op == "call_function":
-                            t = self.twins.get(a, a.target)
-                            second[t] = second.get(t, 0) + 1
-            sig = sigs[node] = (first, second)
-        return sig
+        argument slot holds at most one pattern argument), so a node that lacks them needs no walk."""
+        noise = self.noise(policy)
+        read = [self._skip(a, noise)[0] for a in (*node.args, *node.kwargs.values()) if isinstance(a, fx.Node)]
+        read = [h for h in read if h.op == "call_function"]
+        first: Dict[Any, int] = {}
+        second: Dict[Any, int] = {}
+        for h in read:
+            t = self.twins.get(h, h.target)
+            first[t] = first.get(t, 0) + 1
+            for a in (*h.args, *h.kwargs.values()):
+                if isinstance(a, fx.Node):
+                    a = self._skip(a, noise)[0]
+                    if a.op == "call_function":
+                        t = self.twins.get(a, a.target)
+                        second[t] = second.get(t, 0) + 1
+        return first, second
 
     def sites(self, pattern: CompiledPattern) -> List[fx.Node]:
         """Every node with the anchor's op (what the report counts as candidate sites)."""
