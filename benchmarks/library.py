@@ -170,6 +170,10 @@ def cases():
          interleaved_rotary.interleaved_rotary_embedding, lambda dt: interleaved(16, 2048, 32, 128, 128, dt)),
         ("interleaved RoPE in float32 (Cohere's 16-bit models), q 16x32x2048x128", "interleaved_rotary_embedding_float32",
          interleaved_rotary.interleaved_rotary_embedding_float32, lambda dt: interleaved(16, 2048, 32, 128, 128, dt)),
+        # ERNIE 4.5: float32 tables, the queries and their rotation cast to float32, the sum cast back
+        ("interleaved RoPE with float32 tables (ERNIE 4.5), q 16x32x2048x128", "interleaved_rotary_embedding_float32_tables",
+         interleaved_rotary.interleaved_rotary_embedding_float32_tables,
+         lambda dt: (interleaved(16, 2048, 32, 128, 128, dt)[0], *interleaved(1, 2048, 1, 128, 128, torch.float32)[1:])),
         ("partial interleaved RoPE (GLM-4), q 16x32x2048x128, rotary_dim 64", "partial_interleaved_rotary_embedding",
          interleaved_rotary.partial_interleaved_rotary_embedding,
          lambda dt: (*interleaved(16, 2048, 32, 128, 64, dt), 64)),

@@ -95,7 +95,8 @@ def library_inputs(op, dtype, device, rows=37, cols=1000):
     if "interleaved_rotary" in name:  # pairs (2i, 2i + 1) rotated; the partial op rotates half of d, rounded to even
         rot = d // 4 * 2 if "partial" in name else d
         x = torch.randn(2, 3, rows, d, dtype=dtype, device=device)
-        cos, sin = (torch.randn(2, 1, rows, rot, dtype=dtype, device=device) for _ in range(2))
+        tables = torch.float32 if "float32_tables" in name else dtype  # ERNIE's op: float32 cos and sin
+        cos, sin = (torch.randn(2, 1, rows, rot, dtype=tables, device=device) for _ in range(2))
         return (x, cos, sin) + ((rot,) if "partial" in name else ())
     if "partial_rotary" in name:  # the first rot columns of each row rotated, the rest copied
         rot = d // 4 * 2

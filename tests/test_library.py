@@ -2036,6 +2036,19 @@ def test_rotary_with_float32_tables_in_transformers_models(family, dtype):
     assert {k: v for k, v in calls.items() if "rotary" in k} == {want: 4}
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bfloat16", "float16"])
+@pytest.mark.parametrize("family", ["ernie4_5", "ernie4_5_moe"])
+def test_interleaved_rotary_with_float32_tables_in_transformers_models(family, dtype):
+    """ERNIE 4.5 keeps cos and sin in float32 and casts q and its rotation to float32 before the products
+    (``rotate_half(q).float()``): one op for each rotation of its 16-bit models, logits equal to the bit."""
+    name = {"ernie4_5": "Ernie4_5", "ernie4_5_moe": "Ernie4_5_Moe"}[family]
+    extra = {"moe_num_experts": 4, "moe_k": 2, "moe_intermediate_size": 32} if family == "ernie4_5_moe" else {}
+    model = _tiny_decoder(f"{name}Config", f"{name}ForCausalLM", dtype, pad_token_id=0, bos_token_id=1,
+                          eos_token_id=2, head_dim=16, **_decoder_config(**extra))
+    calls = _rewritten_logits_equal(model, torch.randint(0, 128, (2, 16)))
+    assert {k: v for k, v in calls.items() if "rotary" in k} == {"interleaved_rotary_embedding_float32_tables": 4}
+
+
 def olmo_rotary(x, cos, sin):
     """OLMo's ``apply_rotary_pos_emb`` for one of q, k: float32 cos and sin, the sum cast back."""
     return ((x * cos) + (rotate_half(x) * sin)).to(x.dtype)

@@ -1127,6 +1127,12 @@ def test_interleaved_rotary_on_every_layout_and_head_size(dtype):
                 check_interleaved("interleaved_rotary_embedding", x, c, sn, where=where)
                 if dtype != torch.float32:
                     check_interleaved("interleaved_rotary_embedding_float32", x, c, sn, where=where)
+                    check_interleaved("interleaved_rotary_embedding_float32_tables", x, c.float(), sn.float(),
+                                      where=where)
+            if dtype != torch.float32:  # ERNIE's float32 tables, values 16 bits cannot hold
+                c, sn = rand(*bs, d, dtype=torch.float32), rand(*bs, d, dtype=torch.float32)
+                check_interleaved("interleaved_rotary_embedding_float32_tables", x, c, sn,
+                                  where=f"{dtype} d={d} x {lname}, float32 tables, random")
         for rot in {2, d // 4 * 2, d - 2} - {0, d}:
             c, sn = interleaved_tables(b, s, rot, dtype)
             for lname, x in layouts.items():
@@ -1149,6 +1155,13 @@ def test_interleaved_rotary_special_values_and_one_kernel():
                        ("partial_interleaved_rotary_embedding", (64,))):
         names = kernels_run(lambda: lib.op(name)(q, cos, sin, *args))
         assert runs_only(names, "interleaved_rotary_strided"), names  # one kernel: no copy of q first
+    cos32, sin32 = cos.float(), sin.float()
+    names = kernels_run(lambda: lib.op("interleaved_rotary_embedding_float32_tables")(q, cos32, sin32))
+    assert runs_only(names, "interleaved_rotary_strided_float32_tables"), names
+    for dtype in (torch.float16, torch.bfloat16):
+        c, sn = interleaved_tables(2, 4, 16, torch.float32)
+        check_interleaved("interleaved_rotary_embedding_float32_tables", x.to(dtype), c, sn,
+                          where=f"{dtype} special values, float32 tables")
     empty = q[:, :, :0]
     assert lib.op("interleaved_rotary_embedding")(empty, cos[:, :, :0], sin[:, :, :0]).shape == empty.shape
     torch.cuda.synchronize()

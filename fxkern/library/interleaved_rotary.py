@@ -23,10 +23,13 @@ columns and concatenate the rest back: ``partial_interleaved_rotary_embedding``,
 Cohere's 16-bit models rotate ``q.float()`` against 16-bit tables and cast the result back:
 ``interleaved_rotary_embedding_float32``, the same kernel rounding each product and sum to float32.
 
+ERNIE 4.5 keeps float32 tables beside 16-bit queries and casts both products' operands to float32
+(``q.float() * cos + rotate_half(q).float() * sin``, then ``.to(dtype)``):
+``interleaved_rotary_embedding_float32_tables``, the kernel reading float32 tables.
+
 Numbers: eager's roundings are kept, as in rotary.py, so results equal eager's to the bit in every
-dtype. Not matched: ERNIE 4.5, which casts the rotated operand (``rotate_half(q).float()``: a cast
-between the ``flatten`` and the product, even in float32) and keeps float32 tables beside 16-bit
-queries (the kernels read tables of x's dtype), and the keys' rotation fused with grouped-query
+dtype. Not matched: ERNIE 4.5's float32 models (the no-op ``.float()`` after the ``flatten`` stays in
+the export IR, between it and the product), and the keys' rotation fused with grouped-query
 attention's ``repeat_kv`` (two ops: ``repeat_kv`` matches the copy).
 """
 
@@ -76,6 +79,16 @@ __global__ void __launch_bounds__(128) interleaved_rotary_float32(const T* x, co
     fxk::interleaved<T, float>(x, cs, sn, D, n, A1, A2, D, cB, cH, cS, y);
 }
 
+// ERNIE 4.5's 16-bit models: x and its rotation cast to float32 against float32 tables, the sum rounded once.
+template <typename T>
+__global__ void __launch_bounds__(128) interleaved_rotary_float32_tables(const T* x, const float* cs, const float* sn,
+                                                                         int n, int A1, int A2, int D, int cB, int cH,
+                                                                         int cS, T* y) {
+    if (D <= 0 || A1 <= 0 || A2 <= 0) return;
+    fxk::rotary<T, false, 1, true, float, float>(x, cs, sn, D / 2, 0, n / (A1 * A2 * D), fxk::contiguous_rows(A1, A2, D),
+                                                 cB, cH, cS, 1, y);
+}
+
 // What the ops run in eager PyTorch: rotary_strided's walk (x read where it lies), pairs rotated.
 template <typename T>
 __global__ void __launch_bounds__(128) interleaved_rotary_strided(const T* x_span, const T* cs, const T* sn, int half,
@@ -95,6 +108,15 @@ __global__ void __launch_bounds__(128) interleaved_rotary_strided_float32(const 
     fxk::rotary<T, false, 2, true, float>(x_span, cs, sn, half, pass, B,
                                           fxk::rows_of(A1, A2, sB, s1, s2, heads_inner, in_order), cB, cH, cS, n_rep,
                                           y);
+}
+
+template <typename T>
+__global__ void __launch_bounds__(128) interleaved_rotary_strided_float32_tables(
+        const T* x_span, const float* cs, const float* sn, int half, int pass, int B, int A1, int A2, int sB, int s1,
+        int s2, int heads_inner, int n_rep, int in_order, int cB, int cH, int cS, T* y) {
+    fxk::rotary<T, false, 2, true, float, float>(x_span, cs, sn, half, pass, B,
+                                                 fxk::rows_of(A1, A2, sB, s1, s2, heads_inner, in_order), cB, cH, cS,
+                                                 n_rep, y);
 }
 """
 
@@ -125,6 +147,12 @@ INTERLEAVED_ROTARY_STRIDED = dataclasses.replace(rotary.ROTARY_STRIDED, kernel_s
                                                  kernel_name="interleaved_rotary_strided")
 INTERLEAVED_ROTARY_STRIDED_FLOAT32 = dataclasses.replace(INTERLEAVED_ROTARY_STRIDED,
                                                          kernel_name="interleaved_rotary_strided_float32")
+# ERNIE 4.5's: float32 cos and sin beside x (a float32 x: the plain op's numbers).
+INTERLEAVED_ROTARY_FLOAT32_TABLES = dataclasses.replace(
+    INTERLEAVED_ROTARY, kernel_name="interleaved_rotary_float32_tables",
+    inputs=[InputDecl("x"), InputDecl("cos", dtype=torch.float32), InputDecl("sin", dtype=torch.float32)])
+INTERLEAVED_ROTARY_STRIDED_FLOAT32_TABLES = dataclasses.replace(
+    rotary.ROTARY_STRIDED_FLOAT32_TABLES, kernel_source=SOURCE, kernel_name="interleaved_rotary_strided_float32_tables")
 
 
 # ---- the patterns (also the ops' CPU references) ---------------------------------------------------
@@ -145,6 +173,14 @@ def interleaved_rotary_embedding_float32(x, cos, sin):
     return interleaved_rotary_embedding(x.float(), cos, sin).to(x.dtype)
 
 
+def interleaved_rotary_embedding_float32_tables(x, cos, sin):
+    """ERNIE 4.5's ``apply_rotary_pos_emb`` for 16-bit q or k: float32 cos and sin, q and its rotation
+    cast to float32, ``(q.float() * cos) + (rotate_half(q).float() * sin)``, cast back."""
+    x1 = x[..., 0::2]
+    x2 = x[..., 1::2]
+    return ((x.float() * cos) + (torch.stack((-x2, x1), dim=-1).flatten(-2).float() * sin)).to(x.dtype)
+
+
 def partial_interleaved_rotary_embedding(x, cos, sin, rotary_dim: int):
     """GPT-J's and GLM-4's partial rotation: the first ``rotary_dim`` columns rotated in pairs, the rest
     concatenated back."""
@@ -161,14 +197,14 @@ def whole_interleaved_rotary_embedding(x, cos, sin, rotary_dim: int):
 # ---- checks and outputs ----------------------------------------------------------------------------
 
 
-def _check(x, cos, sin, op: str, rotary_dim: int | None = None) -> None:
+def _check(x, cos, sin, op: str, rotary_dim: int | None = None, float32_tables: bool = False) -> None:
     """rotary._check's, with half the columns rotated (x's last axis, or rotary_dim) even: whole pairs."""
     rot = x.shape[-1] if rotary_dim is None and x.dim() == 4 else rotary_dim
     if isinstance(rot, int) and rot % 2:
         what = "rotary_dim" if rotary_dim is not None else "x's last axis"
         raise KernelInputError(f"{op}: {what} is {rot}, odd; the interleaved rotation turns columns 2i and 2i + 1 "
                                f"as a pair, so it rotates an even number of columns")
-    rotary._check(x, cos, sin, rot // 2 if rot is not None else 0, op, rotary_dim)
+    rotary._check(x, cos, sin, rot // 2 if rot is not None else 0, op, rotary_dim, float32_tables=float32_tables)
 
 
 def _output(x, cos, sin):
@@ -181,6 +217,13 @@ def _output(x, cos, sin):
 def _float32_output(x, cos, sin):
     """interleaved_rotary_embedding_float32's output (and its fake impl): as interleaved_rotary_embedding's."""
     _check(x, cos, sin, f"{NAMESPACE}::interleaved_rotary_embedding_float32")
+    return rotary.like_eager(x)
+
+
+def _float32_tables_output(x, cos, sin):
+    """interleaved_rotary_embedding_float32_tables' output (and its fake impl): as interleaved_rotary_embedding's,
+    cos and sin float32."""
+    _check(x, cos, sin, f"{NAMESPACE}::interleaved_rotary_embedding_float32_tables", float32_tables=True)
     return rotary.like_eager(x)
 
 
@@ -222,6 +265,14 @@ def sixteen_bit_operands(match) -> bool:
     return interleaved_operands(match) and _fakes(match)[0].dtype != torch.float32
 
 
+def float32_table_operands(match) -> bool:
+    """A filter for ERNIE's form: 16-bit x, float32 cos and sin, otherwise as interleaved_operands."""
+    x, cos, sin = _fakes(match)
+    d = _head_size(x)
+    return (d is not None and d % 2 == 0 and x.dtype != torch.float32
+            and rotary.rotates(x, cos, sin, d // 2, tables=torch.float32))
+
+
 def whole_operands(match) -> bool:
     """A filter for the whole-head form: as interleaved_operands, the empty slice starting at x's last axis."""
     return interleaved_operands(match) and match.bindings.get("rotary_dim") == _head_size(_fakes(match)[0])
@@ -238,6 +289,11 @@ _WHOLE_EXAMPLE = (torch.zeros(3, 2, 5, 74), torch.zeros(3, 1, 5, 74), torch.zero
 def _examples_in(dtype):
     """_EXAMPLE in the matched graph's dtype: the float32 form's casts are literals of it."""
     return tuple(t.to(dtype) for t in _EXAMPLE)
+
+
+def _float32_tables_examples(dtype):
+    """_EXAMPLE with x in the matched graph's dtype (the cast back is a literal of it), the tables float32."""
+    return (_EXAMPLE[0].to(dtype), *_EXAMPLE[1:])
 
 
 def register(rules) -> None:
@@ -268,3 +324,10 @@ def register(rules) -> None:
     float32 = op("interleaved_rotary_embedding_float32", INTERLEAVED_ROTARY_FLOAT32,
                  interleaved_rotary_embedding_float32, _float32_output, strided_float32)
     rule(interleaved_rotary_embedding_float32, float32, sixteen_bit_operands, _examples_in, SIXTEEN_BIT)
+    (strided_float32_tables,) = rotary.launchers(
+        ((f"{NAMESPACE}::_interleaved_rotary_strided_float32_tables", INTERLEAVED_ROTARY_STRIDED_FLOAT32_TABLES),),
+        rotary.strided_reference(interleaved_rotary_embedding_float32_tables), meta_fn, schema)
+    float32_tables = op("interleaved_rotary_embedding_float32_tables", INTERLEAVED_ROTARY_FLOAT32_TABLES,
+                        interleaved_rotary_embedding_float32_tables, _float32_tables_output, strided_float32_tables)
+    rule(interleaved_rotary_embedding_float32_tables, float32_tables, float32_table_operands, _float32_tables_examples,
+         SIXTEEN_BIT)

@@ -296,7 +296,7 @@ __device__ __forceinline__ void rotary_rows(const T* __restrict__ x, const C* __
     // PAIRS: an item rotates VP columns of pairs (2i, 2i + 1): two neighbouring packs, as many bytes as
     // an item of the halves (one pack an item had half the loads in flight: 83-85% of copy on an H200,
     // 2026-11-27), or one pair on the scalar path
-    constexpr unsigned VP = !PAIRS ? V : V < 2 ? 2 : 2 * V;
+    constexpr unsigned VP = !PAIRS ? V : V < 2 ? 2 : sizeof(C) > sizeof(T) ? V : 2 * V;
     // the tables' loads: V columns of C in 16-byte packs (two for float tables beside 16-bit x)
     constexpr int VC = 16 / (int)sizeof(C) < V ? 16 / (int)sizeof(C) : V;
     const unsigned rot = 2 * half, D = rot + pass, Prot = PAIRS ? rot / VP : half / V, Ppass = pass / V;
