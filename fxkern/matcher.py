@@ -367,8 +367,9 @@ class Matcher:
         self.by_target, self.twins = index_graph(graph) if index is None else index
         self._noise: Dict[FrozenSet[str], Set[fx.Node]] = {}
         self._candidates: Dict[int, Tuple[CompiledPattern, List[fx.Node]]] = {}
-        self._signatures: Dict[Tuple[Any, FrozenSet[str]], List[Tuple[tuple, List[fx.Node]]]] = {}
+        self._signatures: Dict[Tuple[Any, FrozenSet[str]], List[Tuple[tuple, List[fx.Node]]]] = {}  # _by_signature
         self._filtered: Dict[Any, List[fx.Node]] = {}
+        self._read_cache: Dict[FrozenSet[str], Dict[fx.Node, List[Tuple[fx.Node, Any]]]] = {}
 
     def noise(self, policy: FrozenSet[str]) -> Set[fx.Node]:
         """The graph's nodes that ``policy`` lets a match pass through."""
@@ -400,8 +401,8 @@ class Matcher:
 
     def _find_candidates(self, pattern: CompiledPattern) -> List[fx.Node]:
         nodes = self.by_target.get(pattern.anchor.target, [])
-        refs = [pattern.nodes[a.index] for a in pattern.anchor.args if isinstance(a, Ref)]
-        needed = [_ops_read(refs)] + ([_ops_read(pattern.nodes[a.index] for r in refs for a in r.args if isinstance(a, Ref))])
+        refs = [pattern.nodes[a.index] for a in _flat(pattern.anchor.args) if isinstance(a, Ref)]
+        needed = [_ops_read(refs)] + ([_ops_read(pattern.nodes[a.index] for r in refs for a in _flat(r.args) if isinstance(a, Ref))])
         needed = [need for need in needed if need]
         if not needed:
             return nodes
@@ -414,36 +415,36 @@ class Matcher:
         return found
 
     def _by_signature(self, target: Any, policy: FrozenSet[str]) -> List[Tuple[tuple, List[fx.Node]]]:
-        """The nodes calling ``target`` grouped by :meth:`_signature`: a model's layers repeat a few
+        """The nodes calling ``target`` grouped by :func:`_signature`: a model's layers repeat a few
         signatures, so each pattern tests those, not every node."""
         groups = self._signatures.get((target, policy))
         if groups is None:
-            by_key: Dict[tuple, Tuple[tuple, List[fx.Node]]] = {}
+            by_key: Dict[tuple, List[fx.Node]] = {}
             for n in self.by_target.get(target, []):
-                sig = self._signature(n, policy)
-                by_key.setdefault((frozenset(sig[0].items()), frozenset(sig[1].items())), (sig, []))[1].append(n)
-            groups = self._signatures[(target, policy)] = list(by_key.values())
+                reads = self._reads(n, policy)
+                key = (tuple(t for _, t in reads), tuple(u for h, _ in reads for _, u in self._reads(h, policy)))
+                by_key.setdefault(key, []).append(n)
+            groups = self._signatures[(target, policy)] = [(_signature(key), group) for key, group in by_key.items()]
         return groups
 
-    def _signature(self, node: fx.Node, policy: FrozenSet[str]) -> tuple:
-        """({op: count} of the calls ``node`` reads, {op: count} of the calls those read), past
-        noise: a match's pattern ops one and two steps from its anchor are among them (each graph
-        argument slot holds at most one pattern argument), so a node that lacks them needs no walk."""
-        noise = self.noise(policy)
-        read = [self._skip(a, noise)[0] for a in (*node.args, *node.kwargs.values()) if isinstance(a, fx.Node)]
-        read = [h for h in read if h.op == "call_function"]
-        first: Dict[Any, int] = {}
-        second: Dict[Any, int] = {}
-        for h in read:
-            t = self.twins.get(h, h.target)
-            first[t] = first.get(t, 0) + 1
-            for a in (*h.args, *h.kwargs.values()):
+    def _reads(self, node: fx.Node, policy: FrozenSet[str]) -> List[Tuple[fx.Node, Any]]:
+        """(call, op) for each call ``node`` takes as an argument past noise, an in-place call under
+        its twin's op; once a node: the layers' signatures read each node from several readers."""
+        cache = self._read_cache.setdefault(policy, {})
+        found = cache.get(node)
+        if found is None:
+            noise, twins = self.noise(policy), self.twins
+            found = cache[node] = []
+            args = node.args if not node.kwargs else (*node.args, *node.kwargs.values())
+            if any(isinstance(a, (list, tuple)) for a in args):  # cat's tensors (fx's immutable_list)
+                args = tuple(_flat(args))
+            for a in args:
                 if isinstance(a, fx.Node):
-                    a = self._skip(a, noise)[0]
+                    while a in noise:
+                        a = a.args[0]
                     if a.op == "call_function":
-                        t = self.twins.get(a, a.target)
-                        second[t] = second.get(t, 0) + 1
-        return first, second
+                        found.append((a, twins.get(a, a.target)))
+        return found
 
     def sites(self, pattern: CompiledPattern) -> List[fx.Node]:
         """Every node with the anchor's op (what the report counts as candidate sites)."""
@@ -643,6 +644,20 @@ class Matcher:
                     return True
                 st.restore(snap)
         return False
+
+
+def _signature(key: Tuple[Tuple[Any, ...], Tuple[Any, ...]]) -> Tuple[Dict[Any, int], Dict[Any, int]]:
+    """({op: count} of the calls a node reads, {op: count} of the calls those read), past noise,
+    lists of arguments (``cat``'s) included, from the ops in the order read: a match's pattern ops
+    one and two steps from its anchor are among them (each graph argument slot holds at most one
+    pattern argument), so a node that lacks them needs no walk."""
+    first: Dict[Any, int] = {}
+    second: Dict[Any, int] = {}
+    for t in key[0]:
+        first[t] = first.get(t, 0) + 1
+    for t in key[1]:
+        second[t] = second.get(t, 0) + 1
+    return first, second
 
 
 def _ops_read(pnodes: Iterable[PNode]) -> Dict[Any, int]:

@@ -28,7 +28,7 @@ import operator
 import re
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, FrozenSet, List, Optional, Sequence, Set, Tuple, Union
+from typing import Any, Callable, Dict, FrozenSet, Iterable, List, Optional, Sequence, Set, Tuple, Union
 
 import torch
 import torch.fx as fx
@@ -784,11 +784,14 @@ def analyse(gm: fx.GraphModule, rules: Union[RuleSet, Sequence[Rule], None], irs
     return tree.accepted, report, tree.pos
 
 
-def _rule_candidates(rule: Rule, irs: Sequence[str], matcher: Matcher,
-                     facts: _Facts, sized: bool) -> Optional[Tuple[int, List[_Candidate], List[NearMiss], Optional[NearMiss]]]:
+def _rule_candidates(rule: Rule, irs: Sequence[str], matcher: Matcher, facts: _Facts, sized: bool,
+                     taken: Optional["_Taken"] = None) -> Optional[Tuple[int, List[_Candidate], List[NearMiss], Optional[NearMiss]]]:
     """One rule's candidate sites, safe matches and near-misses in one graph. Without ``sized``,
     None as soon as a walk matches or stops at a literal: the pattern's numbers computed from its
-    inputs' sizes must then be known (``Rule.compiled(..., sized=True)``) before any is accepted."""
+    inputs' sizes must then be known (``Rule.compiled(..., sized=True)``) before any is accepted.
+    A match that overlaps what earlier rules took (``taken``) is not checked: it is returned
+    unchecked (no fake outputs), and loses the overlap when accepted (RMSNorm inside the residual
+    add's RMSNorm, say: two fifths of a Llama's matches)."""
     pos = facts.pos
     # One variant per distinct traced graph, with every anchor dtype it was traced for:
     # identical graphs for float32 and bfloat16 are one variant that serves both.
@@ -814,7 +817,7 @@ def _rule_candidates(rule: Rule, irs: Sequence[str], matcher: Matcher,
     for anchor in sorted(anchors, key=pos.__getitem__):
         best: Optional[Failure] = None
         refusal: Optional[Tuple[Match, str]] = None
-        accepted_here = None
+        accepted_here = overlapping = None
         val = anchor.meta.get("val")
         if rule.dtypes is not None and not (isinstance(val, torch.Tensor) and val.dtype in rule.dtypes):
             continue
@@ -828,6 +831,9 @@ def _rule_candidates(rule: Rule, irs: Sequence[str], matcher: Matcher,
                     if best is None or fail.depth > best.depth:
                         best = fail
                     continue
+                if taken is not None and taken.clash(m) is not None:
+                    overlapping = _Candidate(rule, m, None)
+                    break
                 reason = _sizes_differ(rule, cp, m, matcher) or _scalars_differ(rule, cp, m)
                 if reason is not None:
                     refusal = refusal or (m, reason)
@@ -837,10 +843,10 @@ def _rule_candidates(rule: Rule, irs: Sequence[str], matcher: Matcher,
                     accepted_here = _Candidate(rule, m, fake)
                     break
                 refusal = refusal or (m, reason)
-            if accepted_here is not None:
+            if accepted_here is not None or overlapping is not None:
                 break
-        if accepted_here is not None:
-            safe.append(accepted_here)
+        if accepted_here is not None or overlapping is not None:
+            safe.append(accepted_here or overlapping)
         elif refusal is not None:
             misses.append(NearMiss(rule.name, [n.name for n in refusal[0].nodes], refusal[1]))
         elif best is not None and best.depth >= max(2, len(next(iter(variants.values()))[1].nodes) // 2):
@@ -867,39 +873,27 @@ def _analyse(gm: fx.GraphModule, rules: Union[RuleSet, Sequence[Rule], None], ir
     facts = _Facts(graph, by_target, where)
     pos = facts.pos
     report = Report()
-    safe: List[_Candidate] = []
     ordered = _ordered_rules(rules)
     _trace_together(ordered, irs, facts)
+    # Matches are accepted rule by rule in rank order (regions first, then rules by priority), each
+    # rule's the larger first, then in graph order; a later one that overlaps loses.
+    taken = _Taken()
+    for rule in ordered:  # the report lists the rules first, then the regions
+        report.rules.setdefault(rule.name, RuleReport())
+    regions: List[_Candidate] = []
+    if where.top:
+        _regions(graph, facts, report, regions)
+    rank = {r: i for i, r in enumerate(_region_rules(regions))}
+    taken.accept(sorted(regions, key=lambda c: (rank[c.rule], -len(c.match.nodes), pos[c.match.anchor])), report)
     for rule in ordered:
         rr = report.rules.setdefault(rule.name, RuleReport())
         found = _rule_candidates(rule, irs, matcher, facts, sized=False)
         if found is None:  # it matches, or nearly: find the numbers it computes from sizes first
-            found = _rule_candidates(rule, irs, matcher, facts, sized=True)
+            found = _rule_candidates(rule, irs, matcher, facts, sized=True, taken=taken)
         rr.candidates, candidates, misses, rr.closest = found
-        safe.extend(candidates)
         rr.near_misses.extend(misses)
-
-    if where.top:
-        _regions(graph, facts, report, safe)
-    ordered = _region_rules(safe) + ordered
-    rank = {r: i for i, r in enumerate(ordered)}
-    safe.sort(key=lambda c: (rank[c.rule], -len(c.match.nodes), pos[c.match.anchor]))
-    taken: Dict[fx.Node, Rule] = {}
-    accepted: List[_Candidate] = []
-    accepted_outputs: Set[fx.Node] = set()
-    for c in safe:
-        clash = next((taken[n] for n in c.match.nodes if n in taken), None)
-        if clash is None:  # an input that another accepted match removes (its outputs survive, remapped)
-            clash = next((taken[v] for v in c.match.bindings.values() if isinstance(v, fx.Node) and v in taken
-                          and v not in accepted_outputs), None)
-        if clash is not None:
-            report.rules[c.rule.name].near_misses.append(
-                NearMiss(c.rule.name, [n.name for n in c.match.nodes], f"overlap lost to rule {clash.name!r}"))
-            continue
-        for n in c.match.nodes:
-            taken[n] = c.rule
-        accepted_outputs.update(c.match.outputs)
-        accepted.append(c)
+        taken.accept(sorted(candidates, key=lambda c: (-len(c.match.nodes), pos[c.match.anchor])), report)
+    accepted = taken.accepted
     accepted.sort(key=lambda c: pos[c.match.anchor])
     for c in accepted:
         info = MatchInfo(c.rule.name, [n.name for n in c.match.nodes], _location(c.match.anchor))
@@ -909,6 +903,36 @@ def _analyse(gm: fx.GraphModule, rules: Union[RuleSet, Sequence[Rule], None], ir
         report.matches.extend(rr.matches)
         report.near_misses.extend(rr.near_misses)
     return _Analysis(accepted, pos, inner), report
+
+
+class _Taken:
+    """The graph nodes that accepted matches replace, by the rule that took each."""
+
+    def __init__(self):
+        self.by_node: Dict[fx.Node, Rule] = {}
+        self.outputs: Set[fx.Node] = set()
+        self.accepted: List[_Candidate] = []
+
+    def clash(self, m: Match) -> Optional[Rule]:
+        """The rule that took one of ``m``'s nodes, or an input of it that its match removes (an
+        accepted match's outputs survive, remapped); None when there is none."""
+        taken = self.by_node
+        if not taken.keys().isdisjoint(m.nodes):
+            return next(taken[n] for n in m.nodes if n in taken)
+        return next((taken[v] for v in m.bindings.values() if isinstance(v, fx.Node) and v in taken
+                     and v not in self.outputs), None)
+
+    def accept(self, candidates: Iterable[_Candidate], report: Report) -> None:
+        for c in candidates:
+            clash = self.clash(c.match)
+            if clash is not None:
+                report.rules[c.rule.name].near_misses.append(
+                    NearMiss(c.rule.name, [n.name for n in c.match.nodes], f"overlap lost to rule {clash.name!r}"))
+                continue
+            for n in c.match.nodes:
+                self.by_node[n] = c.rule
+            self.outputs.update(c.match.outputs)
+            self.accepted.append(c)
 
 
 # The higher-order ops whose subgraphs are rewritten: each runs its subgraph as a plain function,
@@ -1351,6 +1375,7 @@ def rewrite_graph(graph: fx.Graph, rules: Union[RuleSet, Sequence[Rule], None], 
         tree, report = _analyse(gm, rules, irs, where, subgraphs=subgraphs)
         if tree.replaced():
             _rewrite_tree(gm, tree, inplace=True, recompile=False)
+        del tree  # freed now, not scanned by the collection that re-enabling the collector brings
     return report
 
 
