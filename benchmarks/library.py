@@ -40,7 +40,8 @@ TOL = {torch.float32: 1e-4, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
 
 def cases():
     """(label, rule name, make_inputs(dtype) -> args)."""
-    from fxkern.library import gelu, interleaved_rotary, layernorm, norm_rotary, rmsnorm, rotary, softmax, swiglu
+    from fxkern.library import (deinterleaved_rotary, gelu, interleaved_rotary, layernorm, norm_rotary, rmsnorm, rotary,
+                                softmax, swiglu)
 
     rows, d = SHAPE
 
@@ -174,6 +175,13 @@ def cases():
         ("interleaved RoPE with float32 tables (ERNIE 4.5), q 16x32x2048x128", "interleaved_rotary_embedding_float32_tables",
          interleaved_rotary.interleaved_rotary_embedding_float32_tables,
          lambda dt: (interleaved(16, 2048, 32, 128, 128, dt)[0], *interleaved(1, 2048, 1, 128, 128, torch.float32)[1:])),
+        # DeepSeek-V3's pairs rotated into halves: transformers 5.24's even/odd slices against half-width tables,
+        # and the copy (view, transpose, reshape) and rotate_half of 4.x to 5.17 against whole ones
+        ("de-interleaving RoPE (DeepSeek-V3, slices), q 16x32x2048x128", "deinterleaved_rotary_embedding",
+         deinterleaved_rotary.deinterleaved_rotary_embedding_sliced,
+         lambda dt: tuple(a[..., :64] if i else a for i, a in enumerate(rope(16, 2048, 32, 128, dt)[:3]))),
+        ("de-interleaving RoPE (DeepSeek-V3, copy + rotate_half), q 16x32x2048x128", "deinterleaved_rotary_embedding",
+         deinterleaved_rotary.deinterleaved_rotary_embedding_copied, lambda dt: rope(16, 2048, 32, 128, dt)[:3]),
         ("partial interleaved RoPE (GLM-4), q 16x32x2048x128, rotary_dim 64", "partial_interleaved_rotary_embedding",
          interleaved_rotary.partial_interleaved_rotary_embedding,
          lambda dt: (*interleaved(16, 2048, 32, 128, 64, dt), 64)),

@@ -66,6 +66,11 @@ _OUTPUT_ORDER = (
      "            for (unsigned k = 0; k < reps; ++k) {\n#pragma unroll"),
 )
 
+# load_table's 16-byte branch through load_cols, as its float32-tables branch
+_TABLES_THROUGH_COLS = (
+    ("        return load<C, V>(p);\n    else\n        return load_cols<C, 16 / sizeof(C), V>(p);",
+     "        return load_cols<C, V, V>(p);\n    else\n        return load_cols<C, 16 / sizeof(C), V>(p);"),)
+
 # A variant: source edits ((old, new) pairs), macros, and the elements a 128-thread block takes.
 SHIPPED = {"edits": (), "macros": "", "per_block": 4096}
 VARIANTS: dict[str, dict] = {
@@ -166,6 +171,18 @@ VARIANTS: dict[str, dict] = {
     # inductor's generated module, "unterminated string literal"; `--only "in the output"` ran.)
     "repeats in the output's order": {**SHIPPED, "edits": _OUTPUT_ORDER},
     "repeats in the output's order, 2048 a block": {**SHIPPED, "edits": _OUTPUT_ORDER, "per_block": 2048},
+    # the tables (and then x too) of rotary_rows' halves path loaded through load_cols<C, V, V> (one load,
+    # its pack copied element by element into the result) where load_table returned the load's pack as is:
+    # an earlier try's SASS of the bfloat16 rotary kernel went from 840 to 648 instructions. 2026-11-27 19:34 UTC,
+    # H200, one run of 3 rounds: level with the shipped kernel (within 0.4%) at 16x32x2048x128 (tables / x and
+    # tables: projected float32 4108 / 4109 GB/s against 4109, bfloat16 4120 / 4121 against 4122, contiguous
+    # bfloat16 4082 / 4072 against 4065), GPT-NeoX partial and the repeats within 0.7%; only the demo's small
+    # 8x32x512x64 float32 queries faster, 2770 / 2735 against 2646 (+4.7% / +3.4%; bfloat16 +1.2% / +0.4%),
+    # unrepeated. Not shipped
+    "tables through load_cols": {**SHIPPED, "edits": _TABLES_THROUGH_COLS},
+    "x and tables through load_cols": {**SHIPPED, "edits": (*_TABLES_THROUGH_COLS, (
+        "const Pack<T, V> xa = load<T, V>(x + xo + col), xb = load<T, V>(x + xo + col + half);",
+        "const Pack<T, V> xa = load_cols<T, V, V>(x + xo + col), xb = load_cols<T, V, V>(x + xo + col + half);"))},
     "16-byte path only": {**SHIPPED, "edits": (
         ("    else\n        rotary_rows<T, 1, false, 1, PAIRS, M, C>(x, cs, sn, half, pass, B, w, cB, cH, cS, R, y);\n", ""),)},
 }

@@ -2215,3 +2215,70 @@ def test_interleaved_rotary_eager_path_reads_each_layout_in_place():
         x16, c16, s16 = x.bfloat16(), cos.bfloat16(), sin.bfloat16()
         torch.testing.assert_close(float32(x16, c16, s16), ir.interleaved_rotary_embedding_float32(x16, c16, s16),
                                    rtol=0, atol=0, msg=where)
+
+
+# ---- DeepSeek-V3's rotation: pairs (2j, 2j + 1) rotated into halves (j, D/2 + j) --------------------------
+
+
+def deepseek_sliced(q, cos, sin):
+    """transformers 5.24's ``apply_rotary_pos_emb_interleave`` for one of q, k."""
+    cos = cos[..., : cos.shape[-1] // 2].unsqueeze(1)
+    sin = sin[..., : sin.shape[-1] // 2].unsqueeze(1)
+    q1, q2 = q[..., 0::2], q[..., 1::2]
+    return torch.cat([q1 * cos - q2 * sin, q2 * cos + q1 * sin], dim=-1)
+
+
+def deepseek_copied(q, cos, sin):
+    """The same before 5.24 (4.x to 5.17): the pairs de-interleaved by a copy, then rotate_half."""
+    cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+    b, h, s, d = q.shape
+    q = q.view(b, h, s, d // 2, 2).transpose(4, 3).reshape(b, h, s, d)
+    return (q * cos) + (rotate_half(q) * sin)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=["float32", "float16", "bfloat16"])
+@pytest.mark.parametrize("form", [deepseek_sliced, deepseek_copied], ids=["sliced", "copied"])
+def test_deinterleaved_rotary_forms(form, dtype):
+    """Both of transformers' forms are one op in the export IR and in core ATen, on MLA's queries (the
+    rotated part split off wider projected heads) and on contiguous keys, equal to eager to the bit;
+    the copied form's rotation is not left to rotary_embedding."""
+    torch.manual_seed(0)
+    b, s, h, d = 2, 8, 4, 16
+    cos, sin = rope_tables(b, s, d)
+    q_rot = torch.randn(b, s, h * (24 + d)).view(b, s, h, 24 + d).transpose(1, 2)[..., 24:]
+    for x in (q_rot, torch.randn(b, 1, s, d)):
+        model, args = Fn(form).eval(), (x.to(dtype), cos.to(dtype), sin.to(dtype))
+        ep = torch.export.export(model, args)
+        for program in (ep, ep.run_decompositions()):
+            new = fxkern.apply(program, lib.rules(), verify=True)
+            assert library_calls(new) == {"deinterleaved_rotary_embedding": 1}
+            torch.testing.assert_close(new.module()(*args), model(*args), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
+def test_deinterleaved_rotary_in_deepseek_v3(dtype):
+    """DeepSeek-V3's multi-head latent attention (transformers 5.24) rotates the split-off part of each
+    query head and its one shared key head: one op for each (two layers: four), logits equal to the bit."""
+    model = _tiny_decoder("DeepseekV3Config", "DeepseekV3ForCausalLM", dtype, moe_intermediate_size=32,
+                          n_routed_experts=4, num_experts_per_tok=2, n_group=1, topk_group=1, first_k_dense_replace=1,
+                          q_lora_rank=32, kv_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16,
+                          pad_token_id=0, bos_token_id=1, eos_token_id=2, **{**_decoder_config(), "num_key_value_heads": 4})
+    calls = _rewritten_logits_equal(model, torch.randint(0, 128, (2, 16)))
+    assert {k: v for k, v in calls.items() if "rotary" in k} == {"deinterleaved_rotary_embedding": 4}
+
+
+def test_deinterleaved_rotary_op_checks_its_operands():
+    x = torch.randn(2, 3, 5, 16)
+    cos, sin = rope_tables(2, 5, 16)
+    op = lib.op("deinterleaved_rotary_embedding")
+    for c, s, form in ((cos[:, None, :, :8], sin[:, None, :, :8], deepseek_sliced),
+                       (cos[:, None], sin[:, None], deepseek_copied)):
+        want = form(x, cos, sin)
+        torch.testing.assert_close(op(x, c, s), want, rtol=0, atol=0)
+    with pytest.raises(fxkern.KernelInputError, match=r"cos and sin are 5 columns wide; give them half of x's last "
+                                                      r"axis, 8 .* or all of it, 16"):
+        op(x, cos[:, None, :, :5], sin[:, None, :, :5])
+    with pytest.raises(fxkern.KernelInputError, match=r"x's last axis is 15, odd"):
+        op(x[..., :15], cos[:, None, :, :7], sin[:, None, :, :7])
+    with pytest.raises(fxkern.KernelInputError, match=r"does not broadcast onto x's first half"):
+        op(x, cos[:1, None, :4, :8], sin[:1, None, :4, :8])

@@ -20,7 +20,8 @@ import torch
 
 import fxkern
 import fxkern.library as lib
-from fxkern.library import gelu, interleaved_rotary, layernorm, norm_rotary, rmsnorm, rotary, softmax, swiglu
+from fxkern.library import (deinterleaved_rotary, gelu, interleaved_rotary, layernorm, norm_rotary, rmsnorm, rotary,
+                            softmax, swiglu)
 
 pytestmark = pytest.mark.gpu
 
@@ -1164,6 +1165,61 @@ def test_interleaved_rotary_special_values_and_one_kernel():
                           where=f"{dtype} special values, float32 tables")
     empty = q[:, :, :0]
     assert lib.op("interleaved_rotary_embedding")(empty, cos[:, :, :0], sin[:, :, :0]).shape == empty.shape
+    torch.cuda.synchronize()
+
+
+# ---- DeepSeek-V3's rotation: pairs (2j, 2j + 1) into halves (j, D/2 + j), equal to the bit --------------
+
+
+def check_deinterleaved(x, cos, sin, where):
+    """The op against the pattern of its tables' form (half the head wide: the even/odd slices; whole:
+    the copy and rotate_half) run by eager PyTorch: the same bits, contiguous as eager's."""
+    poison()
+    got = lib.op("deinterleaved_rotary_embedding")(x, cos, sin)
+    pattern = (deinterleaved_rotary.deinterleaved_rotary_embedding_sliced if cos.shape[-1] != x.shape[-1]
+               else deinterleaved_rotary.deinterleaved_rotary_embedding_copied)
+    if x.shape[-1] == 2:  # eager's cat of one-column halves keeps x's order of heads and positions
+        same_bits(got, pattern(x, cos, sin), f"deinterleaved_rotary_embedding {where}")
+    else:
+        same_as_eager(got, pattern(x, cos, sin), f"deinterleaved_rotary_embedding {where}")
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).removeprefix("torch."))
+def test_deinterleaved_rotary_on_every_layout_and_head_size(dtype):
+    torch.manual_seed(0)
+    b, s, h = 3, 37, 5
+    for d in HEAD_SIZES:
+        cos, sin = rope_tables(b, s, d, dtype)  # cat(freqs, freqs): the old form's; its first half the new one's
+        layouts = dict(gqa_layouts(b, s, h, d, dtype))
+        # MLA's queries: the rotated part of each head, split off the projection's (b, s, h, nope + d) view
+        layouts["MLA's q_rot, a split of wider projected heads"] = rand(b, s, h * (24 + d), dtype=dtype).view(
+            b, s, h, 24 + d).transpose(1, 2)[..., 24:]
+        for lname, x in layouts.items():
+            tables = {"(b, 1, s, d / 2)": (cos[..., :d // 2], sin[..., :d // 2]),
+                      "(1, 1, s, d / 2), contiguous": (cos[:1, ..., :d // 2].contiguous(), sin[:1, ..., :d // 2].contiguous()),
+                      "(b, h, s, d / 2), random": (rand(b, h, s, d // 2, dtype=dtype), rand(b, h, s, d // 2, dtype=dtype)),
+                      "(b, 1, s, d), the old form's": (cos, sin),
+                      "(b, h, s, d), random halves": (rand(b, h, s, d, dtype=dtype), rand(b, h, s, d, dtype=dtype))}
+            for tname, (c, sn) in tables.items():
+                check_deinterleaved(x, c, sn, f"{dtype} d={d} x {lname}, cos {tname}")
+
+
+def test_deinterleaved_rotary_special_values_and_one_kernel():
+    vals = [0.0, float("inf"), float("nan"), -3.0e38, 1.0, -1e-39, 3e-5, 0.5, 2.0, -1.5, 0.25, -0.0, float("-inf"),
+            7.0, -2e-39, 1e-4]
+    x = torch.tensor(vals, device="cuda").repeat(8, 1)
+    x = torch.cat([x, x.roll(3, dims=1)], 0).view(2, 2, 4, 16)
+    for dtype in DTYPES:
+        cos, sin = rope_tables(2, 4, 16, dtype)
+        check_deinterleaved(x.to(dtype), cos[..., :8], sin[..., :8], f"{dtype} special values")
+        check_deinterleaved(x.to(dtype), cos, sin, f"{dtype} special values, whole tables")
+    q = rand(2, 64, 4 * 96, dtype=torch.bfloat16).view(2, 64, 4, 96).transpose(1, 2)[..., 32:]
+    cos, sin = rope_tables(2, 64, 64, torch.bfloat16)
+    for c, sn in ((cos[..., :32], sin[..., :32]), (cos, sin)):
+        names = kernels_run(lambda: lib.op("deinterleaved_rotary_embedding")(q, c, sn))
+        assert runs_only(names, "deinterleaved_rotary_strided"), names  # one kernel: no copy of q first
+    empty = q[:, :, :0]
+    assert lib.op("deinterleaved_rotary_embedding")(empty, cos[:, :, :0, :32], sin[:, :, :0, :32]).shape == empty.shape
     torch.cuda.synchronize()
 
 

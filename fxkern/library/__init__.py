@@ -23,7 +23,9 @@ pattern functions (each pattern is also its op's CPU reference):
   reading queries and keys where the projection left them; and grouped-query attention's
   ``repeat_kv`` of the values, and of the keys with their rotation (one pass);
 * :mod:`~fxkern.library.interleaved_rotary` — the interleaved rotary embedding, columns ``2i`` and ``2i + 1``
-  a pair (GPT-J, CodeGen, GLM, GLM-4, Cohere 1 and 2), whole or partial.
+  a pair (GPT-J, CodeGen, GLM, GLM-4, Cohere 1 and 2), whole or partial;
+* :mod:`~fxkern.library.deinterleaved_rotary` — DeepSeek-V3's rotation of pairs ``(2j, 2j + 1)`` into halves
+  ``(j, D/2 + j)`` (Kimi K2, GLM-4 MoE Lite, LongCat Flash, Mistral 4), in transformers' old and new forms.
 
 Importing this package registers nothing. :func:`rules` registers every op (``fxkern_lib::*``,
 compiled by NVRTC: no GPU needed, cached on disk) and traces every pattern, once per process.
@@ -34,7 +36,9 @@ from __future__ import annotations
 import threading
 
 from fxkern import compiler
-from fxkern.library import gelu, interleaved_rotary, layernorm, norm_rotary, rmsnorm, rotary, softmax, swiglu
+from fxkern.library import (deinterleaved_rotary, gelu, interleaved_rotary, layernorm, norm_rotary, rmsnorm, rotary,
+                            softmax, swiglu)
+from fxkern.library.deinterleaved_rotary import DEINTERLEAVED_ROTARY, deinterleaved_rotary_embedding
 from fxkern.library.gelu import (
     BIAS_GELU,
     BIAS_GELU_NEW,
@@ -135,8 +139,8 @@ NAME = "fxkern.library"
 # Registration order is rule priority (an overlap goes to the rule added first): GELU's residual
 # forms before the add + RMSNorm forms, since `gelu(...) + x` followed by a norm moves fewer bytes
 # as a GELU+residual kernel and a plain norm (5 passes) than as a GELU and an add+norm (6); a head's
-# norm and rotation before either alone.
-_MODULES = (gelu, norm_rotary, rmsnorm, layernorm, swiglu, softmax, rotary, interleaved_rotary)
+# norm and rotation before either alone; DeepSeek-V3's copied form before the rotation it holds.
+_MODULES = (gelu, norm_rotary, rmsnorm, layernorm, swiglu, softmax, deinterleaved_rotary, rotary, interleaved_rotary)
 _lock = threading.Lock()
 _rules = None
 
@@ -177,6 +181,7 @@ __all__ = [
     "BIAS_GELU_RESIDUAL",
     "BIAS_GELU_TANH",
     "BIAS_GELU_TANH_RESIDUAL",
+    "DEINTERLEAVED_ROTARY",
     "DIVIDED_MASKED_SOFTMAX",
     "GEGLU_CHUNKED_GATE_FIRST",
     "GELU_NEW",
@@ -217,6 +222,8 @@ __all__ = [
     "bias_gelu_residual",
     "bias_gelu_tanh",
     "bias_gelu_tanh_residual",
+    "deinterleaved_rotary",
+    "deinterleaved_rotary_embedding",
     "divided_masked_softmax",
     "divided_masked_softmax_float32",
     "geglu_chunked_gate_first",

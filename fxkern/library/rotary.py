@@ -656,11 +656,12 @@ _strided_reference = strided_reference(lambda x, cos, sin: rotary_embedding(x, c
 
 def _check(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, half: int,
            op: str = f"{NAMESPACE}::rotary_embedding", rotary_dim: int | None = None, x_name: str = "x",
-           float32_tables: bool = False) -> None:
+           float32_tables: bool = False, half_tables: bool = False) -> None:
     """What the kernels read: 4-d x (B, H, S, D), cos and sin (cB, cH, cS, R) of x's dtype (with
     ``float32_tables``, float32 beside 16-bit x), each of cB, cH, cS 1 or x's size, R = 2 * half the
-    columns rotated: x's last axis, or ``rotary_dim`` (at most it). ``x_name``: what the errors call x
-    (an op that rotates a view of its input names the view)."""
+    columns rotated: x's last axis, or ``rotary_dim`` (at most it); with ``half_tables``, R = half
+    (one angle for both halves: DeepSeek-V3's). ``x_name``: what the errors call x (an op that
+    rotates a view of its input names the view)."""
     if x.dim() != 4:
         raise KernelInputError(f"{op}: x {tuple(x.shape)} must be 4-d (batch, heads, positions, head_dim), as "
                                f"attention writes queries and keys; view (batch * heads, ...) ones back to 4-d")
@@ -694,6 +695,9 @@ def _check(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, half: int,
                                f"pass half = x.shape[-1] // 2 with an even head_dim")
     if not isinstance(d, int):  # symbolic (export, dynamic shapes): a runtime assertion instead
         torch._check(2 * half == d, lambda: f"{op}: 2 * half must be x's last axis")
+    if half_tables:
+        check_broadcast_4d(op, "cos (and sin)", cos, f"{x_name}'s first half", x[..., :half])
+        return
     check_broadcast_4d(op, "cos (and sin)", cos, x_name, x)
 
 
