@@ -375,9 +375,17 @@ class Matcher:
         """The graph's nodes that ``policy`` lets a match pass through."""
         found = self._noise.get(policy)
         if found is None:
-            found = {n for kind in sorted(policy) for t in NOISE_OPS[kind]
-                     for n in self.by_target.get(t, ()) if value_preserving(n)}
-            self._noise[policy] = found
+            found = self._noise[policy] = set().union(*(self._noise_of(kind) for kind in sorted(policy)))
+        return found
+
+    def _noise_of(self, kind: str) -> Set[fx.Node]:
+        """The graph's value-preserving calls of one kind of noise (views, clones, casts), found once:
+        the rules' policies are a few unions of them."""
+        key = frozenset((kind,))
+        found = self._noise.get(key)
+        if found is None:
+            found = self._noise[key] = {n for t in NOISE_OPS[kind] for n in self.by_target.get(t, ())
+                                        if value_preserving(n)}
         return found
 
     def _skip(self, node: fx.Node, noise: Set[fx.Node]) -> Tuple[fx.Node, List[fx.Node]]:
@@ -447,7 +455,7 @@ class Matcher:
         return found
 
     def sites(self, pattern: CompiledPattern) -> List[fx.Node]:
-        """Every node with the anchor's op (what the report counts as candidate sites)."""
+        """Every node with the anchor's op (what the report counts as candidate sites), in graph order."""
         return self.by_target.get(pattern.anchor.target, [])
 
     def matches_at(self, pattern: CompiledPattern, anchor: fx.Node, limit: int = 4):
@@ -533,16 +541,15 @@ class Matcher:
         gargs = g.args
         if g.kwargs or len(gargs) != pnode.arity:
             gargs = arguments(g, self.args_cache)
-        orders = [gargs]
-        if pnode.commutative and len(gargs) >= 2:
-            swapped = (gargs[1], gargs[0]) + tuple(gargs[2:])
-            k = st.choices
-            st.choices += 1
-            orders = [swapped, gargs] if k < len(st.prefs) and st.prefs[k] else [gargs, swapped]
-        if len(orders) == 1:  # a failure here is undone by the caller's snapshot (or the match is dropped)
+        # one operand order: a failure here is undone by the caller's snapshot (or the match is dropped)
+        if not pnode.commutative or len(gargs) < 2:
             st.p2g[pi] = g
             st.used.add(g)
             return self._args(pat, pnode.args, gargs, st, g)
+        swapped = (gargs[1], gargs[0]) + tuple(gargs[2:])
+        k = st.choices
+        st.choices += 1
+        orders = [swapped, gargs] if k < len(st.prefs) and st.prefs[k] else [gargs, swapped]
         first_fail = None
         for i, gargs_order in enumerate(orders):
             snap = st.snapshot()
@@ -559,8 +566,12 @@ class Matcher:
         return False
 
     def _args(self, pat: CompiledPattern, pargs: tuple, gargs: tuple, st: _State, where: fx.Node) -> bool:
+        noise = st.noise
         for pa, ga in zip(pargs, gargs):
-            if not self._arg(pat, pa, ga, st, where):
+            if type(pa) is Ref and type(ga) is fx.Node and ga not in noise:  # most arguments: an op's result
+                if not self._node(pat, pa.index, ga, st):
+                    return False
+            elif not self._arg(pat, pa, ga, st, where):
                 return False
         return True
 

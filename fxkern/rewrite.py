@@ -236,7 +236,13 @@ class _Facts:
         if found is None:
             found = self._dtypes_at[target] = []
             upcasts, downcasts = self.upcasts(), self.downcasts()
-            for n in self._by_target.get(target, ()):
+            nodes = self._by_target.get(target, ())
+            if not upcasts and not downcasts:  # the dtypes alone, in order of first use
+                vals = (n.meta.get("val") for n in nodes)
+                found.extend(d for d in dict.fromkeys(v.dtype if isinstance(v, torch.Tensor) else torch.float32
+                                                      for v in vals) if d.is_floating_point)
+                return found
+            for n in nodes:
                 val = n.meta.get("val")
                 d = val.dtype if isinstance(val, torch.Tensor) else torch.float32
                 if d.is_floating_point and d not in found:
@@ -806,9 +812,9 @@ def _rule_candidates(rule: Rule, irs: Sequence[str], matcher: Matcher, facts: _F
             key = tuple((n.target, repr(n.args)) for n in cp.nodes)
             variants.setdefault(key, (set(), cp))[0].add(dtype)
     anchors = {}
-    sites = set()
+    site_lists = {}  # each variant's anchor op's calls, in graph order: most variants share one list
     for dtypes, cp in variants.values():
-        sites.update(matcher.sites(cp))
+        site_lists.setdefault(id(matcher.sites(cp)), matcher.sites(cp))
         for a in matcher.candidates(cp):
             anchors.setdefault(a, []).append((dtypes, cp))
     safe: List[_Candidate] = []
@@ -853,16 +859,19 @@ def _rule_candidates(rule: Rule, irs: Sequence[str], matcher: Matcher, facts: _F
             misses.append(NearMiss(rule.name, [n.name for n in best.nodes], best.reason))
         elif best is not None and (closest is None or best.depth > closest.depth):
             closest = best
-    if closest is None and not safe and not misses and sites:  # no walk: the cheap test ruled every site out
+    lists = [found for found in site_lists.values() if found]
+    n_sites = len(lists[0]) if len(lists) == 1 else len(set().union(*lists))
+    if closest is None and not safe and not misses and lists:  # no walk: the cheap test ruled every site out
+        first = min((found[0] for found in lists), key=pos.__getitem__)
         for _, cp in variants.values():
-            for m, fail in matcher.matches_at(cp, min(sites, key=pos.__getitem__)):
+            for m, fail in matcher.matches_at(cp, first):
                 if m is None and (closest is None or fail.depth > closest.depth):
                     closest = fail
     if safe and misses:  # a rule's other dtype's trace inside its own match (OLMo's rotation without its cast back)
         covered = {n.name for c in safe for n in c.match.nodes}
         misses = [m for m in misses if not covered.issuperset(m.nodes)]
     near = None if closest is None else NearMiss(rule.name, [n.name for n in closest.nodes], closest.reason)
-    return len(sites), safe, misses, near
+    return n_sites, safe, misses, near
 
 
 def _analyse(gm: fx.GraphModule, rules: Union[RuleSet, Sequence[Rule], None], irs: Sequence[str],
