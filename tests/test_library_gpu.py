@@ -921,14 +921,18 @@ def test_rotary_embedding_on_every_layout_and_head_size(dtype):
                 check_rope(x, c, sn, f"{dtype} d={d} x {lname}, cos {tname}")
 
 
+def special_rows():
+    """(2, 2, 4, 16) float32 rows of infinities, NaN, near-overflow, -0 and subnormals of each dtype
+    (1e-39: float32 and bfloat16; 3e-5: float16), each row's two halves different, so each special
+    value meets ordinary ones (rolled by 3 in the second half of the rows)."""
+    vals = [0.0, float("inf"), float("nan"), -3.0e38, 1.0, -1e-39, 3e-5, 0.5, 2.0, -1.5, 0.25, -0.0, float("-inf"),
+            7.0, -2e-39, 1e-4]
+    x = torch.tensor(vals, device="cuda").repeat(8, 1)
+    return torch.cat([x, x.roll(3, dims=1)], 0).view(2, 2, 4, 16)
+
+
 def test_rotary_embedding_special_values_and_one_position():
-    # infinities, NaN, near-overflow, -0, and subnormals of each dtype (1e-39: float32 and bfloat16;
-    # 3e-5: float16), each row's two halves different, so each special value meets ordinary ones
-    vals = [0.0, float("inf"), float("nan"), -3.0e38, 1.0, -1e-39, 3e-5, 0.5]
-    first = torch.tensor(vals, device="cuda")
-    second = torch.tensor([2.0, -1.5, 0.25, -0.0, float("-inf"), 7.0, -2e-39, 1e-4], device="cuda")
-    x = torch.cat([first, second]).repeat(8, 1)
-    x = torch.cat([x, x.roll(3, dims=1)], 0).view(2, 2, 4, 16)
+    x = special_rows()
     cos, sin = rope_tables(2, 4, 16, torch.float32)
     check_rope(x, cos, sin, "inf, nan, near-overflow")
     for dtype in (torch.float16, torch.bfloat16):
@@ -978,10 +982,7 @@ def test_rotary_with_float32_tables_on_every_layout_and_head_size(dtype):
 
 
 def test_rotary_with_float32_tables_special_values_one_kernel_and_checks():
-    vals = [0.0, float("inf"), float("nan"), -3.0e38, 1.0, -1e-39, 3e-5, 0.5, 2.0, -1.5, 0.25, -0.0, float("-inf"),
-            7.0, -2e-39, 1e-4]
-    x = torch.tensor(vals, device="cuda").repeat(8, 1)
-    x = torch.cat([x, x.roll(3, dims=1)], 0).view(2, 2, 4, 16)
+    x = special_rows()
     cos, sin = rope_tables(2, 4, 16, torch.float32)
     big = torch.full_like(cos, 3.0e38)  # float32 products past the 16-bit range: eager's inf after the cast
     for dtype in (torch.float16, torch.bfloat16):
@@ -1143,10 +1144,7 @@ def test_interleaved_rotary_on_every_layout_and_head_size(dtype):
 
 
 def test_interleaved_rotary_special_values_and_one_kernel():
-    vals = [0.0, float("inf"), float("nan"), -3.0e38, 1.0, -1e-39, 3e-5, 0.5, 2.0, -1.5, 0.25, -0.0, float("-inf"),
-            7.0, -2e-39, 1e-4]
-    x = torch.tensor(vals, device="cuda").repeat(8, 1)
-    x = torch.cat([x, x.roll(3, dims=1)], 0).view(2, 2, 4, 16)
+    x = special_rows()
     for dtype in DTYPES:
         cos, sin = interleaved_tables(2, 4, 16, dtype)
         check_interleaved("interleaved_rotary_embedding", x.to(dtype), cos, sin, where=f"{dtype} special values")
@@ -1205,10 +1203,7 @@ def test_deinterleaved_rotary_on_every_layout_and_head_size(dtype):
 
 
 def test_deinterleaved_rotary_special_values_and_one_kernel():
-    vals = [0.0, float("inf"), float("nan"), -3.0e38, 1.0, -1e-39, 3e-5, 0.5, 2.0, -1.5, 0.25, -0.0, float("-inf"),
-            7.0, -2e-39, 1e-4]
-    x = torch.tensor(vals, device="cuda").repeat(8, 1)
-    x = torch.cat([x, x.roll(3, dims=1)], 0).view(2, 2, 4, 16)
+    x = special_rows()
     for dtype in DTYPES:
         cos, sin = rope_tables(2, 4, 16, dtype)
         check_deinterleaved(x.to(dtype), cos[..., :8], sin[..., :8], f"{dtype} special values")
