@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Dict, FrozenSet, Iterable, List, Optional, Sequence, Set, Tuple
 
@@ -367,7 +368,7 @@ class Matcher:
         self.by_target, self.twins = index_graph(graph) if index is None else index
         self._noise: Dict[FrozenSet[str], Set[fx.Node]] = {}
         self._candidates: Dict[int, Tuple[CompiledPattern, List[fx.Node]]] = {}
-        self._signatures: Dict[Tuple[Any, FrozenSet[str]], List[Tuple[tuple, List[fx.Node]]]] = {}  # _by_signature
+        self._signatures: Dict[Tuple[Any, FrozenSet[str]], List[Tuple[tuple, List[fx.Node]]]] = {}
         self._filtered: Dict[Any, List[fx.Node]] = {}
         self._read_cache: Dict[FrozenSet[str], Dict[fx.Node, List[Tuple[fx.Node, Any]]]] = {}
 
@@ -657,18 +658,12 @@ class Matcher:
         return False
 
 
-def _signature(key: Tuple[Tuple[Any, ...], Tuple[Any, ...]]) -> Tuple[Dict[Any, int], Dict[Any, int]]:
+def _signature(key: Tuple[Tuple[Any, ...], Tuple[Any, ...]]) -> Tuple[Counter, Counter]:
     """({op: count} of the calls a node reads, {op: count} of the calls those read), past noise,
     lists of arguments (``cat``'s) included, from the ops in the order read: a match's pattern ops
     one and two steps from its anchor are among them (each graph argument slot holds at most one
     pattern argument), so a node that lacks them needs no walk."""
-    first: Dict[Any, int] = {}
-    second: Dict[Any, int] = {}
-    for t in key[0]:
-        first[t] = first.get(t, 0) + 1
-    for t in key[1]:
-        second[t] = second.get(t, 0) + 1
-    return first, second
+    return Counter(key[0]), Counter(key[1])
 
 
 def _ops_read(pnodes: Iterable[PNode]) -> Dict[Any, int]:

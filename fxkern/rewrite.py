@@ -236,15 +236,13 @@ class _Facts:
         if found is None:
             found = self._dtypes_at[target] = []
             upcasts, downcasts = self.upcasts(), self.downcasts()
-            nodes = self._by_target.get(target, ())
-            if not upcasts and not downcasts:  # the dtypes alone, in order of first use
-                vals = (n.meta.get("val") for n in nodes)
-                found.extend(d for d in dict.fromkeys(v.dtype if isinstance(v, torch.Tensor) else torch.float32
-                                                      for v in vals) if d.is_floating_point)
-                return found
-            for n in nodes:
+            seen = set()  # a dtype met again adds nothing, but at a float32 node the casts near it may
+            for n in self._by_target.get(target, ()):
                 val = n.meta.get("val")
                 d = val.dtype if isinstance(val, torch.Tensor) else torch.float32
+                if d in seen and not (d == torch.float32 and (upcasts or downcasts)):
+                    continue
+                seen.add(d)
                 if d.is_floating_point and d not in found:
                     found.append(d)
                 if upcasts and d == torch.float32:  # also the dtype upcast on the way in

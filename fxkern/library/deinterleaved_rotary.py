@@ -35,7 +35,7 @@ from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 from fxkern.errors import KernelInputError
 from fxkern.library import rotary
-from fxkern.library._rules import COMPILE_FREE_IRS, DTYPES, NAMESPACE, add_rule, broadcasts_4d
+from fxkern.library._rules import COMPILE_FREE_IRS, DTYPES, NAMESPACE, add_rule
 from fxkern.ops import Signatures, cuda_kernel_op, tensor_signature
 from fxkern.spec import Custom, DimSize, InputDecl, KernelSpec, Numel, OutputDecl, SameAs, ScalarInput
 
@@ -270,15 +270,11 @@ def _fakes(match):
 
 
 def sliced_operands(match) -> bool:
-    """A filter for the new form: 4-d x of a library dtype with an even last axis D, cos and sin of its
-    dtype and one shape, half the head wide, broadcasting onto x's first half."""
+    """A filter for the new form: x, cos and sin are what the kernel reads (rotary.rotates, tables half
+    the head wide, broadcasting onto x's first half), x's last axis even."""
     x, cos, sin = _fakes(match)
-    if not (isinstance(x, torch.Tensor) and x.dim() == 4 and x.dtype in DTYPES and isinstance(x.shape[3], int)
-            and x.shape[3] % 2 == 0):
-        return False
-    return (all(isinstance(t, torch.Tensor) and t.dim() == 4 and t.dtype == x.dtype for t in (cos, sin))
-            and all(statically_known_true(a == b) for a, b in zip(cos.shape, sin.shape))
-            and broadcasts_4d(cos, x[..., : x.shape[3] // 2]))
+    d = x.shape[3] if isinstance(x, torch.Tensor) and x.dim() == 4 else None
+    return isinstance(d, int) and d % 2 == 0 and rotary.rotates(x, cos, sin, d // 2, half_tables=True)
 
 
 def copied_operands(match) -> bool:

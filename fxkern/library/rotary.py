@@ -907,11 +907,11 @@ def _eager(op: str, strided, check, rotated: bool):
 # ---- the rules ------------------------------------------------------------------------------------
 
 
-def rotates(x, cos, sin, half, rotary_dim=None, tables=None) -> bool:
+def rotates(x, cos, sin, half, rotary_dim=None, tables=None, half_tables=False) -> bool:
     """Whether fake values x, cos and sin and a captured half (and rotary_dim) are what the rotary
     kernels read: 4-d tensors of one library dtype (``tables``: the tables' own), cos and sin of one
-    shape that broadcasts onto x (its first rotary_dim columns, where given) as the kernel reads it,
-    half half the columns rotated."""
+    shape that broadcasts onto x (its first rotary_dim columns, where given; with ``half_tables``, its
+    first half: DeepSeek-V3's) as the kernel reads it, half half the columns rotated."""
     if not all(isinstance(v, torch.Tensor) and v.dim() == 4 for v in (x, cos, sin)) or not isinstance(half, int):
         return False
     if x.dtype not in DTYPES or cos.dtype != (tables or x.dtype) or sin.dtype != cos.dtype:
@@ -919,7 +919,7 @@ def rotates(x, cos, sin, half, rotary_dim=None, tables=None) -> bool:
     if not all(statically_known_true(a == b) for a, b in zip(cos.shape, sin.shape)):
         return False
     if rotary_dim is None:
-        return statically_known_true(x.shape[3] == 2 * half) and broadcasts_4d(cos, x)
+        return statically_known_true(x.shape[3] == 2 * half) and broadcasts_4d(cos, x[..., :half] if half_tables else x)
     return (isinstance(rotary_dim, int) and rotary_dim == 2 * half and statically_known_true(rotary_dim <= x.shape[3])
             and broadcasts_4d(cos, x[..., :rotary_dim]))
 
