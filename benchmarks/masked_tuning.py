@@ -563,13 +563,11 @@ VARIANTS: dict[str, dict] = {
 
 
 def _load_evict_source() -> str:
-    """rmsnorm's load_evict and l2_policy helpers, as its SOURCE defines them."""
-    from fxkern.library import rmsnorm
+    """The library's load_evict and l2_policy helpers (the two-read row kernels'), inserted inside
+    softmax's namespace fxk."""
+    from fxkern.library.cuda_common import EVICT_LOADS
 
-    src = rmsnorm.SOURCE
-    start = src.index("template <typename T, int V, bool KEEP>\n__device__ __forceinline__ Pack<T, V> load_evict")
-    end = src.index("    return policy;\n}\n", start) + len("    return policy;\n}\n")
-    return src[start:end]  # inserted inside softmax's namespace fxk
+    return EVICT_LOADS
 
 
 def variant_kernel_op(name: str, spec, base):

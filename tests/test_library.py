@@ -386,6 +386,13 @@ def test_long_rows_take_the_two_read_kernel():
     strided = torch.randn(3 * 4096 + 1)[1:].view(4096, 3).t()  # copied to a fresh buffer before launch
     assert strided.data_ptr() % 16 and tuning(strided, w) is f32
     assert tuning(torch.tensor(1.0), torch.randn(1)) is None
+    # Cohere's plain LayerNorm has a table of its own: a step covering the row (threads x packs x 16 B)
+    cohere = lib.rmsnorm.by_element_size(lib.layernorm.COHERE_TWO_READ)
+    for d, dtype in ((4096, torch.float32), (8192, torch.float32), (8192, torch.bfloat16), (16384, torch.float16)):
+        t = tuning(torch.randn(2, d, dtype=dtype), torch.randn(d, dtype=dtype), cohere)
+        assert t in lib.layernorm.COHERE_TWO_READ and t.threads * t.packs * 16 == d * t.element_size, (d, dtype)
+    assert tuning(torch.randn(2, 4096, dtype=torch.bfloat16), torch.randn(4096, dtype=torch.bfloat16), cohere) is None
+    assert tuning(torch.randn(2, 16384), torch.randn(16384), cohere).name == "32bit_8k"  # longer rows: two steps
 
 
 def test_softmax_picks_its_grid_by_row_length_dtype_and_alignment(rules):

@@ -44,9 +44,9 @@ def rand(*shape, dtype, scale=1.0):
     return (torch.randn(*shape, device="cuda", dtype=torch.float32) * scale).to(dtype)
 
 
-def row_case(x_scale=1.0):
+def row_case(x_scale=1.0, offset=0.0):
     def make(rows, d, dtype):
-        return (rand(rows, d, dtype=dtype, scale=x_scale), rand(d, dtype=dtype), 1e-6)
+        return (rand(rows, d, dtype=dtype, scale=x_scale) + offset, rand(d, dtype=dtype), 1e-6)
     return make
 
 
@@ -95,7 +95,8 @@ CASES = {
         rand(d, dtype=dtype), d, 1e-5)),
     # Cohere's LayerNorm written out in float32: the bias-free kernel's arithmetic, with and without the add
     "add_cohere_layer_norm": (layernorm.add_cohere_layer_norm, add_row_case(row_case(2.0))),
-    "cohere_layer_norm": (layernorm.cohere_layer_norm, row_case(2.0)),
+    # rows off zero (mean 3) test the centred variance: the plain norm has no add to round, so in every dtype
+    "cohere_layer_norm": (layernorm.cohere_layer_norm, row_case(2.0, offset=3.0)),
     "softmax": (softmax.softmax, lambda rows, d, dtype: (rand(rows, d, dtype=dtype, scale=4.0),)),
     "bias_gelu": (gelu.bias_gelu, ew_case(1, True)),
     "bias_gelu_residual": (gelu.bias_gelu_residual, ew_case(2, True)),
@@ -202,23 +203,29 @@ def kernels_run(fn) -> list[str]:
     return [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
 
 
-@pytest.mark.parametrize("name", ["rms_norm", "gemma_rms_norm", "torch_rms_norm"])
-def test_rmsnorm_runs_the_two_read_kernel_on_long_rows(name):
+@pytest.mark.parametrize("name", ["rms_norm", "gemma_rms_norm", "torch_rms_norm", "cohere_layer_norm"])
+def test_plain_norms_run_the_two_read_kernel_on_long_rows(name):
     pattern, make = CASES[name]
     torch.manual_seed(2)
-    kernel = "gemma_rms_norm" if name.startswith("gemma") else "rms_norm"
+    kernel = {"gemma_rms_norm": "gemma_rms_norm", "cohere_layer_norm": "cohere_layer_norm"}.get(name, "rms_norm")
+    by_size = rmsnorm.by_element_size(TWO_READ_TABLES[name])
     for rows, d, dtype, two_read in ((64, 8192, torch.float32, True), (64, 4096, torch.float32, True),
-                                     (64, 2048, torch.float32, False),
+                                     (64, 2048, torch.float32, False), (16, 16384, torch.float32, True),
                                      (64, 8192, torch.bfloat16, True), (64, 4096, torch.bfloat16, False),
-                                     (64, 8192, torch.float16, True)):
+                                     (64, 8192, torch.float16, True), (16, 16384, torch.bfloat16, True)):
         args = make(rows, d, dtype)
-        assert (rmsnorm.two_read_tuning(args[0], args[1]) is not None) == two_read
+        assert (rmsnorm.two_read_tuning(args[0], args[1], by_size) is not None) == two_read
         names = kernels_run(lambda: lib.op(name)(*args))
         assert [n for n in names if kernel in n] and all(("two_read" in n) == two_read for n in names), names
         check(name, pattern, args, dtype)
 
 
 PLAIN_NORMS = (("rms_norm", rmsnorm.llama_rmsnorm), ("gemma_rms_norm", rmsnorm.gemma_rmsnorm))
+# The ops that pick the two-read kernel for long rows, each with its register-resident kernel
+TWO_READ_NORMS = PLAIN_NORMS + (("cohere_layer_norm", layernorm.cohere_layer_norm),)
+# Each op's two-read tunings
+TWO_READ_TABLES = {"rms_norm": rmsnorm.TWO_READ, "gemma_rms_norm": rmsnorm.TWO_READ, "torch_rms_norm": rmsnorm.TWO_READ,
+                   "cohere_layer_norm": layernorm.COHERE_TWO_READ}
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).removeprefix("torch."))
@@ -226,10 +233,10 @@ def test_register_resident_kernel_on_every_row_length(dtype):
     # The plain norms send long rows to the two-read kernel; their register-resident kernel (what
     # TensorRT plugins carry) must still be right on all of them, its long-row branch included.
     torch.manual_seed(4)
-    for name, pattern in PLAIN_NORMS:
+    for name, pattern in TWO_READ_NORMS:
         op = getattr(torch.ops.fxkern_lib, f"_{name}_rows")
         for d in ROW_LENGTHS:
-            check(f"_{name}_rows", pattern, row_case()(ROWS, d, dtype), dtype, op=op)
+            check(f"_{name}_rows", pattern, CASES[name][1](ROWS, d, dtype), dtype, op=op)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).removeprefix("torch."))
@@ -286,15 +293,17 @@ def test_softmax_on_every_grid_for_every_row_length(dtype):
 def test_two_read_kernel_alone_is_right_for_calls_the_op_never_sends_it(dtype):
     # The private ops are callable like any op, and each tuning is right in every dtype: short and odd
     # rows, shifted pointers and a weight that is not one row take the kernel's scalar path.
+    # (Cohere's op checks its weight is one row, so it takes no other.)
     torch.manual_seed(3)
-    for kernel, pattern in PLAIN_NORMS:
-        for tuning in rmsnorm.TWO_READ:
+    for kernel, pattern in TWO_READ_NORMS:
+        for tuning in TWO_READ_TABLES[kernel]:
             name = f"_{kernel}_two_read_{tuning.name}"
             op = getattr(torch.ops.fxkern_lib, name)
             for rows, d in ((5, 1), (5, 100), (3, 4097), (4, 8192), (2, 20011)):
-                x, w = rand(rows, d, dtype=dtype), rand(d, dtype=dtype)
+                x, w, eps = CASES[kernel][1](rows, d, dtype)
                 shifted = torch.cat([x.new_zeros(1), x.flatten()])[1:].view(x.shape)
-                for args in ((x, w, 1e-6), (shifted, w, 1e-6), (x, rand(rows, d, dtype=dtype), 1e-6)):
+                weights = (w,) if kernel == "cohere_layer_norm" else (w, rand(rows, d, dtype=dtype))
+                for args in [(x, w, eps), (shifted, w, eps)] + [(x, v, eps) for v in weights[1:]]:
                     check(name, pattern, args, dtype, op=op)
 
 
@@ -304,15 +313,16 @@ def test_two_read_blocks_striding_over_rows(dtype):
     # rows and alternating its two reduction slots: 1, 3 and 7 blocks over 10 rows.
     torch.manual_seed(5)
     size = torch.empty((), dtype=dtype).element_size()
-    for tuning in (t for t in rmsnorm.TWO_READ if t.element_size == size):
-        for blocks in (1, 3, 7):
+    for name, base in (("rms_norm", rmsnorm.RMS_NORM), ("cohere_layer_norm", layernorm.COHERE_LAYER_NORM)):
+        for tuning, blocks in itertools.product((t for t in TWO_READ_TABLES[name] if t.element_size == size), (1, 3, 7)):
             spec = dataclasses.replace(
-                rmsnorm.RMS_NORM, kernel_name="rms_norm_two_read", kernel_source=tuning.macros() + rmsnorm.SOURCE,
+                base, kernel_name=f"{base.kernel_name}_two_read", kernel_source=tuning.macros() + base.kernel_source,
                 geometry=fxkern.Custom(lambda inputs, outputs, b=blocks, t=tuning: ((b,), (t.threads,))))
-            op = fxkern.cuda_kernel_op(f"fxkern_test::two_read_{tuning.name}_{str(dtype)[6:]}_{blocks}_blocks", spec)
-            for d in (6144, 8192, 12288, 100):  # the vector path (rows ending mid-step too) and the scalar path
-                check(f"two-read kernel {tuning.name}, {blocks} blocks", rmsnorm.llama_rmsnorm,
-                      row_case()(10, d, dtype), dtype, op=op)
+            op = fxkern.cuda_kernel_op(f"fxkern_test::{name}_two_read_{tuning.name}_{str(dtype)[6:]}_{blocks}_blocks",
+                                       spec)
+            pattern, make = CASES[name]
+            for d in (6144, 8192, 12288, 24576, 100):  # the vector path (rows ending mid-step too), the scalar path
+                check(f"{name} two-read kernel {tuning.name}, {blocks} blocks", pattern, make(10, d, dtype), dtype, op=op)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).removeprefix("torch."))

@@ -239,6 +239,43 @@ EW_BLOCK = 128
 ELEMS_PER_THREAD = 8
 
 
+# Loads with cache eviction priorities, for kernels that read their input twice (the two-read row
+# kernels: rmsnorm's plain norms, layernorm's Cohere norm); code for inside ``namespace fxk``.
+EVICT_LOADS = r"""// A 16-byte load of data the kernel never writes, with cache eviction priorities: KEEP asks L1 and L2
+// to keep the line (the first read of a row, the weight), else to drop it first (the second read).
+// What Triton emits for inductor's eviction_policy; sm_80 and newer, a plain load before.
+template <typename T, int V, bool KEEP>
+__device__ __forceinline__ Pack<T, V> load_evict(const T* p, unsigned long long policy) {
+#if __CUDA_ARCH__ >= 800 && FXK_EVICT_HINTS
+    if constexpr (V * sizeof(T) == 16) {
+        Pack<T, V> out;
+        unsigned* r = reinterpret_cast<unsigned*>(out.v);
+        if (KEEP)
+            asm("ld.global.L1::evict_last.L2::cache_hint.v4.b32 {%0,%1,%2,%3}, [%4], %5;"
+                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "l"(p), "l"(policy));
+        else
+            asm("ld.global.L1::evict_first.L2::cache_hint.v4.b32 {%0,%1,%2,%3}, [%4], %5;"
+                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "l"(p), "l"(policy));
+        return out;
+    }
+#endif
+    return load<T, V>(p);
+}
+
+template <bool KEEP>
+__device__ __forceinline__ unsigned long long l2_policy() {
+    unsigned long long policy = 0;
+#if __CUDA_ARCH__ >= 800 && FXK_EVICT_HINTS
+    if (KEEP)
+        asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(policy));
+    else
+        asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
+#endif
+    return policy;
+}
+"""
+
+
 def row_tuning(blocks_f32: int, blocks_half: int, packs_f32: int = 8, packs_half: int = 8, scalars: int = 4) -> str:
     """A row kernel's tuning as overridable macros (``-DFXK_ROW_BLOCKS_F32=...`` wins): blocks
     resident per SM (its launch bounds) and 16-byte packs a thread holds, per element size, and the

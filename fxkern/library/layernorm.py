@@ -25,6 +25,13 @@ and the variance (two reductions over the registers: the centred sum of squares,
 kernel, the same code with the bias a template flag, adds none). Rows too long for registers are
 read back twice from ``h`` (mostly from L2).
 
+Cohere's plain norm, with one tensor to read, runs a two-read kernel on float32 rows of 4096+ and
+16-bit rows of 8192+ (``COHERE_TWO_READ``), as the plain RMSNorms do: one block a row reads it
+once for its moments (each thread's count, sum and centred squares, which the block sums exactly:
+the within-thread squares plus each thread's count times its mean's squared distance from the
+row's) and again, mostly from L1/L2, to write the output. There it runs at copy speed, level with
+inductor; register-resident, it kept too few bytes in flight (79% of copy in bfloat16).
+
 Matched in the export IR only: core ATen and the other IRs decompose ``aten.layer_norm`` into
 ``native_layer_norm`` and lose the ``[D]`` literal the pattern captures.
 """
@@ -37,7 +44,8 @@ from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 from fxkern.errors import KernelInputError
 from fxkern.library._rules import COMPILE_FREE_IRS, DTYPES, NAMESPACE, add_rule, row_geometry_8k, row_param
-from fxkern.library.cuda_common import COMMON, row_tuning
+from fxkern.library.rmsnorm import TWO_READ_DEFAULTS, TwoRead, pick_kernel, two_read_ops
+from fxkern.library.cuda_common import COMMON, EVICT_LOADS, row_tuning
 from fxkern.ops import cuda_kernel_op
 from fxkern.patterns import SENTINELS
 from fxkern.spec import Custom, DimSize, InputDecl, KernelSpec, Numel, OutputDecl, SameAs, ScalarInput
@@ -228,6 +236,124 @@ __global__ void __launch_bounds__(ROW_THREADS, sizeof(T) == 4 ? FXK_ROW_BLOCKS_F
 cohere_layer_norm(const T* x, const T* w, float eps, int D, int n, T* y) {
     fxk::add_layernorm<T, false, false>(x, nullptr, w, nullptr, eps, D, n, y, nullptr);
 }
+""" + TWO_READ_DEFAULTS + r"""
+// ---- two reads: Cohere's plain norm on long rows (the op picks this kernel per call, as the plain
+// RMSNorms pick theirs; its tunings are COHERE_TWO_READ) -------------------------------------------------
+// One block a row. A first read gathers each thread's count, sum, mean and centred sum of squares (a
+// step's packs summed, then squared about the step's mean, merged into the thread's running numbers);
+// the block sums those, and a second read (mostly from L1/L2) writes the output. Nothing of the row is
+// held through the block's reduction, so a thread needs few registers and an SM holds more of them,
+// as in rmsnorm's two-read kernel: with one tensor to read, the register-resident kernel kept too few
+// bytes in flight (79% of copy in bfloat16 at 16384x8192).
+namespace fxk {
+""" + EVICT_LOADS + r"""
+// Chan et al.'s merge of the moments (count nb, mean mb, centred sum of squares qb) into (n, mean, q):
+// exact in real numbers, and stable where E[x^2] - E[x]^2 cancels. A thread's steps, one at a time.
+__device__ __forceinline__ void merge_moments(float& n, float& mean, float& q, float nb, float mb, float qb) {
+    const float total = n + nb;
+    if (nb == 0.0f) return;
+    const float delta = mb - mean, share = nb / total;
+    mean = fmaf(delta, share, mean);
+    q += qb + delta * delta * n * share;
+    n = total;
+}
+
+// Rows of D elements, one block each (any grid: blocks stride over rows); V elements an access (16
+// bytes, or 1), U accesses a thread a step; w is (D,).
+template <typename T, int V, int U>
+__device__ __forceinline__ void layernorm_two_read_rows(const T* __restrict__ x, const T* __restrict__ w, float eps,
+                                                        int D, unsigned rows, T* __restrict__ y,
+                                                        float (*red)[3][FXK_TWO_READ_THREADS / 32]) {
+    constexpr unsigned STEP = FXK_TWO_READ_THREADS * V;
+    const unsigned len = (unsigned)D;  // unsigned columns: col + STEP * U cannot wrap below 2^32
+    const unsigned long long keep = l2_policy<true>(), drop = l2_policy<false>();
+    const float inv_d = __frcp_rn((float)D);
+#pragma unroll 1
+    for (unsigned row = blockIdx.x, p = 0; row < rows; row += gridDim.x, ++p) {
+        const size_t off = (size_t)row * D;
+        const T* xr = x + off;
+        float n = 0.0f, sum = 0.0f, mean = 0.0f, q = 0.0f;  // the thread's count, sum, mean, centred squares
+#pragma unroll 1
+        for (unsigned col = threadIdx.x * V; col < len; col += STEP * U) {
+            Pack<T, V> c[U];
+            float s = 0.0f, k = 0.0f;
+#pragma unroll
+            for (int u = 0; u < U; ++u)
+                if (col + u * STEP < len) c[u] = load_evict<T, V, true>(xr + col + u * STEP, keep);
+#pragma unroll
+            for (int u = 0; u < U; ++u)
+                if (col + u * STEP < len) {
+                    s = pack_sum(c[u], s);
+                    k += V;
+                }
+            const float m = s / k;  // k >= V: the step's first access is in the row
+            float d2 = 0.0f;
+#pragma unroll
+            for (int u = 0; u < U; ++u)
+                if (col + u * STEP < len) d2 = pack_centred_squares(c[u], m, d2);
+            sum += s;
+            merge_moments(n, mean, q, k, m, d2);
+        }
+        // The row's sum of squares about its mean is the threads' own (about their means) plus each
+        // thread's count times its mean's squared distance from the row's: two block sums, every term
+        // non-negative. (Merging the threads' moments pairwise put divisions and a serial chain of merges
+        // between the reads: 53% of copy in bfloat16.)
+        float (*slot)[FXK_TWO_READ_THREADS / 32] = red[p & 1];
+        const int warp = threadIdx.x >> 5;
+        sum = warp_sum(sum);
+        q = warp_sum(q);
+        if ((threadIdx.x & 31) == 0) {
+            slot[0][warp] = sum;
+            slot[1][warp] = q;
+        }
+        __syncthreads();  // red alternates between two slots, so two barriers a row suffice
+        sum = q = 0.0f;
+#pragma unroll
+        for (int k = 0; k < FXK_TWO_READ_THREADS / 32; ++k) {
+            sum += slot[0][k];
+            q += slot[1][k];
+        }
+        const float row_mean = sum * inv_d, away = mean - row_mean;
+        float between = warp_sum(n * away * away);
+        if ((threadIdx.x & 31) == 0) slot[2][warp] = between;
+        __syncthreads();
+        between = 0.0f;
+#pragma unroll
+        for (int k = 0; k < FXK_TWO_READ_THREADS / 32; ++k) between += slot[2][k];
+        const float rstd = rsqrtf((q + between) * inv_d + eps);
+        T* yr = y + off;
+#pragma unroll 1
+        for (unsigned col = threadIdx.x * V; col < len; col += STEP * U) {
+#pragma unroll
+            for (int u = 0; u < U; ++u) {
+                const unsigned at = col + u * STEP;
+                if (at < len)
+                    store<T, V>(yr + at, ln_pack(load_evict<T, V, false>(xr + at, drop),
+                                                 load_evict<T, V, true>(w + at, keep), row_mean, rstd));
+            }
+        }
+    }
+}
+
+template <typename T>
+__device__ __forceinline__ void layernorm_two_read(const T* x, const T* w, float eps, int D, int n, T* y) {
+    __shared__ float red[2][3][FXK_TWO_READ_THREADS / 32];
+    if (D <= 0) return;
+    const unsigned rows = (unsigned)n / (unsigned)D;
+    constexpr int V = 16 / sizeof(T);
+    if (D % V == 0 && aligned16(x) && aligned16(w) && aligned16(y))
+        layernorm_two_read_rows<T, V, FXK_TWO_READ_PACKS>(x, w, eps, D, rows, y, red);
+    else  // any other call is still right, only slower (the op sends only calls that fit the fast path)
+        layernorm_two_read_rows<T, 1, 1>(x, w, eps, D, rows, y, red);
+}
+
+}  // namespace fxk
+
+template <typename T>
+__global__ void __launch_bounds__(FXK_TWO_READ_THREADS, FXK_TWO_READ_BLOCKS)
+cohere_layer_norm_two_read(const T* x, const T* w, float eps, int D, int n, T* y) {
+    fxk::layernorm_two_read<T>(x, w, eps, D, n, y);
+}
 """
 
 def _spec(kernel: str, *inputs, outputs=("y", "h")) -> KernelSpec:
@@ -328,6 +454,16 @@ def _output_cohere(x, weight, eps):
     return x.new_empty(x.shape)
 
 
+# Cohere's plain norm on long rows: its two-read kernel, tuned so that a thread's step (threads x packs x
+# 16 bytes) covers the row, as inductor's kernel does. There the row's moments need no merging across
+# steps, and it was faster than the RMSNorms' tunings, which take 16-bit rows of 8192 in 512 threads
+# (3396 GB/s against 4160 at 16384x8192, benchmarks/cohere_tuning.py); float32 rows of 4096 too
+# (3988 GB/s at 8192x4096, the register-resident kernel 3918). Shorter rows keep that kernel.
+COHERE_TWO_READ = (TwoRead("32bit", 4, min_row=4096, threads=256, packs=4, blocks=6),
+                   TwoRead("32bit_8k", 4, min_row=8192, threads=512, packs=4, blocks=3),
+                   TwoRead("16bit", 2, min_row=8192, threads=256, packs=4, blocks=6),
+                   TwoRead("16bit_16k", 2, min_row=16384, threads=512, packs=4, blocks=3))
+
 _WEIGHT_ROW, _BIAS_ROW = row_param("x", "weight", same_shape="residual"), row_param("x", "bias")
 
 
@@ -358,7 +494,13 @@ def register(rules) -> None:
     op = cuda_kernel_op(f"{NAMESPACE}::add_cohere_layer_norm", ADD_COHERE_LAYER_NORM, reference=add_cohere_layer_norm,
                         meta_fn=_outputs_cohere)
     add_rule(rules, add_cohere_layer_norm, op, "add_cohere_layer_norm", filter=_WEIGHT_ROW, irs=COMPILE_FREE_IRS)
+    # The plain norm runs one of its kernels per call, as the plain RMSNorms do: rows of 16 KB and more
+    # are read twice (COHERE_TWO_READ). The public op's spec is the register-resident kernel's, which
+    # TensorRT plugins carry.
+    rows = f"{NAMESPACE}::_cohere_layer_norm_rows"
+    cuda_kernel_op(rows, COHERE_LAYER_NORM, reference=cohere_layer_norm, meta_fn=_output_cohere)
+    two_read = two_read_ops(COHERE_LAYER_NORM, cohere_layer_norm, meta_fn=_output_cohere, table=COHERE_TWO_READ)
     op = cuda_kernel_op(f"{NAMESPACE}::cohere_layer_norm", COHERE_LAYER_NORM, reference=cohere_layer_norm,
-                        meta_fn=_output_cohere)
+                        meta_fn=_output_cohere, eager_fn=pick_kernel(rows, two_read))
     add_rule(rules, cohere_layer_norm, op, "cohere_layer_norm", filter=row_param("hidden_states", "weight"),
              irs=COMPILE_FREE_IRS)

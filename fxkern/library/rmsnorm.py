@@ -67,7 +67,7 @@ from fxkern.library._rules import (
     row_param,
     rows_in_place,
 )
-from fxkern.library.cuda_common import COMMON, row_tuning
+from fxkern.library.cuda_common import COMMON, EVICT_LOADS, row_tuning
 from fxkern.ops import cuda_kernel_op, kernel_op
 from fxkern.patterns import SENTINELS
 from fxkern.spec import (
@@ -113,9 +113,16 @@ class TwoRead:
 TWO_READ = (TwoRead("32bit", 4, min_row=4096, threads=512, packs=2, blocks=4),
             TwoRead("32bit_8k", 4, min_row=8192, threads=512, packs=4, blocks=3),
             TwoRead("16bit", 2, min_row=8192, threads=512, packs=2, blocks=4))
-# Per element size, the longest rows' tuning first: two_read_tuning runs on every call.
-_TWO_READ_BY_SIZE = {size: sorted((t for t in TWO_READ if t.element_size == size), key=lambda t: -t.min_row)
-                     for size in {t.element_size for t in TWO_READ}}
+
+
+def by_element_size(table: tuple[TwoRead, ...]) -> dict[int, list[TwoRead]]:
+    """A table of tunings as ``two_read_tuning`` reads it on every call: per element size, the longest
+    rows' tuning first."""
+    return {size: sorted((t for t in table if t.element_size == size), key=lambda t: -t.min_row)
+            for size in {t.element_size for t in table}}
+
+
+_TWO_READ_BY_SIZE = by_element_size(TWO_READ)
 TWO_READ_DEFAULTS = TWO_READ[0].macros("#ifndef {k}\n#define {k} {v}\n#endif\n") + (
     "#ifndef FXK_EVICT_HINTS\n#define FXK_EVICT_HINTS 1\n#endif\n")
 
@@ -299,39 +306,7 @@ __device__ __forceinline__ void rmsnorm(const T* x, const T* res, int nr, const 
 // shape of inductor's kernel, measured faster for float32 rows of 4096+ elements and 16-bit rows of
 // 8192+ (benchmarks/row_tuning.py --two-read).
 
-// A 16-byte load of data the kernel never writes, with cache eviction priorities: KEEP asks L1 and L2
-// to keep the line (the first read of a row, the weight), else to drop it first (the second read).
-// What Triton emits for inductor's eviction_policy; sm_80 and newer, a plain load before.
-template <typename T, int V, bool KEEP>
-__device__ __forceinline__ Pack<T, V> load_evict(const T* p, unsigned long long policy) {
-#if __CUDA_ARCH__ >= 800 && FXK_EVICT_HINTS
-    if constexpr (V * sizeof(T) == 16) {
-        Pack<T, V> out;
-        unsigned* r = reinterpret_cast<unsigned*>(out.v);
-        if (KEEP)
-            asm("ld.global.L1::evict_last.L2::cache_hint.v4.b32 {%0,%1,%2,%3}, [%4], %5;"
-                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "l"(p), "l"(policy));
-        else
-            asm("ld.global.L1::evict_first.L2::cache_hint.v4.b32 {%0,%1,%2,%3}, [%4], %5;"
-                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "l"(p), "l"(policy));
-        return out;
-    }
-#endif
-    return load<T, V>(p);
-}
-
-template <bool KEEP>
-__device__ __forceinline__ unsigned long long l2_policy() {
-    unsigned long long policy = 0;
-#if __CUDA_ARCH__ >= 800 && FXK_EVICT_HINTS
-    if (KEEP)
-        asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(policy));
-    else
-        asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
-#endif
-    return policy;
-}
-
+""" + EVICT_LOADS + r"""
 // Rows of D elements, one block each (any grid: blocks stride over rows); V elements an access (16
 // bytes, or 1 when the data does not allow it), U accesses a thread a step; w has nw elements, read
 // at the flat index modulo nw.
@@ -499,34 +474,33 @@ def _add_spec(kernel: str, *scalars: ScalarInput) -> KernelSpec:
 RMS_NORM = _spec("rms_norm", "hidden_states")
 
 
-def _two_read_spec(kernel: str, x: str, tuning: TwoRead) -> KernelSpec:
-    """The two-read kernel, tuned, for the same call as ``_spec``'s: one block a row (a Reduction's
-    grid). It is right in every dtype; the public op sends it the calls of its element size only."""
-    return dataclasses.replace(_spec(kernel, x), kernel_source=tuning.macros() + SOURCE,
-                               geometry=Reduction((-1,), block_size=tuning.threads))
-
-
-def two_read_tuning(x: torch.Tensor, weight: torch.Tensor) -> TwoRead | None:
+def two_read_tuning(x: torch.Tensor, weight: torch.Tensor, by_size=_TWO_READ_BY_SIZE) -> TwoRead | None:
     """The two-read kernel's tuning a call runs (of its element size, the one for the longest rows it
-    reaches), or None for the register-resident kernel: rows at least a tuning's ``min_row`` long in
+    reaches in ``by_size``: ``by_element_size`` of a table, by default ``TWO_READ``, the plain RMSNorms'),
+    or None for the register-resident kernel: rows at least a tuning's ``min_row`` long in
     whole 16-byte packs, one dtype for both, a (D,) weight, both 16-byte aligned (a non-contiguous one
     is copied to a fresh, aligned buffer before launch). There the two-read kernel was measured
     faster (within 2% of inductor at 16384x8192, level with it at 8192x4096 in float32); shorter rows
     are faster held in registers."""
     d = x.shape[-1] if x.dim() else 0
-    tuning = next((t for t in _TWO_READ_BY_SIZE.get(x.element_size(), ()) if d >= t.min_row), None)
+    tuning = next((t for t in by_size.get(x.element_size(), ()) if d >= t.min_row), None)
     if (tuning is None or not x.dtype.is_floating_point or d % (16 // x.element_size()) or weight.dtype != x.dtype
             or weight.numel() != d or not aligned_at_launch(x) or not aligned_at_launch(weight)):
         return None
     return tuning
 
 
-def _two_read_ops(name: str, x: str, reference) -> dict[TwoRead, str]:
-    """Registers the two-read kernel ``<name>_two_read`` once per tuning, a private op each; their names."""
+def two_read_ops(spec: KernelSpec, reference, meta_fn=None, table: tuple[TwoRead, ...] = TWO_READ) -> dict[TwoRead, str]:
+    """Registers ``spec``'s two-read kernel (``<kernel>_two_read`` in the same source, taking the same
+    arguments) once per tuning of ``table``, a private op each (one block a row: a Reduction's grid);
+    their names. Each is right in every dtype; the public op sends it the calls of its element size only."""
     ops = {}
-    for tuning in TWO_READ:
-        ops[tuning] = f"{NAMESPACE}::_{name}_two_read_{tuning.name}"
-        cuda_kernel_op(ops[tuning], _two_read_spec(f"{name}_two_read", x, tuning), reference=reference)
+    for tuning in table:
+        ops[tuning] = f"{NAMESPACE}::_{spec.kernel_name}_two_read_{tuning.name}"
+        two_read = dataclasses.replace(spec, kernel_name=f"{spec.kernel_name}_two_read",
+                                       kernel_source=tuning.macros() + spec.kernel_source,
+                                       geometry=Reduction((-1,), block_size=tuning.threads))
+        cuda_kernel_op(ops[tuning], two_read, reference=reference, meta_fn=meta_fn)
     return ops
 
 
@@ -540,12 +514,14 @@ def _add_rms_norm_torch(x, residual, weight, eps: float):
     return _rms_norm_torch(h, weight, eps), h
 
 
-def _pick_kernel(rows: str, two_read: dict[TwoRead, str]):
+def pick_kernel(rows: str, two_read: dict[TwoRead, str]):
     """An op's CUDA implementation that runs the two-read kernel tuned for the call where
-    ``two_read_tuning`` says so, else ``rows``'s register-resident one (private ops)."""
+    ``two_read_tuning`` says so (of the tunings in ``two_read``: ``two_read_ops``' result), else
+    ``rows``'s register-resident one (private ops)."""
+    by_size = by_element_size(tuple(two_read))
 
     def pick(x, weight, eps):
-        tuning = two_read_tuning(x, weight)
+        tuning = two_read_tuning(x, weight, by_size)
         return rows if tuning is None else two_read[tuning]
 
     return per_call(pick, (rows, *two_read.values()))
@@ -778,11 +754,11 @@ def register(rules) -> None:
         # attention's (B, H, S, D) view of the projection), the result in x's layout as eager's
         plain[name] = cuda_kernel_op(f"{NAMESPACE}::{name}", spec, reference=pattern,
                                      meta_fn=keeps_row_layout(kernel_op(rows).fake_impl),
-                                     eager_fn=rows_in_place(_pick_kernel(rows, _two_read_ops(name, x, pattern))))
+                                     eager_fn=rows_in_place(pick_kernel(rows, two_read_ops(spec, pattern))))
     # F.rms_norm's numbers for the torch forms' eager path: the same kernels in RMS_TORCH
     cuda_kernel_op(TORCH_ROWS, _spec("rms_norm_torch", "x"), reference=_rms_norm_torch)
     cuda_kernel_op(TORCH_NORM, _spec("rms_norm_torch", "x"), reference=_rms_norm_torch,
-                   eager_fn=_pick_kernel(TORCH_ROWS, _two_read_ops("rms_norm_torch", "x", _rms_norm_torch)))
+                   eager_fn=pick_kernel(TORCH_ROWS, two_read_ops(_spec("rms_norm_torch", "x"), _rms_norm_torch)))
     cuda_kernel_op(ADD_TORCH_ROWS, _add_spec("add_rms_norm_torch"), reference=_add_rms_norm_torch)
     add_rule(rules, gemma_rmsnorm, plain["gemma_rms_norm"], "gemma_rms_norm", filter=row_param("x", "weight"), irs=irs)
     llama = add_rule(rules, llama_rmsnorm, plain["rms_norm"], "rms_norm", filter=row_param("hidden_states", "weight"),
