@@ -136,6 +136,12 @@ def cases():
          softmax.scaled_masked_softmax_float32, lambda dt: attention(8, 32, 512, dt)),
         ("HF attention scaled masked softmax, 2x16x2048x2048", "scaled_masked_softmax_float32",
          softmax.scaled_masked_softmax_float32, lambda dt: attention(2, 16, 2048, dt)),
+        # GPT-OSS's eager attention (its default): the scaled, masked scores with one sink logit a head
+        # concatenated, the max subtracted, a softmax in the scores' dtype, the sinks' column dropped
+        ("GPT-OSS attention with sinks, 8x32x512x512", "sink_masked_softmax", softmax.sink_masked_softmax,
+         lambda dt: (*attention(8, 32, 512, dt)[:2], t(32, dtype=dt), 0.125, 8, 512)),
+        ("GPT-OSS attention with sinks, 2x16x2048x2048", "sink_masked_softmax", softmax.sink_masked_softmax,
+         lambda dt: (*attention(2, 16, 2048, dt)[:2], t(16, dtype=dt), 0.125, 2, 2048)),
         # Gemma 2's eager attention: scaling 1/16, scores soft-capped at 50 (scores drawn so x * scaling / cap
         # spreads over tanh's curve), causal mask
         ("Gemma 2 soft-capped masked softmax, 8x32x512x512", "softcapped_masked_softmax_float32",

@@ -153,7 +153,7 @@ def _traced_pattern(p, rule):
     tensor_params = [q for q in patterns.pattern_params(p) if q.kind == "tensor"]
     graph = _export_graph(fn, tensor_params, [torch.randn(4, 8) for _ in tensor_params], decompose=False)
     for node in list(graph.nodes):
-        if patterns.is_assertion(node):
+        if patterns.is_inert(node):
             graph.erase_node(node)
     return fx.GraphModule(torch.nn.Module(), graph), len(tensor_params)
 

@@ -16,6 +16,7 @@ import contextlib
 import functools
 import inspect
 import logging
+import operator
 import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, FrozenSet, List, Optional, Sequence, Tuple
@@ -37,7 +38,7 @@ SENTINEL_STEP = {float: 1.0009765625e-7, int: 7}
 def sentinel(py_type: type, k: int) -> Any:
     return SENTINELS[py_type] + k * SENTINEL_STEP[py_type]
 
-# Nodes that only assert facts about a value; they never keep a match from being replaced.
+# Nodes that only assert facts about a value; they never keep a match from being replaced (is_inert).
 ASSERTION_TARGETS = {
     "aten._assert_tensor_metadata.default",
     "aten._assert_scalar.default",
@@ -46,8 +47,13 @@ ASSERTION_TARGETS = {
 }
 
 
-def is_assertion(node: fx.Node) -> bool:
-    return node.op == "call_function" and node.target in _assertion_ops()
+def is_inert(node: fx.Node) -> bool:
+    """Whether ``node`` never keeps a match from being replaced, and goes with the node it reads: an
+    assertion (ASSERTION_TARGETS), or one output of a multi-output op that nothing reads
+    (``x.max(-1).values`` leaves the indices' ``getitem``, in a pattern and in a model)."""
+    if node.op != "call_function":
+        return False
+    return node.target in _assertion_ops() or (node.target is operator.getitem and not node.users)
 
 
 @functools.cache
@@ -365,7 +371,7 @@ def trace(fn: Callable[..., Any], ir: str, *, dtype: torch.dtype = torch.float32
                         f"inputs of shape (4, 8) unless the rule gives example_inputs= of the shapes it needs)") from exc
 
     for node in list(graph.nodes):
-        if is_assertion(node):
+        if is_inert(node):
             graph.erase_node(node)
     placeholders = tuple(n for n in graph.nodes if n.op == "placeholder")
     if len(placeholders) != sum(p.kind == "tensor" for p in params) or any(n.op == "get_attr" for n in graph.nodes):
@@ -397,7 +403,7 @@ def trace(fn: Callable[..., Any], ir: str, *, dtype: torch.dtype = torch.float32
 
 
 def _op_nodes(graph: fx.Graph) -> List[fx.Node]:
-    return [n for n in graph.nodes if n.op == "call_function" and not is_assertion(n)]
+    return [n for n in graph.nodes if n.op == "call_function" and not is_inert(n)]
 
 
 def sized_sites(pattern: Pattern, fn: Callable[..., Any], example_inputs: Sequence[Any]) -> Dict[Tuple[Any, ...], Any]:

@@ -573,7 +573,7 @@ def interface(nodes: List[fx.Node]) -> Tuple[List[fx.Node], List[fx.Node]]:
         for a in n.all_input_nodes:
             if a not in inside and a not in inputs:
                 inputs.append(a)
-    outputs = [n for n in nodes if any(u not in inside for u in n.users if not _assertion(u))]
+    outputs = [n for n in nodes if any(u not in inside for u in n.users if not _inert(u))]
     return inputs, outputs
 
 
@@ -645,7 +645,7 @@ def unordered_inputs(nodes: List[fx.Node], inputs: List[fx.Node]) -> Optional[Tu
     return None
 
 
-def _assertion(node: fx.Node) -> bool:
-    from fxkern.patterns import is_assertion
+def _inert(node: fx.Node) -> bool:
+    from fxkern.patterns import is_inert
 
-    return is_assertion(node)
+    return is_inert(node)

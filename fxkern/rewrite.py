@@ -35,7 +35,7 @@ import torch.fx as fx
 
 from fxkern.errors import FxkernError
 from fxkern.matcher import Failure, Match, Matcher, index_graph, run_on_vals
-from fxkern.patterns import is_assertion, quiet_fake_errors
+from fxkern.patterns import is_inert, quiet_fake_errors
 from fxkern.rules import Rule, RuleSet, default_rules, trace_together
 
 log = logging.getLogger("fxkern")
@@ -328,7 +328,7 @@ def _escaping(match: Match) -> Optional[str]:
         if n in outputs:
             continue
         for u in n.users:
-            if u not in inside and not is_assertion(u):
+            if u not in inside and not is_inert(u):
                 return f"intermediate {n.name!r} is also used by {u.name!r} outside the match"
     return None
 
@@ -1093,7 +1093,7 @@ def _regions(graph: fx.Graph, facts: _Facts, report: Report, safe: List[_Candida
         names = tuple(f"in{i}" for i in range(len(inputs)))
         rule = Rule(site.label, None, site.op, arg_params=names, priority=-(10**9))
         anchor = max(nodes, key=facts.pos.__getitem__)
-        match = Match(anchor, [n for n in nodes if not is_assertion(n)], set(), outputs, dict(zip(names, inputs)))
+        match = Match(anchor, [n for n in nodes if not is_inert(n)], set(), outputs, dict(zip(names, inputs)))
         fake, reason = _check(rule, match, facts)
         if reason is not None:
             rr.near_misses.append(NearMiss(site.label, [n.name for n in match.nodes], reason))
@@ -1245,7 +1245,7 @@ def _rewrite(graph: fx.Graph, accepted: List[_Candidate], pos: Dict[fx.Node, flo
             renamed[old.name] = new.name
         for n in sorted(nodes, key=pos.__getitem__, reverse=True):
             for u in list(n.users):
-                if is_assertion(u):
+                if is_inert(u):
                     graph.erase_node(u)
             graph.erase_node(n)
             pos.pop(n, None)

@@ -56,7 +56,8 @@ def test_rule_set_is_named_built_once_and_complete(rules):
             "litgpt_rms_norm", "add_litgpt_rms_norm", "add_layer_norm_no_bias", "geglu_chunked_gate_first", "masked_softmax",
             "t5_masked_softmax", "t5_softmax", "quick_gelu", "cohere_layer_norm", "add_cohere_layer_norm", "olmo2_rms_norm", "add_olmo2_rms_norm", "masked_softmax_float32",
             "scaled_masked_softmax_float32", "divided_masked_softmax", "divided_masked_softmax_float32",
-            "softcapped_masked_softmax", "softcapped_masked_softmax_float32", "rotary_embedding", "add_layer_norm",
+            "softcapped_masked_softmax", "softcapped_masked_softmax_float32", "sink_masked_softmax", "rotary_embedding",
+            "add_layer_norm",
             "partial_rotary_embedding", "whole_rotary_embedding", "repeat_kv", "rotary_embedding_repeat_kv",
             "whole_rotary_embedding_repeat_kv", "partial_rotary_embedding_repeat_kv", "rms_norm_rotary_embedding",
             "gemma_rms_norm_rotary_embedding", "rms_norm_rotary_embedding_repeat_kv",
@@ -66,7 +67,8 @@ def test_rule_set_is_named_built_once_and_complete(rules):
     assert all(str(r.op).startswith("fxkern_lib.") for r in rules)
     # every tensor input comes before the scalars (TensorRT plugins need that)
     for spec in (lib.RMS_NORM, lib.GEMMA_RMS_NORM, lib.ADD_RMS_NORM, lib.SOFTMAX, lib.SWIGLU, lib.BIAS_GELU_RESIDUAL,
-                 lib.SCALED_MASKED_SOFTMAX, lib.DIVIDED_MASKED_SOFTMAX, lib.SOFTCAPPED_MASKED_SOFTMAX, lib.ROTARY,
+                 lib.SCALED_MASKED_SOFTMAX, lib.DIVIDED_MASKED_SOFTMAX, lib.SOFTCAPPED_MASKED_SOFTMAX,
+                 lib.SINK_MASKED_SOFTMAX, lib.ROTARY,
                  lib.PARTIAL_ROTARY, lib.ROTARY_REPEAT_KV, lib.PARTIAL_ROTARY_REPEAT_KV, lib.REPEAT_KV, lib.ADD_LAYER_NORM,
                  lib.RMS_NORM_ROTARY, lib.GEMMA_RMS_NORM_ROTARY, lib.RMS_NORM_ROTARY_REPEAT_KV,
                  lib.GEMMA_RMS_NORM_ROTARY_REPEAT_KV, lib.ADD_LAYER_NORM_NO_BIAS, lib.LITGPT_RMS_NORM,
@@ -884,6 +886,53 @@ def test_softcapped_masked_softmax_op_computes_the_cap_and_names_itself_in_error
         op(x, torch.zeros(8, 16), 0.0625, 5.0)
     with pytest.raises(fxkern.KernelInputError, match=r"fxkern_lib::divided_masked_softmax: .*mask\[None, None\]"):
         lib.op("divided_masked_softmax")(x, torch.zeros(8, 16), 3.0)
+
+
+class SinkScores(nn.Module):
+    """transformers' GPT-OSS eager attention scores: scaled, masked, a learned sink logit a head
+    concatenated to every row, the row's max subtracted, a softmax in the scores' dtype, the sinks'
+    column dropped (``use_indices``: the max's indices read too)."""
+
+    def __init__(self, heads=4, use_indices=False):
+        super().__init__()
+        self.sinks = nn.Parameter(torch.randn(heads))
+        self.use_indices = use_indices
+
+    def forward(self, q, k, mask):
+        w = torch.matmul(q, k.transpose(2, 3)) * 0.25 + mask
+        sinks = self.sinks.reshape(1, -1, 1, 1).expand(q.shape[0], -1, q.shape[-2], -1)
+        combined = torch.cat([w, sinks], dim=-1)
+        top = combined.max(dim=-1, keepdim=True)
+        probs = F.softmax(combined - top.values, dim=-1, dtype=combined.dtype)[..., :-1]
+        return probs * top.indices if self.use_indices else probs
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=["float32", "float16", "bfloat16"])
+def test_gpt_oss_sink_softmax(dtype):
+    """The scale, mask, sinks, max and softmax in one op, whose result is the kept columns, in each
+    mask shape the kernel reads; the max's unread indices go with it. Read indices keep the max (and
+    so the match) with PyTorch."""
+    torch.manual_seed(0)
+    q, k = torch.randn(2, 4, 16, 8), torch.randn(2, 4, 16, 8)
+    for mask in (causal(2, 16, dtype), causal(1, 16, dtype), torch.randn(2, 4, 16, 16)):
+        assert replaced(SinkScores(), q, k, mask, dtype=dtype) == {"sink_masked_softmax": 1}
+    assert "sink_masked_softmax" not in replaced(SinkScores(use_indices=True), q, k, causal(2, 16, dtype), dtype=dtype)
+
+
+def test_sink_op_is_its_pattern_and_checks_its_sinks():
+    x, mask, sinks = torch.randn(2, 3, 5, 7), torch.zeros(2, 1, 5, 7), torch.randn(3)
+    mask[..., 4:] = torch.finfo(torch.float32).min
+    op = lib.op("sink_masked_softmax")
+    got = op(x, mask, sinks, 0.125, 2, 5)
+    scores = torch.cat([x.double() * 0.125 + mask.double(), sinks.double().view(1, 3, 1, 1).expand(2, 3, 5, 1)], -1)
+    torch.testing.assert_close(got, F.softmax(scores, dim=-1)[..., :-1].float(), rtol=1e-5, atol=1e-7)
+    assert float(got.sum(-1).max()) < 1  # the sinks took a share of every row
+    with pytest.raises(fxkern.KernelInputError, match=r"fxkern_lib::sink_masked_softmax: sinks \(4,\).*one value a head"):
+        op(x, mask, torch.randn(4), 0.125, 2, 5)
+    with pytest.raises(fxkern.KernelInputError, match=r"batch=3, queries=5 must be the scores'"):
+        op(x, mask, sinks, 0.125, 3, 5)
+    with pytest.raises(fxkern.KernelInputError, match=r"must both be 4-d"):
+        op(x, torch.zeros(5, 7), sinks, 0.125, 2, 5)
 
 
 def test_masked_softmax_near_misses_take_the_plain_softmax():
@@ -1941,10 +1990,12 @@ def test_olmo2_and_gpt_oss_norms_take_the_litgpt_ops(dtype):
     assert {k: v for k, v in calls.items() if "norm" in k} == want
     gpt_oss = _tiny_decoder("GptOssConfig", "GptOssForCausalLM", dtype, head_dim=16, num_local_experts=4,
                             num_experts_per_tok=2, sliding_window=8, **llama_like)
+    assert gpt_oss.config._attn_implementation == "eager"  # GPT-OSS takes no SDPA (its sinks)
     calls = _rewritten_logits_equal(gpt_oss, ids)
     want = {"litgpt_rms_norm": 1, "add_litgpt_rms_norm": 4} if dtype == torch.bfloat16 else {"rms_norm": 1,
                                                                                             "add_rms_norm": 4}
     assert {k: v for k, v in calls.items() if "norm" in k} == want
+    assert calls["sink_masked_softmax"] == 2  # each layer's attention, sliding-window and full
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])

@@ -515,6 +515,35 @@ def test_scaled_masked_softmax_on_every_grid_and_mask(dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).removeprefix("torch."))
+def test_sink_softmax_on_every_grid_and_mask(dtype):
+    """GPT-OSS's attention with sinks, on every grid the masked op runs (rows held in registers, long
+    rows read three times) and every mask shape, against eager's pattern at the masked ops' tolerances
+    (the kernel rounds the scores and their difference from the row's max as eager does), and against
+    float64 in float32. Sinks from below the scores to far above them (rows all but given to the sink)."""
+    torch.manual_seed(12)
+    grids = {s: getattr(torch.ops.fxkern_lib, (softmax.SINK_ROWS + s).split("::")[1]) for s in softmax.SINK_MASKED_GRIDS}
+    public = lib.op("sink_masked_softmax")
+    for q, d in MASKED_SIZES + ((1, 32768),):
+        x = rand(2, 3, q, d, dtype=dtype, scale=8.0)
+        sinks = torch.tensor([-3.0, 0.5, 40.0], device="cuda").to(dtype)
+        for mask in masks_for(q, d, dtype):
+            args = (x, mask, sinks, 0.125, 2, q)
+            where = f"{dtype} x{tuple(x.shape)} mask{tuple(mask.shape)}"
+            want = softmax.sink_masked_softmax(*args)
+            for name, op in [*grids.items(), ("public", public)]:
+                poison()
+                check_masked(op(*args), want, f"{name} {where}")
+            if dtype == torch.float32:
+                exact = softmax.sink_masked_softmax(x.double(), mask.double(), sinks.double(), 0.125, 2, q)
+                # (a row of one masked key is all sink: zeros)
+                rel = float((public(*args).double() - exact).norm() / exact.norm().clamp_min(1e-30))
+                assert rel < 1e-5, f"{where}: rel. error vs float64 {rel:.2e}"
+    x, mask = rand(2, 3, 64, 512, dtype=dtype), rand(2, 1, 64, 512, dtype=dtype)
+    names = kernels_run(lambda: public(x, mask, sinks, 0.125, 2, 64))
+    assert len(names) == 1 and "sink_masked_softmax" in names[0], names
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).removeprefix("torch."))
 def test_unscaled_masked_softmax_on_every_mask_and_t5s_position_bias(dtype):
     """T5's unscaled scores plus a mask: the scaled op's grids at a scale of 1 (exact), on every row
     length and mask shape, against eager's plain form and T5's float32 form (``scores + bias``, a

@@ -208,9 +208,9 @@ def test_example_inputs_as_a_function_of_the_dtype_trace_a_cast_back_per_dtype()
 
 
 def _ops(graph):
-    from fxkern.patterns import is_assertion
+    from fxkern.patterns import is_inert
 
-    return [(n.target, repr(n.args)) for n in graph.nodes if n.op == "call_function" and not is_assertion(n)]
+    return [(n.target, repr(n.args)) for n in graph.nodes if n.op == "call_function" and not is_inert(n)]
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

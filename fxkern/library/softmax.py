@@ -11,7 +11,9 @@ cap of the scores (``cap * tanh(scores * scaling / cap) + mask``). T5 does not s
 ``scores + position_bias`` (the mask added into the bias) and its ``softmax(scores.float(),
 dim=-1).type_as(scores)`` run in the scaled kernel at a scale of 1 (``masked_softmax``), and its
 softmax alone, after the in-place ``scores += ...`` the export IR keeps, in the plain one
-(``t5_softmax``).
+(``t5_softmax``). GPT-OSS concatenates one learned logit a head (its attention sinks) to the scaled,
+masked scores, subtracts the row's max and drops the sinks' column after the softmax: the scaled
+kernel with the sink in the row's max and sum (``sink_masked_softmax``).
 
 Kernel: the row layout of :mod:`fxkern.library.rmsnorm` (a 256-thread block per register-full of
 elements, 8192 in float32 and 16384 in 16-bit, 1 to 256 threads a row, the row in registers; short
@@ -29,6 +31,7 @@ from collections.abc import Collection
 
 import torch
 import torch.nn.functional as F
+from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 from fxkern.library._rules import (
     COMPILE_FREE_IRS,
@@ -46,6 +49,7 @@ from fxkern.library._rules import (
 from fxkern.errors import KernelInputError
 from fxkern.library.cuda_common import COMMON, row_tuning
 from fxkern.ops import cuda_kernel_op, kernel_op
+from fxkern.patterns import SENTINELS
 from fxkern.symbolic import cdiv
 from fxkern.spec import (
     Custom,
@@ -126,6 +130,7 @@ struct Rows {
     struct Row { const T* x; size_t o; };
     __device__ __forceinline__ Row row(unsigned r) const { return {x + (size_t)r * D, (size_t)r * D}; }
     static constexpr bool FETCH_FIRST = false;
+    static constexpr bool SINK_ROWS = false;
     template <int V>
     __device__ __forceinline__ Pack<T, V> pack(const Row& r, int col) const { return load<T, V>(r.x + col); }
 };
@@ -174,10 +179,13 @@ __device__ __forceinline__ float tanh_(float v) {
 template <typename T> struct IsBf16 { static constexpr bool value = false; };
 template <> struct IsBf16<__nv_bfloat16> { static constexpr bool value = true; };
 
-template <typename T, bool CAP = false>
+//
+// SINK (GPT-OSS's attention sinks): one more logit a row, sinks[h] of the row's head (Row::sink).
+template <typename T, bool CAP = false, bool SINK = false>
 struct MaskedRows {
     const T* __restrict__ x;
     const T* __restrict__ mask;
+    const T* __restrict__ sinks;
     float scale, cap, inv_cap;
     int D;
     unsigned B, H, Q;           // the scores' batches, heads and queries
@@ -185,12 +193,12 @@ struct MaskedRows {
     bool scale_is_t;            // the scale is exactly a T (0.125 is; 1 / sqrt(96) is not)
     bool cap_is_t;              // and the cap (Gemma 2's 50.0 is)
     __device__ __forceinline__ MaskedRows(const T* x_, const T* mask_, float scale_, int D_, unsigned rows, int H_,
-                                          int Q_, int mB, int mH, int mQ, float cap_ = 1.0f)
-        : x(x_), mask(mask_), scale(scale_), cap(cap_), inv_cap(__frcp_rn(cap_)), D(D_),
+                                          int Q_, int mB, int mH, int mQ, float cap_ = 1.0f, const T* sinks_ = nullptr)
+        : x(x_), mask(mask_), sinks(sinks_), scale(scale_), cap(cap_), inv_cap(__frcp_rn(cap_)), D(D_),
           B(H_ > 0 && Q_ > 0 ? rows / ((unsigned)H_ * (unsigned)Q_) : 0u), H((unsigned)H_), Q((unsigned)Q_),
           sB(mB > 1 ? (unsigned)(mH * mQ) : 0u), sH(mH > 1 ? (unsigned)mQ : 0u), sQ(mQ > 1 ? 1u : 0u),
           scale_is_t(to_f<T>(from_f<T>(scale_)) == scale_), cap_is_t(to_f<T>(from_f<T>(cap_)) == cap_) {}
-    struct Row { const T* x; const T* m; size_t o; };
+    struct Row { const T* x; const T* m; size_t o; float sink; };
     __device__ __forceinline__ Row row(unsigned r) const {
         unsigned b, h, q;
         if (sH == 0) {  // the same for every thread: no divergence
@@ -211,9 +219,11 @@ struct MaskedRows {
         }
         const unsigned mrow = b * sB + h * sH + q * sQ;
         const size_t o = ((size_t)(b * H + h) * Q + q) * D;
-        return {x + o, mask + (size_t)mrow * D, o};
+        // (a block's rows past the last one find an h past H: no sink read there)
+        return {x + o, mask + (size_t)mrow * D, o, SINK && h < H ? to_f<T>(sinks[h]) : 0.0f};
     }
     static constexpr bool FETCH_FIRST = FXK_MASK_FETCH_FIRST;
+    static constexpr bool SINK_ROWS = SINK;
     // MAKE_ALL (with FETCH_FIRST): every pack's values made, unguarded, from packs zeroed before their
     // fetch. The float32 prologue's guarded block (4 FMUL, 4 FADD: eager's two roundings) stayed a
     // branch of its own in ptxas's code, its values held apart from the packs they came from (80-88
@@ -325,11 +335,44 @@ struct MaskedRows {
 #define FXK_TWO_REDUCTIONS_G 32
 #endif
 
+// exp(T(v - M)): GPT-OSS's eager attention subtracts the max of the row and its sink in T, rounding
+// the difference, before its softmax (whose own max is then 0).
+template <typename T>
+__device__ __forceinline__ float exp_rounded(float v, float M) {
+    return exp_shifted<sizeof(T) == 2>(to_f<T>(from_f<T>(v - M)), 0.0f);
+}
+
+// exp_rounded of a pack into e. 16-bit pairs take their difference from M (a T: one of the row's values
+// or the sink) in one .x2 add of -M, which rounds the exact difference once: eager's float32 difference
+// rounded to T (float32 has more than twice T's precision, so rounding twice changes nothing), with no
+// conversion to float and back.
+template <typename T, int V>
+__device__ __forceinline__ void exps_rounded(const Pack<T, V>& c, float M, float (&e)[V]) {
+    if constexpr (sizeof(T) == 2 && V % 2 == 0) {
+        using P = typename Pair<T>::P;
+        const P neg = Pair<T>::t(-M, -M);
+        const P* pc = reinterpret_cast<const P*>(c.v);
+#pragma unroll
+        for (int j = 0; j < V / 2; ++j) {
+            const float2 d = Pair<T>::f(__hadd2_rn(pc[j], neg));
+            e[2 * j] = exp_shifted<true>(d.x, 0.0f);
+            e[2 * j + 1] = exp_shifted<true>(d.y, 0.0f);
+        }
+    } else {
+        float f[V];
+        to_floats(c, f);
+#pragma unroll
+        for (int j = 0; j < V; ++j) e[j] = exp_rounded<T>(f[j], M);
+    }
+}
+
 // The softmax of a row held in registers, written to yr: c holds this thread's packs of it (the k-th at
 // column (k * G + t) * V); slot is 2 x ROW_WARPS floats of shared memory no other live reduction uses.
-template <typename T, int V, int NV>
+// SINK: the row has one more logit, sink, which counts in its max and sum and is not written; the max
+// taken first, the sum then of exp(T(x - max)) as eager computes it (exp_rounded).
+template <typename T, int V, int NV, bool SINK = false>
 __device__ __forceinline__ void write_row(Pack<T, V> (&c)[NV], bool live, int D, int G, int t, T* __restrict__ yr,
-                                          float (*slot)[ROW_WARPS]) {
+                                          float (*slot)[ROW_WARPS], float sink = 0.0f) {
     float m = neg_inf();
     if constexpr (FXK_PAIR_MAX && sizeof(T) == 2 && V % 2 == 0) {
         using P = typename Pair<T>::P;
@@ -356,6 +399,34 @@ __device__ __forceinline__ void write_row(Pack<T, V> (&c)[NV], bool live, int D,
                 for (int j = 0; j < V; ++j) m = fmaxf(m, f[j]);
             }
         }
+    }
+    if constexpr (SINK) {
+        const float M = group_max(fmaxf(m, sink), G, slot[0]);
+        float s = t == 0 ? exp_rounded<T>(sink, M) : 0.0f;  // the sink's term, once a row
+#pragma unroll
+        for (int k = 0; k < NV; ++k) {
+            const int col = (k * G + t) * V;
+            if (live && col < D) {
+                float e[V];
+                exps_rounded(c[k], M, e);
+#pragma unroll
+                for (int j = 0; j < V; ++j) s += e[j];
+            }
+        }
+        const float inv = __frcp_rn(group_sum(s, G, slot[1]));
+#pragma unroll
+        for (int k = 0; k < NV; ++k) {
+            const int col = (k * G + t) * V;
+            if (live && col < D) {
+                float e[V];
+                opaque(c[k]);
+                exps_rounded(c[k], M, e);
+#pragma unroll
+                for (int j = 0; j < V; ++j) e[j] *= inv;
+                store<T, V>(yr + col, from_floats<T, V>(e));
+            }
+        }
+        return;
     }
     // This thread's sum of exp(x - m) (shifted by 0 when its elements are all -inf or NaN: 0, or NaN),
     // then the row's: its max, then the sums shifted to it (FXK_TWO_REDUCTIONS), or one reduction of
@@ -427,13 +498,43 @@ __device__ __forceinline__ void softmax_rows(const In& in, int D, unsigned rows,
                     if (live && col < D) c[k] = in.template pack<V>(xr, col);
                 }
             }
-            write_row<T, V, NV>(c, live, D, G, t, y + xr.o, red + 2 * (p & 1));
+            float sink = 0.0f;
+            if constexpr (In::SINK_ROWS) sink = xr.sink;
+            write_row<T, V, NV, In::SINK_ROWS>(c, live, D, G, t, y + xr.o, red + 2 * (p & 1), sink);
         }
     } else {  // long rows: online max and sum, then a second read
         // columns counted in 64 bits: a row may hold up to 2^31 - 1 elements, and an int column stepped
         // past it wrapped below zero
         for (unsigned row = begin, p = 0; row < end; ++row, ++p) {
             const auto xr = in.row(row);
+            if constexpr (In::SINK_ROWS) {  // three reads: the max, the sum of exp(T(x - max)), the write
+                float m = xr.sink;
+#pragma unroll 2
+                for (long long col = threadIdx.x * V; col < D; col += ROW_THREADS * V) {
+                    const Pack<T, V> c = in.template pack<V>(xr, col);
+#pragma unroll
+                    for (int j = 0; j < V; ++j) m = fmaxf(m, to_f<T>(c.v[j]));
+                }
+                const float M = group_max(m, ROW_THREADS, red[0]);
+                float s = threadIdx.x == 0 ? exp_rounded<T>(xr.sink, M) : 0.0f;
+#pragma unroll 2
+                for (long long col = threadIdx.x * V; col < D; col += ROW_THREADS * V) {
+                    const Pack<T, V> c = in.template pack<V>(xr, col);
+#pragma unroll
+                    for (int j = 0; j < V; ++j) s += exp_rounded<T>(to_f<T>(c.v[j]), M);
+                }
+                const float inv = __frcp_rn(group_sum(s, ROW_THREADS, red[1]));
+                T* yr = y + xr.o;
+#pragma unroll 4
+                for (long long col = threadIdx.x * V; col < D; col += ROW_THREADS * V) {
+                    const Pack<T, V> c = in.template pack<V>(xr, col);
+                    Pack<T, V> o;
+#pragma unroll
+                    for (int j = 0; j < V; ++j) o.v[j] = from_f<T>(exp_rounded<T>(to_f<T>(c.v[j]), M) * inv);
+                    store<T, V>(yr + col, o);
+                }
+                continue;
+            }
             // s: this thread's sum of exp(x - sh), sh its running max m, or 0 while every element it has
             // seen is -inf or NaN (fmaxf skips NaN: a NaN still reaches s, and makes the row NaN)
             float m = neg_inf(), s = 0.0f;
@@ -483,14 +584,15 @@ __global__ void __launch_bounds__(ROW_THREADS, sizeof(T) == 4 ? FXK_ROW_BLOCKS_F
 // softmax(T(T(x * scale) + mask)) over rows of x viewed as (B, H, Q, D), the mask (mB, mH, mQ, D).
 // DIV: the scale is a divisor, applied as x * (1 / divisor), as PyTorch's CUDA division by a Python
 // number does. CAP: the scores soft-capped before the mask is added (MaskedRows).
-template <typename T, bool DIV, bool CAP = false>
+template <typename T, bool DIV, bool CAP = false, bool SINK = false>
 __device__ __forceinline__ void masked_softmax(const T* x, const T* mask, float scale, int H, int Q, int D, int n,
                                                int mB, int mH, int mQ, T* y, float (*red)[ROW_WARPS],
-                                               float cap = 1.0f) {
+                                               float cap = 1.0f, const T* sinks = nullptr) {
     if (D <= 0) return;
     const unsigned rows = (unsigned)n / (unsigned)D;
     constexpr int V = 16 / sizeof(T);
-    const fxk::MaskedRows<T, CAP> in(x, mask, DIV ? __frcp_rn(scale) : scale, D, rows, H, Q, mB, mH, mQ, cap);
+    const fxk::MaskedRows<T, CAP, SINK> in(x, mask, DIV ? __frcp_rn(scale) : scale, D, rows, H, Q, mB, mH, mQ, cap,
+                                           sinks);
     if (D % V == 0 && fxk::aligned16(x) && fxk::aligned16(mask) && fxk::aligned16(y))
         fxk::softmax_rows<T, V, (sizeof(T) == 4 ? FXK_ROW_PACKS_F32 : FXK_ROW_PACKS_HALF)>(in, D, rows, y, red);
     else
@@ -527,6 +629,17 @@ softcapped_masked_softmax(const T* x, const T* mask, float scale, float cap, int
                           int mH, int mQ, T* y) {
     __shared__ float red[4][ROW_WARPS];
     masked_softmax<T, false, true>(x, mask, scale, H, Q, D, n, mB, mH, mQ, y, red, cap);
+}
+
+// GPT-OSS's attention: softmax over the row and its head's sink of T(T(x * scale) + mask), each less
+// their max in T, the sink's column not written (batch and queries are the pattern's expand sizes, the
+// scores' own: the op checks them).
+template <typename T>
+__global__ void __launch_bounds__(ROW_THREADS, sizeof(T) == 4 ? FXK_ROW_BLOCKS_F32 : FXK_ROW_BLOCKS_HALF)
+sink_masked_softmax(const T* x, const T* mask, const T* sinks, float scale, int batch, int queries, int H, int Q,
+                    int D, int n, int mB, int mH, int mQ, T* y) {
+    __shared__ float red[4][ROW_WARPS];
+    masked_softmax<T, false, false, true>(x, mask, scale, H, Q, D, n, mB, mH, mQ, y, red, 1.0f, sinks);
 }
 """
 
@@ -566,6 +679,12 @@ SOFTCAPPED_MASKED_SOFTMAX = dataclasses.replace(
     kernel_source="#ifndef FXK_PAIR_MAX\n#define FXK_PAIR_MAX 0\n#endif\n"
                   "#ifndef FXK_TWO_REDUCTIONS\n#define FXK_TWO_REDUCTIONS 2\n#endif\n" + SOURCE,
     inputs=[InputDecl("x"), InputDecl("mask"), ScalarInput("scale", float), ScalarInput("cap", float)])
+# GPT-OSS's scores with their attention sinks (one logit a head, ``sinks`` (H,)); batch and queries are the
+# sizes the pattern expands the sinks to, which the op checks against the scores'.
+SINK_MASKED_SOFTMAX = dataclasses.replace(
+    SCALED_MASKED_SOFTMAX, kernel_name="sink_masked_softmax",
+    inputs=[InputDecl("x"), InputDecl("mask"), InputDecl("sinks"), ScalarInput("scale", float),
+            ScalarInput("batch", int), ScalarInput("queries", int)])
 
 
 # Short rows held in whole packs (attention's scores) run in small blocks, many an SM: float32 rows of
@@ -679,11 +798,13 @@ SOFTMAX_GRIDS, SCALED_MASKED_GRIDS = _grids(SOFTMAX), _grids(SCALED_MASKED_SOFTM
 SOFTCAP_TUNING = {**MASKED_TUNING, "blocks_short_32bit": 16,
                   "fetch_first": ("_short", *NARROW_GRIDS, "_32bit", "_short_32bit")}
 SOFTCAPPED_MASKED_GRIDS = _grids(SOFTCAPPED_MASKED_SOFTMAX, **SOFTCAP_TUNING)
+SINK_MASKED_GRIDS = _grids(SINK_MASKED_SOFTMAX, **MASKED_TUNING)
 SOFTMAX_32BIT, SOFTMAX_SHORT_32BIT, SOFTMAX_SHORT = (SOFTMAX_GRIDS[k] for k in ("_32bit", "_short_32bit", "_short"))
 ROWS, ROWS_32BIT = f"{NAMESPACE}::_softmax_rows", f"{NAMESPACE}::_softmax_rows_32bit"
 ROWS_SHORT, ROWS_SHORT_32BIT = f"{NAMESPACE}::_softmax_rows_short", f"{NAMESPACE}::_softmax_rows_short_32bit"
 MASKED_ROWS = f"{NAMESPACE}::_scaled_masked_softmax_rows"
 SOFTCAPPED_ROWS = f"{NAMESPACE}::_softcapped_masked_softmax_rows"
+SINK_ROWS = f"{NAMESPACE}::_sink_masked_softmax_rows"
 
 
 def _grid(x: torch.Tensor, *others: torch.Tensor, narrow: Collection[str] = ()) -> str:
@@ -736,6 +857,20 @@ def _masked_output(op: str):
         return x.new_empty(x.shape)
 
     return output
+
+
+def _sink_output(x, mask, sinks, scale: float, batch: int, queries: int):
+    """The sink op's output (and its fake impl): the masked op's checks, then one sink a head of the
+    scores' dtype, and the pattern's expand sizes the scores' own."""
+    op = f"{NAMESPACE}::sink_masked_softmax"
+    _check_masked(x, mask, op)
+    if sinks.dim() != 1 or not statically_known_true(sinks.shape[0] == x.shape[1]) or sinks.dtype != x.dtype:
+        raise KernelInputError(f"{op}: sinks {tuple(sinks.shape)} {sinks.dtype} must hold one value a head, "
+                               f"({x.shape[1]},) {x.dtype}, as GPT-OSS's module.sinks does")
+    if not (statically_known_true(batch == x.shape[0]) and statically_known_true(queries == x.shape[2])):
+        raise KernelInputError(f"{op}: batch={batch}, queries={queries} must be the scores' {tuple(x.shape)} first and "
+                               f"third sizes: the sinks are expanded to the scores' rows")
+    return x.new_empty(x.shape)
 
 
 def _compact(mask: torch.Tensor) -> torch.Tensor:
@@ -861,6 +996,18 @@ def t5_softmax(x):
     return F.softmax(x.float(), dim=-1).type_as(x)
 
 
+def sink_masked_softmax(x, mask, sinks, scale: float, batch: int, queries: int):
+    """transformers' GPT-OSS ``eager_attention_forward`` (its default attention: no SDPA takes sinks):
+    scores times ``scaling``, plus the mask, then one more logit a head, ``module.sinks``, expanded to
+    every row and concatenated, the row's max subtracted, a softmax in the scores' dtype, and the
+    sinks' column dropped."""
+    scores = x * scale + mask
+    column = sinks.reshape(1, -1, 1, 1).expand(batch, -1, queries, -1)
+    combined = torch.cat([scores, column], dim=-1)
+    combined = combined - combined.max(dim=-1, keepdim=True).values
+    return F.softmax(combined, dim=-1, dtype=combined.dtype)[..., :-1]
+
+
 def masked_scores(x: str, mask: str):
     """A filter: ``x`` is 4-d scores and ``mask`` a 4-d mask of their dtype that broadcasts onto them
     as the masked kernel reads it (``_check_masked``)."""
@@ -873,6 +1020,26 @@ def masked_scores(x: str, mask: str):
 
     accept.__name__ = f"{mask}_broadcasts_onto_{x}_as_attention_masks_do"
     return accept
+
+
+def sink_operands(match) -> bool:
+    """A filter: the masked scores' (``masked_scores``), one sink a head of their dtype, and the expand's
+    sizes the scores' batch and queries."""
+    if not masked_scores("x", "mask")(match):
+        return False
+    x, sinks = (match.bindings[n].meta.get("val") for n in ("x", "sinks"))
+    batch, queries = (match.bindings.get(n) for n in ("batch", "queries"))
+    return (isinstance(sinks, torch.Tensor) and sinks.dim() == 1 and sinks.dtype == x.dtype
+            and statically_known_true(sinks.shape[0] == x.shape[1])
+            and isinstance(batch, int) and isinstance(queries, int)
+            and statically_known_true(batch == x.shape[0]) and statically_known_true(queries == x.shape[2]))
+
+
+def _sink_example(dtype):
+    """The sink pattern's example inputs in the matched graph's dtype (its softmax names the dtype as a
+    literal), with sizes no other literal of the pattern holds: batch 13, 5 heads, queries 11, 17 keys."""
+    return (torch.zeros(13, 5, 11, 17, dtype=dtype), torch.zeros(13, 1, 11, 17, dtype=dtype), torch.zeros(5, dtype=dtype),
+            SENTINELS[float], 13, 11)
 
 
 def register(rules) -> None:
@@ -913,6 +1080,16 @@ def register(rules) -> None:
     # Each float32 form computes its plain form's numbers (float32 arithmetic, one rounding): the same op.
     # The soft-capped forms first: a scaled, masked softmax matches inside them, capping as its scale;
     # the unscaled forms last: they match inside each of the others, the scaled scores as their x.
+    # GPT-OSS's sinks first: its scaled, masked scores are inside it.
+    for suffix, spec in SINK_MASKED_GRIDS.items():
+        cuda_kernel_op(SINK_ROWS + suffix, spec, reference=sink_masked_softmax, meta_fn=_sink_output)
+    sink = cuda_kernel_op(f"{NAMESPACE}::sink_masked_softmax", SINK_MASKED_SOFTMAX, reference=sink_masked_softmax,
+                          meta_fn=_sink_output,
+                          eager_fn=_masked_on_cuda({suffix: kernel_op(SINK_ROWS + suffix).cuda_impl
+                                                    for suffix in SINK_MASKED_GRIDS},
+                                                   f"{NAMESPACE}::sink_masked_softmax"))
+    add_rule(rules, sink_masked_softmax, sink, "sink_masked_softmax", filter=sink_operands, irs=irs,
+             example_inputs=_sink_example)
     for pattern, op in ((softcapped_masked_softmax, softcapped), (softcapped_masked_softmax_float32, softcapped),
                         (scaled_masked_softmax, scaled), (scaled_masked_softmax_float32, scaled),
                         (divided_masked_softmax, divided), (divided_masked_softmax_float32, divided),
