@@ -40,8 +40,9 @@ def _variant(edits=(), **tuning) -> dict:
 # Loads with cache eviction hints, as rmsnorm's two-read kernel makes them: the scores streamed
 # (evict first), the mask, read again for every head, kept (evict last).
 _HINTS = (
-    ("template <typename T, bool CAP = false>\nstruct MaskedRows {",
-     "#define FXK_EVICT_HINTS 1\n" + "{load_evict}\ntemplate <typename T, bool CAP = false>\nstruct MaskedRows {{"),
+    ("template <typename T, bool CAP = false, bool SINK = false>\nstruct MaskedRows {",
+     "#define FXK_EVICT_HINTS 1\n" + "{load_evict}\ntemplate <typename T, bool CAP = false, bool SINK = false>\n"
+     "struct MaskedRows {{"),
     ("return {load<T, V>(r.x + col), load<T, V>(r.m + col)};",
      "return {load_evict<T, V, false>(r.x + col, l2_policy<false>()), "
      "load_evict<T, V, true>(r.m + col, l2_policy<true>())};"),
