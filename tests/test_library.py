@@ -917,6 +917,10 @@ def test_gpt_oss_sink_softmax(dtype):
     for mask in (causal(2, 16, dtype), causal(1, 16, dtype), torch.randn(2, 4, 16, 16)):
         assert replaced(SinkScores(), q, k, mask, dtype=dtype) == {"sink_masked_softmax": 1}
     assert "sink_masked_softmax" not in replaced(SinkScores(use_indices=True), q, k, causal(2, 16, dtype), dtype=dtype)
+    # core ATen: the reshape a view, the softmax _softmax
+    ep = torch.export.export(SinkScores().to(dtype), (q.to(dtype), k.to(dtype), causal(2, 16, dtype)))
+    new = fxkern.apply(ep.run_decompositions(), lib.rules(), ir="core_aten", verify=True)
+    assert library_calls(new) == {"sink_masked_softmax": 1}
 
 
 def test_sink_op_is_its_pattern_and_checks_its_sinks():
