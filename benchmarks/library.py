@@ -188,6 +188,10 @@ def cases():
          lambda dt: tuple(a[..., :64] if i else a for i, a in enumerate(rope(16, 2048, 32, 128, dt)[:3]))),
         ("de-interleaving RoPE (DeepSeek-V3, copy + rotate_half), q 16x32x2048x128", "deinterleaved_rotary_embedding",
          deinterleaved_rotary.deinterleaved_rotary_embedding_copied, lambda dt: rope(16, 2048, 32, 128, dt)[:3]),
+        # GPT-OSS's torch.chunk halves against half-width tables (freqs' cos and sin)
+        ("RoPE (GPT-OSS, chunked halves, half-width tables), q 16x32x2048x128", "chunked_rotary_embedding",
+         deinterleaved_rotary.chunked_rotary_embedding,
+         lambda dt: tuple(a[..., :64] if i else a for i, a in enumerate(rope(16, 2048, 32, 128, dt)[:3]))),
         ("partial interleaved RoPE (GLM-4), q 16x32x2048x128, rotary_dim 64", "partial_interleaved_rotary_embedding",
          interleaved_rotary.partial_interleaved_rotary_embedding,
          lambda dt: (*interleaved(16, 2048, 32, 128, 64, dt), 64)),

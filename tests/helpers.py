@@ -74,8 +74,8 @@ def library_inputs(op, dtype, device, rows=37, cols=1000):
     a scale (or divisor) of 8, and Gemma 2's a cap of 0.1 (randn scores times 1/8, over 0.1, reach
     tanh's curve); the rotary embedding (2, 3, rows, d) queries with d the even one of cols and
     cols - 1, (2, 1, rows, d) cos and sin (float32 for OLMo's op) and half = d // 2 (the partial one rotating half of d,
-    rounded to even; the interleaved ones the same without half; DeepSeek-V3's with (2, 1, rows, d // 2)
-    tables); GPT-OSS's sink softmax the masked scores with (3,) sinks and the expand's sizes (2, rows);
+    rounded to even; the interleaved ones the same without half; DeepSeek-V3's and GPT-OSS's with
+    (2, 1, rows, d // 2) tables); GPT-OSS's sink softmax the masked scores with (3,) sinks and the expand's sizes (2, rows);
     repeat_kv's (2, 3, rows, d) keys repeated twice, with their sizes; a head's norm
     and rotation the same with heads of d = 256 (74 for odd cols) and a (d,) weight."""
     from fxkern import kernel_op
@@ -94,7 +94,7 @@ def library_inputs(op, dtype, device, rows=37, cols=1000):
         angles = torch.randn(2, 1, rows, d)
         cos, sin = (t.to(dtype=dtype, device=device) for t in (angles.cos(), angles.sin()))
         return (x, weight, cos, sin, 1e-5, d // 2) + ((2, 3, 2, rows, d, 6) if "repeat_kv" in name else ())
-    if "deinterleaved_rotary" in name:  # DeepSeek-V3's: pairs rotated into halves, tables half the head wide
+    if "deinterleaved_rotary" in name or "chunked_rotary" in name:  # DeepSeek-V3's, GPT-OSS's: half-wide tables
         x = torch.randn(2, 3, rows, d, dtype=dtype, device=device)
         return (x, *(torch.randn(2, 1, rows, d // 2, dtype=dtype, device=device) for _ in range(2)))
     if "interleaved_rotary" in name:  # pairs (2i, 2i + 1) rotated; the partial op rotates half of d, rounded to even

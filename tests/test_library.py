@@ -2000,6 +2000,7 @@ def test_olmo2_and_gpt_oss_norms_take_the_litgpt_ops(dtype):
                                                                                             "add_rms_norm": 4}
     assert {k: v for k, v in calls.items() if "norm" in k} == want
     assert calls["sink_masked_softmax"] == 2  # each layer's attention, sliding-window and full
+    assert calls["chunked_rotary_embedding"] == 4  # each layer's queries and keys
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
@@ -2327,6 +2328,36 @@ def test_deinterleaved_rotary_in_deepseek_v3(dtype):
                           pad_token_id=0, bos_token_id=1, eos_token_id=2, **{**_decoder_config(), "num_key_value_heads": 4})
     calls = _rewritten_logits_equal(model, torch.randint(0, 128, (2, 16)))
     assert {k: v for k, v in calls.items() if "rotary" in k} == {"deinterleaved_rotary_embedding": 4}
+
+
+def gpt_oss_rotation(q, cos, sin):
+    """transformers' GPT-OSS ``apply_rotary_pos_emb`` for one of q, k: its tables are ``freqs``' cos and
+    sin (half the head wide), its halves ``torch.chunk``'s."""
+    cos, sin = cos[..., : cos.shape[-1] // 2].unsqueeze(1), sin[..., : sin.shape[-1] // 2].unsqueeze(1)
+    first_half, second_half = torch.chunk(q, 2, dim=-1)
+    return torch.cat((first_half * cos - second_half * sin, second_half * cos + first_half * sin), dim=-1)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=["float32", "float16", "bfloat16"])
+def test_chunked_rotary_form(dtype):
+    """GPT-OSS's rotation is one op in the export IR and in core ATen, on projected queries (the
+    (b, s, h, d) projection's transposed view) and on contiguous keys, equal to eager to the bit."""
+    torch.manual_seed(0)
+    b, s, h, d = 2, 8, 4, 16
+    cos, sin = rope_tables(b, s, d)
+    for x in (torch.randn(b, s, h * d).view(b, s, h, d).transpose(1, 2), torch.randn(b, 1, s, d)):
+        model, args = Fn(gpt_oss_rotation).eval(), (x.to(dtype), cos.to(dtype), sin.to(dtype))
+        ep = torch.export.export(model, args)
+        for program in (ep, ep.run_decompositions()):
+            new = fxkern.apply(program, lib.rules(), verify=True)
+            assert library_calls(new) == {"chunked_rotary_embedding": 1}
+            torch.testing.assert_close(new.module()(*args), model(*args), rtol=0, atol=0)
+    op = lib.op("chunked_rotary_embedding")  # whole tables: rotate_half's numbers; other widths refused
+    x = torch.randn(b, h, s, d)
+    torch.testing.assert_close(op(x, cos[:, None], sin[:, None]), lib.rotary_embedding(x, cos[:, None], sin[:, None], 8),
+                               rtol=0, atol=0)
+    with pytest.raises(fxkern.KernelInputError, match=r"chunked_rotary_embedding: cos and sin are 5 columns wide"):
+        op(x, cos[:, None, :, :5], sin[:, None, :, :5])
 
 
 def test_deinterleaved_rotary_op_checks_its_operands():

@@ -1209,8 +1209,10 @@ def test_interleaved_rotary_special_values_and_one_kernel():
 
 
 def check_deinterleaved(x, cos, sin, where):
-    """The op against the pattern of its tables' form (half the head wide: the even/odd slices; whole:
-    the copy and rotate_half) run by eager PyTorch: the same bits, contiguous as eager's."""
+    """DeepSeek-V3's op against the pattern of its tables' form (half the head wide: the even/odd slices;
+    whole: the copy and rotate_half) run by eager PyTorch: the same bits, contiguous as eager's. GPT-OSS's
+    chunked op, the same kernels reading x's halves, against its pattern (half-wide tables) or
+    rotate_half's (whole ones: the same bits, contiguous where eager keeps x's layout)."""
     poison()
     got = lib.op("deinterleaved_rotary_embedding")(x, cos, sin)
     pattern = (deinterleaved_rotary.deinterleaved_rotary_embedding_sliced if cos.shape[-1] != x.shape[-1]
@@ -1219,6 +1221,13 @@ def check_deinterleaved(x, cos, sin, where):
         same_bits(got, pattern(x, cos, sin), f"deinterleaved_rotary_embedding {where}")
     else:
         same_as_eager(got, pattern(x, cos, sin), f"deinterleaved_rotary_embedding {where}")
+    poison()
+    got = lib.op("chunked_rotary_embedding")(x, cos, sin)
+    want = deinterleaved_rotary.chunked_rotary_embedding(x, cos, sin)
+    if x.shape[-1] == 2 or cos.shape[-1] == x.shape[-1]:
+        same_bits(got, want, f"chunked_rotary_embedding {where}")
+    else:
+        same_as_eager(got, want, f"chunked_rotary_embedding {where}")
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).removeprefix("torch."))
@@ -1252,8 +1261,11 @@ def test_deinterleaved_rotary_special_values_and_one_kernel():
     for c, sn in ((cos[..., :32], sin[..., :32]), (cos, sin)):
         names = kernels_run(lambda: lib.op("deinterleaved_rotary_embedding")(q, c, sn))
         assert runs_only(names, "deinterleaved_rotary_strided"), names  # one kernel: no copy of q first
+        names = kernels_run(lambda: lib.op("chunked_rotary_embedding")(q, c, sn))
+        assert runs_only(names, "chunked_rotary_strided"), names
     empty = q[:, :, :0]
-    assert lib.op("deinterleaved_rotary_embedding")(empty, cos[:, :, :0, :32], sin[:, :, :0, :32]).shape == empty.shape
+    for name in ("deinterleaved_rotary_embedding", "chunked_rotary_embedding"):
+        assert lib.op(name)(empty, cos[:, :, :0, :32], sin[:, :, :0, :32]).shape == empty.shape
     torch.cuda.synchronize()
 
 

@@ -38,7 +38,12 @@ import threading
 from fxkern import compiler
 from fxkern.library import (deinterleaved_rotary, gelu, interleaved_rotary, layernorm, norm_rotary, rmsnorm, rotary,
                             softmax, swiglu)
-from fxkern.library.deinterleaved_rotary import DEINTERLEAVED_ROTARY, deinterleaved_rotary_embedding
+from fxkern.library.deinterleaved_rotary import (
+    CHUNKED_ROTARY,
+    DEINTERLEAVED_ROTARY,
+    chunked_rotary_embedding,
+    deinterleaved_rotary_embedding,
+)
 from fxkern.library.gelu import (
     BIAS_GELU,
     BIAS_GELU_NEW,
@@ -183,6 +188,7 @@ __all__ = [
     "BIAS_GELU_RESIDUAL",
     "BIAS_GELU_TANH",
     "BIAS_GELU_TANH_RESIDUAL",
+    "CHUNKED_ROTARY",
     "DEINTERLEAVED_ROTARY",
     "DIVIDED_MASKED_SOFTMAX",
     "GEGLU_CHUNKED_GATE_FIRST",
@@ -226,6 +232,7 @@ __all__ = [
     "bias_gelu_tanh",
     "bias_gelu_tanh_residual",
     "deinterleaved_rotary",
+    "chunked_rotary_embedding",
     "deinterleaved_rotary_embedding",
     "divided_masked_softmax",
     "divided_masked_softmax_float32",

@@ -24,11 +24,18 @@ wide (the new form's slice, the same angle for both halves) or the whole head (t
 lies (the queries' ``split`` of MLA's projection); the result is contiguous, as eager's ``cat`` and
 ``reshape`` make it.
 
+GPT-OSS rotates ``torch.chunk``'s halves as ``rotate_half`` does, but against tables half the head
+wide (its rotary embedding returns ``freqs``' cos and sin, not ``cat(freqs, freqs)``), which no
+``rotary_embedding`` kernel reads: ``chunked_rotary_embedding`` is the same kernels reading x's
+halves where they read its pairs.
+
 Numbers: eager's roundings are kept (each product, then the sum or difference), so results equal
 eager's to the bit in every dtype.
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import torch
 from torch.fx.experimental.symbolic_shapes import statically_known_true
@@ -46,7 +53,9 @@ namespace fxk {
 // y_half+j = b*c'_j + a*s'_j to the second, (c', s') the tables' columns half + j where they are the
 // whole head wide (tw = 2 * half), else their columns j again (tw = half); their rows ts elements apart
 // (the new form's tables are a slice of whole ones, read in place). y is contiguous (B, H, S, D).
-template <typename T, int V>
+// PAIRS false: x's halves are a and b, as rotate_half reads them (GPT-OSS's chunked form, its tables
+// half the head wide).
+template <typename T, int V, bool PAIRS = true>
 __device__ __forceinline__ void deinterleaved_rows(const T* __restrict__ x, const T* __restrict__ cs,
                                                    const T* __restrict__ sn, unsigned half, unsigned tw, unsigned ts,
                                                    unsigned B, const Rows& w, unsigned cB, unsigned cH, unsigned cS,
@@ -62,16 +71,24 @@ __device__ __forceinline__ void deinterleaved_rows(const T* __restrict__ x, cons
         unsigned b, h, s;
         const size_t xo = w.locate(r, b, h, s);
         const size_t out = w.out(r, b, h, s, 1, D, head);
-        const unsigned col = j * V;  // in each half of y; x's columns 2 * col to 2 * col + 2V
-        const Pack<T, 2 * V> xv = load_cols<T, V, 2 * V>(x + xo + 2 * col);
+        const unsigned col = j * V;  // in each half of y; x's columns 2 * col to 2 * col + 2V (PAIRS)
+        // x's loads issued first, then the tables' (the de-interleaving kernel's order since it shipped)
+        const Pack<T, 2 * V> xv = PAIRS ? load_cols<T, V, 2 * V>(x + xo + 2 * col) : Pack<T, 2 * V>{};
+        const Pack<T, V> xh = PAIRS ? Pack<T, V>{} : load<T, V>(x + xo + col);
+        const Pack<T, V> xg = PAIRS ? Pack<T, V>{} : load<T, V>(x + xo + half + col);
         const size_t co = (size_t)(b * sB + h * sH + s * sS) * ts + col;
         const Pack<T, V> ca = load<T, V>(cs + co), cb = load<T, V>(cs + co + second);
         const Pack<T, V> sa = load<T, V>(sn + co), sb = load<T, V>(sn + co + second);
         Pack<T, V> xa, xb, ya, yb;
+        if constexpr (PAIRS) {
 #pragma unroll
-        for (int k = 0; k < V; ++k) {
-            xa.v[k] = xv.v[2 * k];
-            xb.v[k] = xv.v[2 * k + 1];
+            for (int k = 0; k < V; ++k) {
+                xa.v[k] = xv.v[2 * k];
+                xb.v[k] = xv.v[2 * k + 1];
+            }
+        } else {
+            xa = xh;
+            xb = xg;
         }
         rope_packs<T, V>(xa, xb, ca, cb, sa, sb, ya, yb);
         store<T, V>(y + out + col, ya);
@@ -79,16 +96,16 @@ __device__ __forceinline__ void deinterleaved_rows(const T* __restrict__ x, cons
     }
 }
 
-template <typename T>
+template <typename T, bool PAIRS = true>
 __device__ __forceinline__ void deinterleaved(const T* x, const T* cs, const T* sn, int half, int tw, int ts, int B,
                                               const Rows& w, int cB, int cH, int cS, T* y) {
     constexpr int V = 16 / sizeof(T);
     if (half <= 0 || (tw != half && tw != 2 * half) || ts < tw) return;
     const bool packs = half % V == 0 && ts % V == 0 && w.sB % V == 0 && w.s1 % V == 0 && w.s2 % V == 0;
     if (packs && aligned16(x) && aligned16(cs) && aligned16(sn) && aligned16(y))
-        deinterleaved_rows<T, V>(x, cs, sn, half, tw, ts, B, w, cB, cH, cS, y);
+        deinterleaved_rows<T, V, PAIRS>(x, cs, sn, half, tw, ts, B, w, cB, cH, cS, y);
     else
-        deinterleaved_rows<T, 1>(x, cs, sn, half, tw, ts, B, w, cB, cH, cS, y);
+        deinterleaved_rows<T, 1, PAIRS>(x, cs, sn, half, tw, ts, B, w, cB, cH, cS, y);
 }
 }  // namespace fxk
 
@@ -112,6 +129,24 @@ __global__ void __launch_bounds__(128) deinterleaved_rotary_strided(const T* x_s
     fxk::deinterleaved<T>(x_span, cs, sn, half, tw, ts, B, fxk::rows_of(A1, A2, sB, s1, s2, heads_inner), cB, cH, cS,
                           y);
 }
+
+// GPT-OSS's chunked form: x's halves rotated (rotate_half's), tables half the head wide (or whole); the
+// same two kernels.
+template <typename T>
+__global__ void __launch_bounds__(128) chunked_rotary(const T* x, const T* cs, const T* sn, int n, int A1, int A2, int D,
+                                                      int cB, int cH, int cS, int tw, T* y) {
+    if (D <= 0 || A1 <= 0 || A2 <= 0) return;
+    fxk::deinterleaved<T, false>(x, cs, sn, D / 2, tw, tw, n / (A1 * A2 * D), fxk::contiguous_rows(A1, A2, D), cB, cH,
+                                 cS, y);
+}
+
+template <typename T>
+__global__ void __launch_bounds__(128) chunked_rotary_strided(const T* x_span, const T* cs, const T* sn, int half,
+                                                              int tw, int ts, int B, int A1, int A2, int sB, int s1,
+                                                              int s2, int heads_inner, int cB, int cH, int cS, T* y) {
+    fxk::deinterleaved<T, false>(x_span, cs, sn, half, tw, ts, B, fxk::rows_of(A1, A2, sB, s1, s2, heads_inner), cB, cH,
+                                 cS, y);
+}
 """
 
 # x (B, H, S, D) contiguous; cos and sin (cB, cH, cS, tw), each of cB, cH, cS 1 or x's size.
@@ -134,6 +169,9 @@ DEINTERLEAVED_ROTARY_STRIDED = KernelSpec(
 )
 _STRIDED_SCHEMA = ("(Tensor x_span, Tensor cos, Tensor sin, " + ", ".join(f"int {n}" for n in _STRIDED_ARGS)
                    + ") -> Tensor")
+# GPT-OSS's chunked form: the same kernels reading x's halves.
+CHUNKED_ROTARY = dataclasses.replace(DEINTERLEAVED_ROTARY, kernel_name="chunked_rotary")
+CHUNKED_ROTARY_STRIDED = dataclasses.replace(DEINTERLEAVED_ROTARY_STRIDED, kernel_name="chunked_rotary_strided")
 
 
 # ---- the patterns (the first also the op's CPU reference) -----------------------------------------
@@ -156,6 +194,23 @@ def deinterleaved_rotary_embedding_sliced(x, cos, sin):
     return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
 
 
+def chunked_rotary_embedding(x, cos, sin):
+    """transformers' GPT-OSS ``_apply_rotary_emb`` for one of q, k: ``torch.chunk`` halves rotated
+    against half-width tables (its rotary embedding returns ``freqs``' cos and sin, not ``cat(freqs,
+    freqs)``), ``cat((first * cos - second * sin, second * cos + first * sin), -1)``. As the op's
+    reference, whole-head tables rotate the second half with their second half (``rotate_half``'s form)."""
+    if cos.shape[-1] != x.shape[-1] // 2:
+        return rotary.rotary_embedding(x, cos, sin, x.shape[-1] // 2)
+    first, second = torch.chunk(x, 2, dim=-1)
+    return torch.cat((first * cos - second * sin, second * cos + first * sin), dim=-1)
+
+
+def _chunked_pattern(x, cos, sin):
+    """The chunked form's pattern (the rule's): the reference's half-width branch."""
+    first, second = torch.chunk(x, 2, dim=-1)
+    return torch.cat((first * cos - second * sin, second * cos + first * sin), dim=-1)
+
+
 def deinterleaved_rotary_embedding_copied(x, cos, sin):
     """The old form's pattern (transformers 4.x to 5.17): ``x.view(b, h, s, d // 2, 2).transpose(4, 3)
     .reshape(b, h, s, d)`` with ``b, h, s, d = x.shape``, then rotated as rotate_half does against
@@ -168,29 +223,37 @@ def deinterleaved_rotary_embedding_copied(x, cos, sin):
 # ---- checks and output ----------------------------------------------------------------------------
 
 _OP = f"{NAMESPACE}::deinterleaved_rotary_embedding"
+_CHUNKED_OP = f"{NAMESPACE}::chunked_rotary_embedding"
 
 
-def _check(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> None:
+def _check(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, op: str = _OP) -> None:
     """What the kernels read: 4-d x (B, H, S, D), D even, cos and sin (cB, cH, cS, D / 2 or D) of x's
-    dtype, each of cB, cH, cS 1 or x's size (rotary._check's)."""
+    dtype, each of cB, cH, cS 1 or x's size (rotary._check's). ``op`` names the op in the errors."""
     d = x.shape[-1] if x.dim() == 4 else None
     if isinstance(d, int) and d % 2:
-        raise KernelInputError(f"{_OP}: x's last axis is {d}, odd; the rotation turns columns 2j and 2j + 1 as a "
-                               f"pair, so it takes an even head size")
+        raise KernelInputError(f"{op}: x's last axis is {d}, odd; the rotation turns columns j and D/2 + j of its "
+                               f"result as a pair, so it takes an even head size")
     half_tables = d is not None and cos.dim() == 4 and statically_known_true(cos.shape[-1] != d)
     w = cos.shape[-1] if cos.dim() else None
     if half_tables and isinstance(d, int) and isinstance(w, int) and w != d // 2:
-        raise KernelInputError(f"{_OP}: cos and sin are {w} columns wide; give them half of x's last axis, {d // 2} "
-                               f"(one angle a pair, DeepSeek-V3's cos[..., :d // 2]), or all of it, {d} "
-                               f"(cat(freqs, freqs), its second half read for the second half of the result)")
-    rotary._check(x, cos, sin, x.shape[-1] // 2 if x.dim() == 4 else 0, _OP, half_tables=half_tables)
+        raise KernelInputError(f"{op}: cos and sin are {w} columns wide; give them half of x's last axis, {d // 2} "
+                               f"(one angle a pair: DeepSeek-V3's cos[..., :d // 2], GPT-OSS's freqs.cos()), or all "
+                               f"of it, {d} (cat(freqs, freqs), its second half read for the second half of the result)")
+    rotary._check(x, cos, sin, x.shape[-1] // 2 if x.dim() == 4 else 0, op, half_tables=half_tables)
 
 
-def _output(x, cos, sin):
-    """The op's output (and its fake impl): checks the call, a contiguous tensor of x's shape (eager's
+def _output_of(op: str):
+    """An op's output (and its fake impl): checks the call, a contiguous tensor of x's shape (eager's
     ``cat`` and ``reshape`` give one)."""
-    _check(x, cos, sin)
-    return x.new_empty(x.shape)
+
+    def output(x, cos, sin):
+        _check(x, cos, sin, op)
+        return x.new_empty(x.shape)
+
+    return output
+
+
+_output = _output_of(_OP)
 
 
 def _strided_output(x_span, cos, sin, half, tw, ts, B, A1, A2, sB, s1, s2, heads_inner, cB, cH, cS):
@@ -199,16 +262,21 @@ def _strided_output(x_span, cos, sin, half, tw, ts, B, A1, A2, sB, s1, s2, heads
     return rotary.strided_output(x_span, 2 * half, B, A1, A2, heads_inner, 1, 0)
 
 
-def _strided_reference(x_span, cos, sin, half, tw, ts, B, A1, A2, sB, s1, s2, heads_inner, cB, cH, cS):
-    """DEINTERLEAVED_ROTARY_STRIDED in PyTorch (its CPU impl): x rebuilt from the span and rotated."""
-    x = x_span.as_strided((B, A1, A2, 2 * half), (sB, s1, s2, 1))
-    cos, sin = (t.as_strided((cB, cH, cS, tw), (cH * cS * ts, cS * ts, ts, 1)) for t in (cos, sin))
-    x = x.transpose(1, 2) if heads_inner else x
-    return deinterleaved_rotary_embedding(x, cos, sin).contiguous()
+def _strided_reference_of(rotate):
+    """A strided private op in PyTorch (its CPU impl): x rebuilt from the span and rotated by ``rotate``."""
+
+    def reference(x_span, cos, sin, half, tw, ts, B, A1, A2, sB, s1, s2, heads_inner, cB, cH, cS):
+        x = x_span.as_strided((B, A1, A2, 2 * half), (sB, s1, s2, 1))
+        cos, sin = (t.as_strided((cB, cH, cS, tw), (cH * cS * ts, cS * ts, ts, 1)) for t in (cos, sin))
+        x = x.transpose(1, 2) if heads_inner else x
+        return rotate(x, cos, sin).contiguous()
+
+    reference.__name__ = f"{rotate.__name__}_strided"
+    return reference
 
 
-def _eager(strided):
-    """The op on CUDA: checks the call, narrows broadcast tables, and runs the strided kernel on x
+def _eager(strided, op: str = _OP):
+    """The op ``op`` on CUDA: checks the call, narrows broadcast tables, and runs the strided kernel on x
     where it lies (rotary.walk; a contiguous copy where it cannot). Decided once per signature."""
     decided = Signatures()
 
@@ -216,17 +284,17 @@ def _eager(strided):
         key = tensor_signature(x, cos, sin)
         how = decided.get(key)
         if how is None:
-            _check(x, cos, sin)
+            _check(x, cos, sin, op)
             how = decided.remember(key, (rotary._broadcast_axes(cos, sin), rotary.walk(x) if x.numel() else None))
         axes, layout = how
         if not x.numel():
             return x.new_empty(x.shape)
-        x, (b, a1, a2, sb, s1, s2, heads_inner, span) = rotary.walked(_OP, x, layout)
+        x, (b, a1, a2, sb, s1, s2, heads_inner, span) = rotary.walked(op, x, layout)
         cos, sin, dims, ts = _tables(cos, sin, axes)
         return strided(x.as_strided((span,), (1,)), cos, sin, x.shape[-1] // 2, dims[3], ts, b, a1, a2, sb, s1, s2,
                        heads_inner, *dims[:3])
 
-    on_cuda.__name__ = "deinterleaved_rotary_embedding"
+    on_cuda.__name__ = op.split("::")[1]
     return on_cuda
 
 
@@ -295,10 +363,18 @@ def register(rules) -> None:
     # Not inside inductor (its pointwise kernel is one pass too). The old form before rotary_embedding,
     # which matches its rotation alone.
     (strided,) = rotary.launchers(((f"{NAMESPACE}::_deinterleaved_rotary_strided", DEINTERLEAVED_ROTARY_STRIDED),),
-                                  _strided_reference, _strided_output, _STRIDED_SCHEMA)
+                                  _strided_reference_of(deinterleaved_rotary_embedding), _strided_output,
+                                  _STRIDED_SCHEMA)
     op = cuda_kernel_op(_OP, DEINTERLEAVED_ROTARY, reference=deinterleaved_rotary_embedding, meta_fn=_output,
                         eager_fn=_eager(strided))
     add_rule(rules, deinterleaved_rotary_embedding_copied, op, "deinterleaved_rotary_embedding_copied",
              filter=copied_operands, irs=COMPILE_FREE_IRS, example_inputs=_COPIED_EXAMPLE)
     add_rule(rules, deinterleaved_rotary_embedding_sliced, op, "deinterleaved_rotary_embedding",
              filter=sliced_operands, irs=COMPILE_FREE_IRS, example_inputs=_SLICED_EXAMPLE)
+    # GPT-OSS's chunked halves against half-width tables: the same kernels reading x's halves.
+    (strided,) = rotary.launchers(((f"{NAMESPACE}::_chunked_rotary_strided", CHUNKED_ROTARY_STRIDED),),
+                                  _strided_reference_of(chunked_rotary_embedding), _strided_output, _STRIDED_SCHEMA)
+    op = cuda_kernel_op(_CHUNKED_OP, CHUNKED_ROTARY, reference=chunked_rotary_embedding,
+                        meta_fn=_output_of(_CHUNKED_OP), eager_fn=_eager(strided, _CHUNKED_OP))
+    add_rule(rules, _chunked_pattern, op, "chunked_rotary_embedding", filter=sliced_operands, irs=COMPILE_FREE_IRS,
+             example_inputs=_SLICED_EXAMPLE)
