@@ -25,7 +25,7 @@ import contextlib
 import functools
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Dict, FrozenSet, Iterable, List, Optional, Sequence, Set, Tuple
+from typing import Any, Callable, Dict, FrozenSet, Iterable, List, Optional, Sequence, Set, Tuple
 
 import torch
 import torch.fx as fx
@@ -72,6 +72,9 @@ def value_preserving(node: fx.Node) -> bool:
 
 
 NOISE_OPS = {"views": VIEW_OPS, "clones": CLONE_OPS, "casts": CAST_OPS}
+
+# literal types a pattern argument compares by equality alone (the walk's last case, tried first)
+_LITERALS = frozenset({int, float, bool, str, type(None), torch.dtype, torch.device, torch.layout, torch.memory_format})
 
 
 def is_noise(node: fx.Node, policy: FrozenSet[str]) -> bool:
@@ -186,7 +189,6 @@ class PNode:
     args: tuple
     name: str
     commutative: bool
-    arity: int = -1  # the schema's argument count: a graph call with exactly these positional args needs no normalising
 
 
 @dataclass
@@ -259,7 +261,7 @@ def compile_pattern(pattern: Pattern, policy: FrozenSet[str]) -> CompiledPattern
             args.append(convert(value, site, node.name, node.target))
         comm = node.target in COMMUTATIVE and (node.target is not aten.add.Tensor or raw[2] in (1, None))
         index[node] = len(nodes)
-        nodes.append(PNode(node.target, tuple(args), node.name, comm, len(schema.arguments) if schema is not None else -1))
+        nodes.append(PNode(node.target, tuple(args), node.name, comm))
     outputs = []
     for o in pattern.outputs:
         r = resolve(o)
@@ -340,13 +342,18 @@ class _State:
         self.fail: Tuple[int, Any, List[fx.Node], bool] = (-1, "", [], False)
 
     def snapshot(self):
-        return dict(self.p2g), set(self.used), dict(self.bind), len(self.absorbed), len(self.copies), len(self.shapes)
+        # p2g only grows, in insertion order, and used is its values: their sizes undo them (copies of
+        # both were 4% of the walk); bind's values may be replaced by equal ones, so it is copied
+        return len(self.p2g), dict(self.bind), len(self.absorbed), len(self.copies), len(self.shapes)
 
     def restore(self, snap):
-        self.p2g, self.used, self.bind = snap[0], snap[1], snap[2]
-        del self.absorbed[snap[3]:]
-        del self.copies[snap[4]:]
-        del self.shapes[snap[5]:]
+        p2g, used = self.p2g, self.used
+        while len(p2g) > snap[0]:
+            used.discard(p2g.popitem()[1])
+        self.bind = snap[1]
+        del self.absorbed[snap[2]:]
+        del self.copies[snap[3]:]
+        del self.shapes[snap[4]:]
 
     def failed(self, reason: Any, literal: bool = False) -> bool:
         """Record why the walk stopped (a lambda: most candidates fail, few reasons are read)."""
@@ -428,32 +435,43 @@ class Matcher:
         signatures, so each pattern tests those, not every node."""
         groups = self._signatures.get((target, policy))
         if groups is None:
+            reads = self._reader(policy)
             by_key: Dict[tuple, List[fx.Node]] = {}
             for n in self.by_target.get(target, []):
-                reads = self._reads(n, policy)
-                key = (tuple(t for _, t in reads), tuple(u for h, _ in reads for _, u in self._reads(h, policy)))
-                by_key.setdefault(key, []).append(n)
+                first = reads(n)
+                key = (tuple([t for _, t in first]), tuple([u for h, _ in first for _, u in reads(h)]))
+                group = by_key.get(key)
+                if group is None:
+                    by_key[key] = [n]
+                else:
+                    group.append(n)
             groups = self._signatures[(target, policy)] = [(_signature(key), group) for key, group in by_key.items()]
         return groups
 
-    def _reads(self, node: fx.Node, policy: FrozenSet[str]) -> List[Tuple[fx.Node, Any]]:
-        """(call, op) for each call ``node`` takes as an argument past noise, an in-place call under
-        its twin's op; once a node: the layers' signatures read each node from several readers."""
+    def _reader(self, policy: FrozenSet[str]) -> Callable[[fx.Node], List[Tuple[fx.Node, Any]]]:
+        """A function giving (call, op) for each call a node takes as an argument past noise, an
+        in-place call under its twin's op; once a node: the layers' signatures read each node from
+        several readers. A closure over the policy's cache and noise set, called for every read
+        (the signatures of a 29k-node Llama took 56 ms with a method and its lookups, 45 ms so)."""
         cache = self._read_cache.setdefault(policy, {})
-        found = cache.get(node)
-        if found is None:
-            noise, twins = self.noise(policy), self.twins
+        noise, twins = self.noise(policy), self.twins
+
+        def reads(node: fx.Node) -> List[Tuple[fx.Node, Any]]:
+            found = cache.get(node)
+            if found is not None:
+                return found
             found = cache[node] = []
             args = node.args if not node.kwargs else (*node.args, *node.kwargs.values())
-            if any(isinstance(a, (list, tuple)) for a in args):  # cat's tensors (fx's immutable_list)
-                args = tuple(_flat(args))
-            for a in args:
-                if isinstance(a, fx.Node):
-                    while a in noise:
-                        a = a.args[0]
-                    if a.op == "call_function":
-                        found.append((a, twins.get(a, a.target)))
-        return found
+            for arg in args:
+                for a in (_flat(arg) if isinstance(arg, (list, tuple)) else (arg,)):  # cat's tensors (fx's immutable_list)
+                    if isinstance(a, fx.Node):
+                        while a in noise:
+                            a = a.args[0]
+                        if a.op == "call_function":
+                            found.append((a, twins.get(a, a.target)))
+            return found
+
+        return reads
 
     def sites(self, pattern: CompiledPattern) -> List[fx.Node]:
         """Every node with the anchor's op (what the report counts as candidate sites), in graph order."""
@@ -469,8 +487,8 @@ class Matcher:
         if m is None:
             yield None, fail
             return
+        yield m, None  # most callers take the first: the key is made when a second is asked for
         seen = {_binding_key(m)}
-        yield m, None
         for bits in range(1, 2 ** min(decisions, limit)):
             prefs = [(bits >> k) & 1 for k in range(min(decisions, limit))]
             other = self._match(pattern, anchor, prefs)[0]
@@ -537,10 +555,11 @@ class Matcher:
             return st.failed(lambda: f"{pnode.name!r} ({_op(pnode.target)}) meets {_describe(g)}")
         if g in st.used:
             return st.failed(lambda: f"graph node {g.name!r} would match two pattern nodes")
-        if g.target != pnode.target and self.twins.get(g) != pnode.target:
+        target = g.target
+        if target is not pnode.target and target != pnode.target and self.twins.get(g) != pnode.target:
             return st.failed(lambda: f"{g.name!r} is {_op(g.target)} where the pattern has {_op(pnode.target)}")
-        gargs = g.args
-        if g.kwargs or len(gargs) != pnode.arity:
+        gargs = self.args_cache.get(g)  # one lookup: fx's args and kwargs are properties (a tenth of the walk)
+        if gargs is None:
             gargs = arguments(g, self.args_cache)
         # one operand order: a failure here is undone by the caller's snapshot (or the match is dropped)
         if not pnode.commutative or len(gargs) < 2:
@@ -572,6 +591,8 @@ class Matcher:
             if type(pa) is Ref and type(ga) is fx.Node and ga not in noise:  # most arguments: an op's result
                 if not self._node(pat, pa.index, ga, st):
                     return False
+            elif type(pa) in _LITERALS and type(ga) is type(pa) and pa == ga:  # the next most: a literal as written
+                continue
             elif not self._arg(pat, pa, ga, st, where):
                 return False
         return True
@@ -598,7 +619,8 @@ class Matcher:
             if bound is not None and bound is not target:
                 return st.failed(lambda: f"parameter {pa.name!r} would be both {bound.name!r} and {target.name!r}")
             st.bind[pa.name] = target
-            st.copies.extend(n for n in skipped if n.target not in VIEW_OPS)
+            if skipped:  # rarely: a generator made for nothing was 4% of the walk
+                st.copies.extend(n for n in skipped if n.target not in VIEW_OPS)
             return True
         if kind is Capture:
             ok = isinstance(ga, (int, float)) and not isinstance(ga, bool) and (pa.py_type is float or isinstance(ga, int))
