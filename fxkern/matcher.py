@@ -55,15 +55,16 @@ def _val(node: Any) -> Any:
 
 def value_preserving(node: fx.Node) -> bool:
     """True when ``node`` returns its first input's values in its shape and dtype."""
-    if node.op != "call_function" or not node.args or not isinstance(node.args[0], fx.Node):
+    args = node.args
+    if node.op != "call_function" or not args or not isinstance(args[0], fx.Node):
         return False
-    t = node.target
-    if t not in VIEW_OPS and t not in CLONE_OPS and t not in CAST_OPS:
+    kind = _NOISE_KIND.get(node.target)  # one lookup: an op's hash is a Python call
+    if kind is None:
         return False
-    src, out = _val(node.args[0]), _val(node)
+    src, out = _val(args[0]), _val(node)
     if not isinstance(src, torch.Tensor) or not isinstance(out, torch.Tensor):
         return False
-    if t in CAST_OPS and (src.dtype != out.dtype or src.device != out.device):
+    if kind == "casts" and (src.dtype != out.dtype or src.device != out.device):
         return False
     try:
         return src.dtype == out.dtype and tuple(src.shape) == tuple(out.shape)
@@ -72,6 +73,7 @@ def value_preserving(node: fx.Node) -> bool:
 
 
 NOISE_OPS = {"views": VIEW_OPS, "clones": CLONE_OPS, "casts": CAST_OPS}
+_NOISE_KIND = {op: kind for kind, ops in NOISE_OPS.items() for op in ops}
 
 # literal types a pattern argument compares by equality alone (the walk's last case, tried first)
 _LITERALS = frozenset({int, float, bool, str, type(None), torch.dtype, torch.device, torch.layout, torch.memory_format})
@@ -547,11 +549,12 @@ class Matcher:
         if pi in st.p2g:
             return st.p2g[pi] is g or st.failed(lambda: f"pattern node {pat.nodes[pi].name!r} would be two graph nodes")
         pnode = pat.nodes[pi]
-        if isinstance(g, fx.Node) and g.op == "placeholder":
+        op = g.op if isinstance(g, fx.Node) else None
+        if op == "placeholder":
             return st.failed(lambda: f"the pattern computes {pnode.name!r} ({_op(pnode.target)}) where the graph takes "
                                      f"input {g.name!r}: computed outside this graph (a model input, or in a "
                                      f"backward graph a value the forward saved)")
-        if not isinstance(g, fx.Node) or g.op != "call_function":
+        if op != "call_function":
             return st.failed(lambda: f"{pnode.name!r} ({_op(pnode.target)}) meets {_describe(g)}")
         if g in st.used:
             return st.failed(lambda: f"graph node {g.name!r} would match two pattern nodes")

@@ -126,10 +126,17 @@ class _Candidate:
     fake_outputs: Tuple[Any, ...]
 
 
-def _location(node: fx.Node) -> str:
+def _location(node: fx.Node, seen: Optional[Dict[str, str]] = None) -> str:
+    """The last file:line of ``node``'s stack trace; ``seen`` keeps those found by trace (a model's
+    layers share theirs, and the search was 1% of the pass)."""
     trace = node.meta.get("stack_trace") or ""
+    if seen is not None and trace in seen:
+        return seen[trace]
     found = re.findall(r'File "([^"]+)", line (\d+)', trace)
-    return f"{found[-1][0]}:{found[-1][1]}" if found else "?"
+    where = f"{found[-1][0]}:{found[-1][1]}" if found else "?"
+    if seen is not None:
+        seen[trace] = where
+    return where
 
 
 def _positions(graph: fx.Graph) -> Dict[fx.Node, float]:
@@ -201,7 +208,8 @@ class _Facts:
         self.writers = writers
         self.writer_pos = [self.pos[n] for n in writers]
         self.fake_runs: Dict[Any, Any] = {}
-        self.meta_keys: Dict[fx.Node, Any] = {}
+        self.meta_keys: Dict[fx.Node, int] = {}
+        self.meta_ids: Dict[Any, int] = {}  # each distinct metadata key, numbered
         # the layout check's steps, by node and the strides of its inputs that changed, and the
         # (node, strides) whose every later node was checked: matches in a model of one layout
         # change every later node the same way, run once
@@ -261,11 +269,13 @@ class _Facts:
         return self.writers[i] if i < len(self.writers) and self.writer_pos[i] <= last else None
 
     def meta_key(self, v: Any) -> Any:
+        """:func:`_meta_key`, a node's as the number of its distinct key: the fake runs' cache then
+        hashes a few numbers a match, not shapes, strides and devices (half a cached lookup's cost)."""
         if not isinstance(v, fx.Node):
             return _meta_key(v)
         key = self.meta_keys.get(v)
         if key is None:
-            key = self.meta_keys[v] = _meta_key(v)
+            key = self.meta_keys[v] = self.meta_ids.setdefault(_meta_key(v), len(self.meta_ids))
         return key
 
 
@@ -284,7 +294,7 @@ def _hazards(match: Match, facts: _Facts) -> Optional[str]:
     if node is not None:
         where = "the matched nodes" if pos[node] > min(pos[n] for n in inside) else "a copy the match reads and the match"
         return f"the in-place op {node.name!r} ({node.target}) runs between {where}"
-    for n in match.nodes:
+    for n in match.nodes if facts.autocast or facts.where.autocast else ():  # most graphs: no autocast anywhere
         devices = facts.autocast_at(n)
         if devices and _autocast_changes(n):
             return (f"inside a torch.autocast({', '.join(map(repr, devices))}) block, {n.name!r} ({n.target}) runs in "
@@ -398,8 +408,8 @@ def _fake_run(rule: Rule, match: Match, facts: _Facts) -> Tuple[Optional[Tuple[A
     if unbound:  # a scalar the walk never met as a literal (a view's size, inside a list): explain crashed
         return None, (f"the match binds no value for the pattern's parameter(s) {unbound}; a scalar used inside a list "
                       f"argument (a view's size) is not captured: pass it as a tensor, or make it a constant")
-    key = (rule, tuple(facts.meta_key(match.bindings[p]) for p in rule.arg_params),
-           tuple(facts.meta_key(o) for o in match.outputs))
+    meta_key, bindings = facts.meta_key, match.bindings
+    key = (rule, tuple([meta_key(bindings[p]) for p in rule.arg_params]), tuple([meta_key(o) for o in match.outputs]))
     result = facts.fake_runs.get(key)
     if result is None:
         result = facts.fake_runs[key] = _fake_run_uncached(rule, match)
@@ -858,7 +868,7 @@ def _rule_candidates(rule: Rule, irs: Sequence[str], matcher: Matcher, facts: _F
         elif best is not None and (closest is None or best.depth > closest.depth):
             closest = best
     lists = [found for found in site_lists.values() if found]
-    n_sites = len(lists[0]) if len(lists) == 1 else len(set().union(*lists))
+    n_sites = sum(map(len, lists))  # the index's lists, one an op: no node is in two (a set of them was 1% of the pass)
     if closest is None and not safe and not misses and lists:  # no walk: the cheap test ruled every site out
         first = min((found[0] for found in lists), key=pos.__getitem__)
         for _, cp in variants.values():
@@ -902,8 +912,9 @@ def _analyse(gm: fx.GraphModule, rules: Union[RuleSet, Sequence[Rule], None], ir
         taken.accept(sorted(candidates, key=lambda c: (-len(c.match.nodes), pos[c.match.anchor])), report)
     accepted = taken.accepted
     accepted.sort(key=lambda c: pos[c.match.anchor])
+    locations: Dict[str, str] = {}
     for c in accepted:
-        info = MatchInfo(c.rule.name, [n.name for n in c.match.nodes], _location(c.match.anchor))
+        info = MatchInfo(c.rule.name, [n.name for n in c.match.nodes], _location(c.match.anchor, locations))
         report.rules[c.rule.name].matches.append(info)
     inner = _nested(gm, rules, irs, report, facts) if subgraphs else {}
     for rr in report.rules.values():
@@ -1202,6 +1213,8 @@ def _rewrite(graph: fx.Graph, accepted: List[_Candidate], pos: Dict[fx.Node, flo
     """Replace each accepted match by one op call; returns {old output node name: new node name}."""
     renamed: Dict[str, str] = {}
     replaced: Dict[fx.Node, fx.Node] = {}
+    # the name fx would make of each op, made once: fx re-derives it (a regex) at every call
+    names = {t: graph._target_to_str(t) for t in {c.rule.overload for c in accepted} | {operator.getitem}}
     for c in accepted:
         m, rule = c.match, c.rule
         nodes = m.node_set
@@ -1221,7 +1234,7 @@ def _rewrite(graph: fx.Graph, accepted: List[_Candidate], pos: Dict[fx.Node, flo
             continue
         prev = point.prev
         with graph.inserting_before(point):
-            call = graph.call_function(rule.overload, tuple(args))
+            call = graph.call_function(rule.overload, tuple(args), name=names[rule.overload])
         _copy_meta(call, m.anchor)
         # checked equal in shape and dtype to the op's; strides are the op's
         vals = [_with_layout(o.meta.get("val"), f) for o, f in zip(m.outputs, c.fake_outputs)]
@@ -1233,7 +1246,7 @@ def _rewrite(graph: fx.Graph, accepted: List[_Candidate], pos: Dict[fx.Node, flo
             after = call
             for i, fv in enumerate(vals):
                 with graph.inserting_after(after):
-                    item = graph.call_function(operator.getitem, (call, i))
+                    item = graph.call_function(operator.getitem, (call, i), name=names[operator.getitem])
                 _copy_meta(item, m.outputs[i])
                 item.meta["val"] = fv
                 pos[item] = (pos[after] + pos[point]) / 2
