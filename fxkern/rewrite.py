@@ -1213,8 +1213,10 @@ def _rewrite(graph: fx.Graph, accepted: List[_Candidate], pos: Dict[fx.Node, flo
     """Replace each accepted match by one op call; returns {old output node name: new node name}."""
     renamed: Dict[str, str] = {}
     replaced: Dict[fx.Node, fx.Node] = {}
-    # the name fx would make of each op, made once: fx re-derives it (a regex) at every call
-    names = {t: graph._target_to_str(t) for t in {c.rule.overload for c in accepted} | {operator.getitem}}
+    # the name fx would make of each op, made once: fx re-derives it (a regex) at every call. A private fx
+    # method: where a torch lacks it, fx names the nodes itself (name None), as before
+    to_str = getattr(graph, "_target_to_str", None)
+    names = {t: to_str(t) for t in {c.rule.overload for c in accepted} | {operator.getitem}} if to_str else {}
     for c in accepted:
         m, rule = c.match, c.rule
         nodes = m.node_set
@@ -1234,7 +1236,7 @@ def _rewrite(graph: fx.Graph, accepted: List[_Candidate], pos: Dict[fx.Node, flo
             continue
         prev = point.prev
         with graph.inserting_before(point):
-            call = graph.call_function(rule.overload, tuple(args), name=names[rule.overload])
+            call = graph.call_function(rule.overload, tuple(args), name=names.get(rule.overload))
         _copy_meta(call, m.anchor)
         # checked equal in shape and dtype to the op's; strides are the op's
         vals = [_with_layout(o.meta.get("val"), f) for o, f in zip(m.outputs, c.fake_outputs)]
@@ -1246,7 +1248,7 @@ def _rewrite(graph: fx.Graph, accepted: List[_Candidate], pos: Dict[fx.Node, flo
             after = call
             for i, fv in enumerate(vals):
                 with graph.inserting_after(after):
-                    item = graph.call_function(operator.getitem, (call, i), name=names[operator.getitem])
+                    item = graph.call_function(operator.getitem, (call, i), name=names.get(operator.getitem))
                 _copy_meta(item, m.outputs[i])
                 item.meta["val"] = fv
                 pos[item] = (pos[after] + pos[point]) / 2
