@@ -2310,12 +2310,18 @@ def test_deinterleaved_rotary_forms(form, dtype):
     cos, sin = rope_tables(b, s, d)
     q_rot = torch.randn(b, s, h * (24 + d)).view(b, s, h, 24 + d).transpose(1, 2)[..., 24:]
     for x in (q_rot, torch.randn(b, 1, s, d)):
-        model, args = Fn(form).eval(), (x.to(dtype), cos.to(dtype), sin.to(dtype))
-        ep = torch.export.export(model, args)
-        for program in (ep, ep.run_decompositions()):
-            new = fxkern.apply(program, lib.rules(), verify=True)
-            assert library_calls(new) == {"deinterleaved_rotary_embedding": 1}
-            torch.testing.assert_close(new.module()(*args), model(*args), rtol=0, atol=0)
+        one_op_in_both_irs(form, (x.to(dtype), cos.to(dtype), sin.to(dtype)), "deinterleaved_rotary_embedding")
+
+
+def one_op_in_both_irs(fn, args, name):
+    """``fn`` exported at ``args`` is the one library op ``name`` in the export IR and in core ATen,
+    its output equal to eager's to the bit."""
+    model = Fn(fn).eval()
+    ep = torch.export.export(model, args)
+    for program in (ep, ep.run_decompositions()):
+        new = fxkern.apply(program, lib.rules(), verify=True)
+        assert library_calls(new) == {name: 1}
+        torch.testing.assert_close(new.module()(*args), model(*args), rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
@@ -2346,12 +2352,7 @@ def test_chunked_rotary_form(dtype):
     b, s, h, d = 2, 8, 4, 16
     cos, sin = rope_tables(b, s, d)
     for x in (torch.randn(b, s, h * d).view(b, s, h, d).transpose(1, 2), torch.randn(b, 1, s, d)):
-        model, args = Fn(gpt_oss_rotation).eval(), (x.to(dtype), cos.to(dtype), sin.to(dtype))
-        ep = torch.export.export(model, args)
-        for program in (ep, ep.run_decompositions()):
-            new = fxkern.apply(program, lib.rules(), verify=True)
-            assert library_calls(new) == {"chunked_rotary_embedding": 1}
-            torch.testing.assert_close(new.module()(*args), model(*args), rtol=0, atol=0)
+        one_op_in_both_irs(gpt_oss_rotation, (x.to(dtype), cos.to(dtype), sin.to(dtype)), "chunked_rotary_embedding")
     op = lib.op("chunked_rotary_embedding")  # whole tables: rotate_half's numbers; other widths refused
     x = torch.randn(b, h, s, d)
     torch.testing.assert_close(op(x, cos[:, None], sin[:, None]), lib.rotary_embedding(x, cos[:, None], sin[:, None], 8),
