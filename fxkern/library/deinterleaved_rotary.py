@@ -201,8 +201,7 @@ def chunked_rotary_embedding(x, cos, sin):
     reference, whole-head tables rotate the second half with their second half (``rotate_half``'s form)."""
     if cos.shape[-1] != x.shape[-1] // 2:
         return rotary.rotary_embedding(x, cos, sin, x.shape[-1] // 2)
-    first, second = torch.chunk(x, 2, dim=-1)
-    return torch.cat((first * cos - second * sin, second * cos + first * sin), dim=-1)
+    return _chunked_pattern(x, cos, sin)
 
 
 def _chunked_pattern(x, cos, sin):

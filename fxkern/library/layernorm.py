@@ -44,8 +44,8 @@ from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 from fxkern.errors import KernelInputError
 from fxkern.library._rules import COMPILE_FREE_IRS, DTYPES, NAMESPACE, add_rule, row_geometry_8k, row_param
-from fxkern.library.rmsnorm import TWO_READ_DEFAULTS, TwoRead, pick_kernel, two_read_ops
 from fxkern.library.cuda_common import COMMON, EVICT_LOADS, row_tuning
+from fxkern.library.rmsnorm import TWO_READ_DEFAULTS, TwoRead, pick_kernel, two_read_ops
 from fxkern.ops import cuda_kernel_op
 from fxkern.patterns import SENTINELS
 from fxkern.spec import Custom, DimSize, InputDecl, KernelSpec, Numel, OutputDecl, SameAs, ScalarInput

@@ -1022,10 +1022,13 @@ def masked_scores(x: str, mask: str):
     return accept
 
 
+_SCORES_AND_MASK = masked_scores("x", "mask")
+
+
 def sink_operands(match) -> bool:
     """A filter: the masked scores' (``masked_scores``), one sink a head of their dtype, and the expand's
     sizes the scores' batch and queries."""
-    if not masked_scores("x", "mask")(match):
+    if not _SCORES_AND_MASK(match):
         return False
     x, sinks = (match.bindings[n].meta.get("val") for n in ("x", "sinks"))
     batch, queries = (match.bindings.get(n) for n in ("batch", "queries"))
