@@ -115,6 +115,9 @@ def cases():
         # ModernBERT's MLP: the erf GELU on the first half of one projection
         ("GEGLU, chunked halves, GELU on the first (ModernBERT)", "geglu_chunked_gate_first",
          swiglu.geglu_chunked_gate_first, lambda dt: (t(rows, 2 * d, dtype=dt),)),
+        # GPT-OSS's expert gate: (tokens, 2 * intermediate) interleaved columns, its alpha and limits
+        ("clamped SwiGLU, interleaved pairs (GPT-OSS experts)", "clamped_swiglu", swiglu.clamped_swiglu,
+         lambda dt: (t(rows, 2 * d, dtype=dt, scale=4.0), 1.702, 7.0, -7.0, 7.0)),
         ("softmax(-1)", "softmax", softmax.softmax,
          lambda dt: (t(rows, d, dtype=dt, scale=3.0),)),
         ("bias+GELU(erf)", "bias_gelu", gelu.bias_gelu,

@@ -75,7 +75,8 @@ def library_inputs(op, dtype, device, rows=37, cols=1000):
     tanh's curve); the rotary embedding (2, 3, rows, d) queries with d the even one of cols and
     cols - 1, (2, 1, rows, d) cos and sin (float32 for OLMo's op) and half = d // 2 (the partial one rotating half of d,
     rounded to even; the interleaved ones the same without half; DeepSeek-V3's and GPT-OSS's with
-    (2, 1, rows, d // 2) tables); GPT-OSS's sink softmax the masked scores with (3,) sinks and the expand's sizes (2, rows);
+    (2, 1, rows, d // 2) tables); GPT-OSS's sink softmax the masked scores with (3,) sinks and the expand's sizes (2, rows),
+    and its expert gate (rows, d) interleaved columns with its alpha and limits (1.702, 7);
     repeat_kv's (2, 3, rows, d) keys repeated twice, with their sizes; a head's norm
     and rotation the same with heads of d = 256 (74 for odd cols) and a (d,) weight."""
     from fxkern import kernel_op
@@ -117,6 +118,8 @@ def library_inputs(op, dtype, device, rows=37, cols=1000):
     if "sink_masked_softmax" in name:  # GPT-OSS's: the masked scores, one sink a head, the expand's sizes
         x, mask = (torch.randn(2, h, rows, cols, dtype=dtype, device=device) for h in (3, 1))
         return (x, mask, torch.randn(3, dtype=dtype, device=device), 1 / 8, 2, rows)
+    if "clamped_swiglu" in name:  # GPT-OSS's gate: rows of d interleaved (gate, up) columns, its alpha and limits
+        return (4 * torch.randn(rows, d, dtype=dtype, device=device), 1.702, 7.0, -7.0, 7.0)
     if "chunked" in name:  # the chunked GLUs split x's rows in two halves of cols each
         cols *= 2
     shapes = {"x": (2, 3, rows, cols), "mask": (2, 1, rows, cols)} if "masked_softmax" in name else {}

@@ -57,7 +57,7 @@ def test_rule_set_is_named_built_once_and_complete(rules):
             "t5_masked_softmax", "t5_softmax", "quick_gelu", "cohere_layer_norm", "add_cohere_layer_norm", "olmo2_rms_norm", "add_olmo2_rms_norm", "masked_softmax_float32",
             "scaled_masked_softmax_float32", "divided_masked_softmax", "divided_masked_softmax_float32",
             "softcapped_masked_softmax", "softcapped_masked_softmax_float32", "sink_masked_softmax", "rotary_embedding",
-            "add_layer_norm",
+            "add_layer_norm", "clamped_swiglu",
             "partial_rotary_embedding", "whole_rotary_embedding", "repeat_kv", "rotary_embedding_repeat_kv",
             "whole_rotary_embedding_repeat_kv", "partial_rotary_embedding_repeat_kv", "rms_norm_rotary_embedding",
             "gemma_rms_norm_rotary_embedding", "rms_norm_rotary_embedding_repeat_kv",
@@ -73,7 +73,7 @@ def test_rule_set_is_named_built_once_and_complete(rules):
                  lib.RMS_NORM_ROTARY, lib.GEMMA_RMS_NORM_ROTARY, lib.RMS_NORM_ROTARY_REPEAT_KV,
                  lib.GEMMA_RMS_NORM_ROTARY_REPEAT_KV, lib.ADD_LAYER_NORM_NO_BIAS, lib.LITGPT_RMS_NORM,
                  lib.ADD_LITGPT_RMS_NORM, lib.MASKED_SOFTMAX, lib.GEGLU_CHUNKED_GATE_FIRST, lib.INTERLEAVED_ROTARY,
-                 lib.PARTIAL_INTERLEAVED_ROTARY):
+                 lib.PARTIAL_INTERLEAVED_ROTARY, lib.CLAMPED_SWIGLU):
         kinds = [type(d).__name__ for d in spec.inputs]
         assert kinds == sorted(kinds, key=lambda k: k != "InputDecl")
 
@@ -679,6 +679,24 @@ def test_geglu_forms(dtype):
     x = torch.randn(2, 8, 64)
     assert replaced(LitGemmaMLP("tanh"), x, dtype=dtype) == {"geglu_tanh": 1}
     assert replaced(LitGemmaMLP("none"), x, dtype=dtype) == {"geglu": 1}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=["float32", "float16", "bfloat16"])
+def test_gpt_oss_expert_gate_is_one_op(dtype):
+    """GPT-OSS's expert gate, transformers' own ``GptOssExperts._apply_gate``: the interleaved columns'
+    clamps, the sloped SiLU and the shifted up are one op in the export IR and in core ATen, equal to
+    eager to the bit; not quick_gelu (``gate * sigmoid(gate * 1.702)``) and five more kernels."""
+    from transformers.models.gpt_oss.modeling_gpt_oss import GptOssExperts
+
+    experts = GptOssExperts(transformers.GptOssConfig(hidden_size=64, intermediate_size=48, num_local_experts=4))
+    assert (experts.alpha, experts.limit) == (1.702, 7.0)
+    torch.manual_seed(0)
+    gate_up = (6 * torch.randn(24, 96)).to(dtype)  # (tokens, 2 * intermediate), out past both clamps
+    one_op_in_both_irs(experts._apply_gate, (gate_up,), "clamped_swiglu")
+    # a transposed projection's pairs are not 16-byte packs: left to the smaller rule, as before
+    assert replaced(Fn(lambda x: experts._apply_gate(x.t())), gate_up.t().contiguous()) == {"quick_gelu": 1}
+    with pytest.raises(fxkern.KernelInputError, match=r"gate_up has shape \(24, 95\): give it an even last axis"):
+        lib.op("clamped_swiglu")(gate_up[:, :95], 1.702, 7.0, -7.0, 7.0)
 
 
 def test_gemma_model_is_replaced_end_to_end():
@@ -2001,6 +2019,7 @@ def test_olmo2_and_gpt_oss_norms_take_the_litgpt_ops(dtype):
     assert {k: v for k, v in calls.items() if "norm" in k} == want
     assert calls["sink_masked_softmax"] == 2  # each layer's attention, sliding-window and full
     assert calls["chunked_rotary_embedding"] == 4  # each layer's queries and keys
+    assert calls["clamped_swiglu"] == 2 and "quick_gelu" not in calls  # each layer's experts' gate
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])

@@ -119,6 +119,9 @@ CASES = {
     # ModernBERT's MLP: the GELU on the first half
     "geglu_chunked_gate_first": (swiglu.geglu_chunked_gate_first,
                                  lambda rows, d, dtype: (rand(rows, 2 * d, dtype=dtype, scale=2.0),)),
+    # GPT-OSS's expert gate: d (gate, up) pairs a row, interleaved; values out to +-20 meet both clamps
+    "clamped_swiglu": (swiglu.clamped_swiglu,
+                       lambda rows, d, dtype: (rand(rows, 2 * d, dtype=dtype, scale=6.0), 1.702, 7.0, -7.0, 7.0)),
 }
 
 
@@ -412,7 +415,7 @@ def test_softmax_rows_with_special_values_on_every_grid(dtype, d):
 
 
 ACTIVATIONS = ["bias_gelu", "bias_gelu_tanh", "bias_gelu_residual", "gelu_new", "megatron_bias_gelu", "quick_gelu", "swiglu",
-               "geglu", "geglu_tanh", "geglu_new", "geglu_chunked"]
+               "geglu", "geglu_tanh", "geglu_new", "geglu_chunked", "clamped_swiglu"]
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).removeprefix("torch."))

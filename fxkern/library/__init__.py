@@ -11,8 +11,9 @@ pattern functions (each pattern is also its op's CPU reference):
 * :mod:`~fxkern.library.layernorm` — a residual add and the ``nn.LayerNorm`` after it (BERT, GPT-2, ViT;
   ModernBERT's, which has no bias), and Cohere's LayerNorm written out in float32, with and without the add;
 * :mod:`~fxkern.library.gelu` — bias + GELU (+ residual) for erf, tanh, ``gelu_new`` and Megatron GELU, and CLIP's ``quick_gelu``;
-* :mod:`~fxkern.library.swiglu` — ``silu(gate) * up``, ``gelu(gate) * up`` (Gemma, T5), and SwiGLU/GEGLU
-  over the two halves of one projection (``x.chunk(2, -1)``: Phi-3, diffusers, ModernBERT);
+* :mod:`~fxkern.library.swiglu` — ``silu(gate) * up``, ``gelu(gate) * up`` (Gemma, T5), SwiGLU/GEGLU
+  over the two halves of one projection (``x.chunk(2, -1)``: Phi-3, diffusers, ModernBERT), and GPT-OSS's
+  clamped gate over its projection's interleaved columns;
 * :mod:`~fxkern.library.softmax` — softmax over the last axis, HF's and T5's float32 forms too, and
   attention's scaled, masked softmax (``scores * scaling + mask`` or ``scores / sqrt(d) + mask``, then
   softmax), also with Gemma 2's soft-capped scores, and T5's unscaled ``scores + position_bias``;
@@ -139,7 +140,7 @@ from fxkern.library.softmax import (
     t5_masked_softmax,
     t5_softmax,
 )
-from fxkern.library.swiglu import GEGLU_CHUNKED_GATE_FIRST, SWIGLU, geglu_chunked_gate_first
+from fxkern.library.swiglu import CLAMPED_SWIGLU, GEGLU_CHUNKED_GATE_FIRST, SWIGLU, clamped_swiglu, geglu_chunked_gate_first
 from fxkern.rules import RuleSet
 
 NAME = "fxkern.library"
@@ -189,6 +190,7 @@ __all__ = [
     "BIAS_GELU_TANH",
     "BIAS_GELU_TANH_RESIDUAL",
     "CHUNKED_ROTARY",
+    "CLAMPED_SWIGLU",
     "DEINTERLEAVED_ROTARY",
     "DIVIDED_MASKED_SOFTMAX",
     "GEGLU_CHUNKED_GATE_FIRST",
@@ -233,6 +235,7 @@ __all__ = [
     "bias_gelu_tanh_residual",
     "deinterleaved_rotary",
     "chunked_rotary_embedding",
+    "clamped_swiglu",
     "deinterleaved_rotary_embedding",
     "divided_masked_softmax",
     "divided_masked_softmax_float32",

@@ -23,12 +23,20 @@ Their kernels read both halves of ``x``'s rows in place and write the half-width
 itself leaves strided views alone: making ``chunk``'s halves contiguous first would move more bytes
 than eager PyTorch does. The chunked forms are matched in the export IR, where ``aten.chunk(x, 2,
 -1)`` stays one node; the other IRs split at a size-dependent literal.
+
+GPT-OSS's experts interleave the two instead (``GptOssExperts._apply_gate``): ``gate, up =
+gate_up[..., ::2], gate_up[..., 1::2]``, each clamped to ``swiglu_limit`` (the gate from above), then
+``(up + 1) * gate * sigmoid(gate * alpha)``: ``clamped_swiglu``, one kernel where eager runs seven
+(the slices are views), reading each row's pairs in 16-byte packs. It is matched on the 2-D
+``(tokens, 2 * intermediate)`` projection transformers' expert loops and grouped/batched matmuls
+hand it (the slices' axis is a literal of the rank), in every IR but inductor's (a pointwise kernel there too).
 """
 
 from __future__ import annotations
 
 import dataclasses
 
+import torch
 import torch.nn.functional as F
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 
@@ -46,7 +54,7 @@ from fxkern.errors import KernelInputError
 from fxkern.library.gelu import SOURCE as _GELU_SOURCE
 from fxkern.library.gelu import gelu_new as _gelu_new
 from fxkern.ops import cuda_kernel_op
-from fxkern.spec import Custom, DimSize, InputDecl, KernelSpec, Numel, OutputDecl, SameAs
+from fxkern.spec import Custom, DimSize, InputDecl, KernelSpec, Numel, OutputDecl, SameAs, ScalarInput
 
 # The elementwise engine (fxk::map) lives with the GELU kernels; SwiGLU adds its functor.
 SOURCE = _GELU_SOURCE + r"""
@@ -136,6 +144,71 @@ FXK_GLU_HALVES(swiglu_chunked, fxk::GLU_SILU, true)
 FXK_GLU_HALVES(swiglu_chunked_gate_last, fxk::GLU_SILU, false)
 FXK_GLU_HALVES(geglu_chunked, fxk::GLU_GELU, false)
 FXK_GLU_HALVES(geglu_chunked_gate_first, fxk::GLU_GELU, true)
+
+namespace fxk {
+// GPT-OSS's expert gate in float32, rounded once: g = min(gate, gate_max), u = clamp(up, up_min,
+// up_max), (u + 1) * g * sigmoid(alpha * g). The clamps compare rather than call fminf/fmaxf, so a NaN
+// passes through as torch.clamp passes it; alpha_l2e is -alpha * log2(e), folded once.
+struct ClampedGlu {
+    float alpha_l2e, gate_max, up_min, up_max;
+    __device__ __forceinline__ float operator()(float g, float u) const {
+        g = g > gate_max ? gate_max : g;
+        u = u < up_min ? up_min : u;
+        u = u > up_max ? up_max : u;
+        return (u + 1.0f) * (g * rcp_sfu(1.0f + exp2_sfu(alpha_l2e * g)));
+    }
+};
+
+// y[j] = f(x[2j], x[2j + 1]) over n outputs: a row of 2I interleaved (gate, up) columns is I pairs, and
+// no pair crosses a row, so the rows need no indexing. Each thread writes PER outputs, a 16-byte pack
+// of them from two 16-byte packs of x, when both pointers are aligned; the ragged end and unaligned
+// views take single pairs.
+template <typename T, typename Fn>
+__device__ __forceinline__ void glu_pairs(const T* __restrict__ x, unsigned n, T* __restrict__ y, Fn f) {
+    constexpr int V = 16 / sizeof(T), PER = FXK_EW_PER, NV = PER / V;
+    const unsigned base = blockIdx.x * (blockDim.x * PER);
+    if (aligned16(x) && aligned16(y)) {
+        Pack<T, V> lo[NV], hi[NV];
+#pragma unroll
+        for (int k = 0; k < NV; ++k) {
+            const unsigned i = base + (k * blockDim.x + threadIdx.x) * V;
+            if (i + V <= n) {
+                lo[k] = load<T, V>(x + 2 * (size_t)i);
+                hi[k] = load<T, V>(x + 2 * (size_t)i + V);
+            }
+        }
+#pragma unroll
+        for (int k = 0; k < NV; ++k) {
+            const unsigned i = base + (k * blockDim.x + threadIdx.x) * V;
+            if (i + V <= n) {
+                float a[V], b[V], o[V];
+                to_floats(lo[k], a);
+                to_floats(hi[k], b);
+#pragma unroll
+                for (int j = 0; j < V / 2; ++j) {
+                    o[j] = f(a[2 * j], a[2 * j + 1]);
+                    o[V / 2 + j] = f(b[2 * j], b[2 * j + 1]);
+                }
+                store<T, V>(y + i, from_floats<T, V>(o));
+            } else {
+                for (unsigned e = i; e < n; ++e) y[e] = from_f<T>(f(to_f<T>(x[2 * (size_t)e]), to_f<T>(x[2 * (size_t)e + 1])));
+            }
+        }
+    } else {
+#pragma unroll 4
+        for (int k = 0; k < PER; ++k) {
+            const unsigned e = base + k * blockDim.x + threadIdx.x;
+            if (e < n) y[e] = from_f<T>(f(to_f<T>(x[2 * (size_t)e]), to_f<T>(x[2 * (size_t)e + 1])));
+        }
+    }
+}
+}  // namespace fxk
+
+template <typename T>
+__global__ void FXK_EW_BOUNDS(T) clamped_swiglu(const T* x, float alpha, float gate_max, float up_min, float up_max,
+                                                int nx, T* y) {
+    fxk::glu_pairs<T>(x, (unsigned)nx / 2, y, fxk::ClampedGlu{alpha * -1.4426950408889634f, gate_max, up_min, up_max});
+}
 """
 
 SWIGLU = KernelSpec(
@@ -229,10 +302,40 @@ GEGLU_CHUNKED = _halves_spec("geglu_chunked")
 GEGLU_CHUNKED_GATE_FIRST = _halves_spec("geglu_chunked_gate_first")
 
 
-def _even_contiguous_rows(match) -> bool:
-    x = match.bindings.get("x")
-    shape = _shape(x)
-    return bool(shape) and statically_known_true(shape[-1] % 2 == 0) and is_contiguous(x)
+def clamped_swiglu(gate_up, alpha: float, gate_max: float, up_min: float, up_max: float):
+    """transformers' ``GptOssExperts._apply_gate`` (GPT-OSS), as written there: the fused projection's
+    columns interleave gate and up (``gate_up[..., ::2]``, ``gate_up[..., 1::2]``), each clamped
+    (``swiglu_limit``: the gate from above, up both ways), the gate's SiLU taken with a slope
+    (``swiglu_alpha``: ``gate * sigmoid(gate * alpha)``), and up shifted by one. Seven kernels in eager."""
+    gate, up = gate_up[..., ::2], gate_up[..., 1::2]
+    gate = gate.clamp(min=None, max=gate_max)
+    up = up.clamp(min=up_min, max=up_max)
+    glu = gate * torch.sigmoid(gate * alpha)
+    return (up + 1) * glu
+
+
+def _pairs_meta(gate_up, alpha, gate_max, up_min, up_max):
+    """Rows of half the width: one output a (gate, up) pair; an odd last axis has no pairs to split."""
+    d = gate_up.shape[-1] if gate_up.dim() else None
+    if gate_up.dim() == 0 or (isinstance(d, int) and d % 2):
+        raise KernelInputError(f"{NAMESPACE}::clamped_swiglu reads (gate, up) column pairs of gate_up's last axis; "
+                               f"gate_up has shape {tuple(gate_up.shape)}: give it an even last axis")
+    return gate_up.new_empty((*gate_up.shape[:-1], d // 2))
+
+
+CLAMPED_SWIGLU = KernelSpec(
+    SOURCE, "clamped_swiglu",
+    inputs=[InputDecl("gate_up"), *(ScalarInput(name, float) for name in ("alpha", "gate_max", "up_min", "up_max"))],
+    extras=[Numel("gate_up")], geometry=Custom(elementwise_geometry), dtypes=DTYPES)
+
+
+def _even_contiguous(name: str):
+    """A filter: the tensor bound to ``name`` is contiguous, its last axis even."""
+    def accept(match) -> bool:
+        x = match.bindings.get(name)
+        shape = _shape(x)
+        return bool(shape) and statically_known_true(shape[-1] % 2 == 0) and is_contiguous(x)
+    return accept
 
 
 def register(rules) -> None:
@@ -250,4 +353,10 @@ def register(rules) -> None:
         name = pattern.__name__
         op = cuda_kernel_op(f"{NAMESPACE}::{name}", spec, meta_fn=_halves_meta, schema="(Tensor x) -> Tensor",
                             reference=pattern)
-        add_rule(rules, pattern, op, name, filter=_even_contiguous_rows, irs=("export",))
+        add_rule(rules, pattern, op, name, filter=_even_contiguous("x"), irs=("export",))
+    # GPT-OSS's gate, ahead of the gelu module's quick_gelu rule (added earlier), which would take its
+    # ``gate * sigmoid(gate * 1.702)`` and leave the clamps and the product to five more kernels.
+    op = cuda_kernel_op(f"{NAMESPACE}::clamped_swiglu", CLAMPED_SWIGLU, meta_fn=_pairs_meta, reference=clamped_swiglu,
+                        schema="(Tensor gate_up, float alpha, float gate_max, float up_min, float up_max) -> Tensor")
+    add_rule(rules, clamped_swiglu, op, "clamped_swiglu", filter=_even_contiguous("gate_up"), irs=COMPILE_FREE_IRS,
+             priority=-1)
