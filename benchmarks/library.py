@@ -131,6 +131,7 @@ def cases():
         ("gelu_new (GPT-2, written out)", "gelu_new", gelu.gelu_new,
          lambda dt: (t(rows, d, dtype=dt),)),
         ("quick_gelu (CLIP)", "quick_gelu", gelu.quick_gelu, lambda dt: (t(rows, d, dtype=dt),)),
+        ("Megatron GELU, no bias (BLOOM)", "megatron_gelu", gelu.megatron_gelu, lambda dt: (t(rows, d, dtype=dt),)),
         # the shapes the demo model runs: attention scores of 8x32 heads x 512 keys, and its norms
         ("HF attention softmax, 131072x512", "softmax_float32", softmax.softmax_float32,
          lambda dt: (t(8 * 32 * 512, 512, dtype=dt, scale=3.0),)),

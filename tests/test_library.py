@@ -52,7 +52,7 @@ def test_rule_set_is_named_built_once_and_complete(rules):
             "add_t5_layer_norm",
             "add_gemma_rms_norm", "bias_gelu", "bias_gelu_residual", "bias_gelu_tanh",
             "bias_gelu_tanh_residual", "gelu_new", "bias_gelu_new", "bias_gelu_new_residual",
-            "megatron_bias_gelu", "swiglu", "geglu", "geglu_tanh", "geglu_new", "softmax", "softmax_float32", "scaled_masked_softmax",
+            "megatron_bias_gelu", "megatron_gelu", "swiglu", "geglu", "geglu_tanh", "geglu_new", "softmax", "softmax_float32", "scaled_masked_softmax",
             "litgpt_rms_norm", "add_litgpt_rms_norm", "add_layer_norm_no_bias", "geglu_chunked_gate_first", "masked_softmax",
             "t5_masked_softmax", "t5_softmax", "quick_gelu", "cohere_layer_norm", "add_cohere_layer_norm", "olmo2_rms_norm", "add_olmo2_rms_norm", "masked_softmax_float32",
             "scaled_masked_softmax_float32", "divided_masked_softmax", "divided_masked_softmax_float32",
@@ -618,6 +618,16 @@ def test_clip_quick_gelu_is_one_op(dtype):
         torch.testing.assert_close(new.module()(other).last_hidden_state, model(other).last_hidden_state,
                                    rtol=0, atol=0)
     torch.testing.assert_close(lib.op("quick_gelu")(ids.float()), lib.quick_gelu(ids.float()), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
+def test_bloom_gelu_is_one_op(dtype):
+    """BLOOM's MLP activation (transformers' ``BloomGelu``, ``bloom_gelu_forward``: Megatron's GELU, its
+    bias left inside ``dense_h_to_4h``): one op in the export IR and in core ATen, equal to eager to the bit."""
+    from transformers.models.bloom.modeling_bloom import BloomGelu
+
+    torch.manual_seed(0)
+    one_op_in_both_irs(BloomGelu().eval(), (torch.randn(4, 8, 64).to(dtype),), "megatron_gelu")
 
 
 def test_bias_gelu_near_misses_are_left_alone():
@@ -2030,6 +2040,7 @@ def test_bloom_float32_masked_softmax_is_the_unscaled_masked_op(dtype):
     assert bloom.config._attn_implementation == "eager"
     calls = _rewritten_logits_equal(bloom, torch.randint(0, 128, (2, 16)))
     assert calls.get("masked_softmax") == 2 and "softmax" not in calls
+    assert calls.get("megatron_gelu") == 2  # bloom_gelu_forward, its bias inside dense_h_to_4h
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])

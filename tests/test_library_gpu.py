@@ -107,6 +107,7 @@ CASES = {
     "bias_gelu_new_residual": (gelu.bias_gelu_new_residual, ew_case(2, True)),
     "megatron_bias_gelu": (gelu.megatron_bias_gelu, ew_case(1, True)),
     "quick_gelu": (gelu.quick_gelu, ew_case(1, False)),
+    "megatron_gelu": (gelu.megatron_gelu, ew_case(1, False)),
     "swiglu": (swiglu.swiglu, ew_case(2, False)),
     "geglu": (swiglu.geglu, ew_case(2, False)),
     "geglu_tanh": (swiglu.geglu_tanh, ew_case(2, False)),
@@ -414,7 +415,7 @@ def test_softmax_rows_with_special_values_on_every_grid(dtype, d):
                                equal_nan=True)
 
 
-ACTIVATIONS = ["bias_gelu", "bias_gelu_tanh", "bias_gelu_residual", "gelu_new", "megatron_bias_gelu", "quick_gelu", "swiglu",
+ACTIVATIONS = ["bias_gelu", "bias_gelu_tanh", "bias_gelu_residual", "gelu_new", "megatron_bias_gelu", "megatron_gelu", "quick_gelu", "swiglu",
                "geglu", "geglu_tanh", "geglu_new", "geglu_chunked", "clamped_swiglu"]
 
 

@@ -10,7 +10,8 @@ pattern functions (each pattern is also its op's CPU reference):
   ``nn.RMSNorm``, litgpt's ``RMSNorm``, each also fused with the residual add before it;
 * :mod:`~fxkern.library.layernorm` — a residual add and the ``nn.LayerNorm`` after it (BERT, GPT-2, ViT;
   ModernBERT's, which has no bias), and Cohere's LayerNorm written out in float32, with and without the add;
-* :mod:`~fxkern.library.gelu` — bias + GELU (+ residual) for erf, tanh, ``gelu_new`` and Megatron GELU, and CLIP's ``quick_gelu``;
+* :mod:`~fxkern.library.gelu` — bias + GELU (+ residual) for erf, tanh, ``gelu_new`` and Megatron GELU (BLOOM's
+  without the bias), and CLIP's ``quick_gelu``;
 * :mod:`~fxkern.library.swiglu` — ``silu(gate) * up``, ``gelu(gate) * up`` (Gemma, T5), SwiGLU/GEGLU
   over the two halves of one projection (``x.chunk(2, -1)``: Phi-3, diffusers, ModernBERT), and GPT-OSS's
   clamped gate over its projection's interleaved columns;
@@ -54,6 +55,7 @@ from fxkern.library.gelu import (
     BIAS_GELU_TANH_RESIDUAL,
     GELU_NEW,
     MEGATRON_BIAS_GELU,
+    MEGATRON_GELU,
     QUICK_GELU,
     bias_gelu,
     bias_gelu_new,
@@ -63,6 +65,7 @@ from fxkern.library.gelu import (
     bias_gelu_tanh_residual,
     gelu_new,
     megatron_bias_gelu,
+    megatron_gelu,
     quick_gelu,
 )
 from fxkern.library.interleaved_rotary import (
@@ -202,6 +205,7 @@ __all__ = [
     "LITGPT_RMS_NORM",
     "MASKED_SOFTMAX",
     "MEGATRON_BIAS_GELU",
+    "MEGATRON_GELU",
     "QUICK_GELU",
     "NAME",
     "PARTIAL_INTERLEAVED_ROTARY",
@@ -252,6 +256,7 @@ __all__ = [
     "llama_rmsnorm",
     "masked_softmax",
     "megatron_bias_gelu",
+    "megatron_gelu",
     "quick_gelu",
     "meta_rmsnorm",
     "norm_rotary",

@@ -7,7 +7,8 @@ GELU comes in the forms libraries write it:
   (``gelu_pytorch_tanh``), timm's ``GELUTanh``;
 * ``new`` — transformers' ``NewGELUActivation`` (``gelu_new``: GPT-2, GPT-J, CodeGen...) written
   out in eight ops, also matched without a bias (GPT-2's ``Conv1D`` puts its bias inside ``addmm``);
-* ``megatron`` — Megatron-LM's (and NeMo's) ``bias_gelu``, the classic fused bias + tanh-GELU;
+* ``megatron`` — Megatron-LM's (and NeMo's) ``bias_gelu``, the classic fused bias + tanh-GELU, and
+  the same without a bias: BLOOM's ``bloom_gelu_forward`` (its bias is inside the ``nn.Linear`` before it);
 * ``quick`` — transformers' ``QuickGELUActivation`` (``quick_gelu``: ``x * torch.sigmoid(1.702 * x)``,
   OpenAI's CLIP and the models built on its towers: CLIP, OWL-ViT, X-CLIP, GIT, Qwen2-VL's vision
   encoder...), whose bias is inside the ``nn.Linear`` before it: the plain form only.
@@ -218,6 +219,7 @@ FXK_GELU(gelu_new, fxk::GELU_NEW)
 FXK_BIAS_GELU(bias_gelu_new, fxk::GELU_NEW)
 FXK_BIAS_GELU_RES(bias_gelu_new_residual, fxk::GELU_NEW)
 FXK_BIAS_GELU(megatron_bias_gelu, fxk::GELU_MEGATRON)
+FXK_GELU(megatron_gelu, fxk::GELU_MEGATRON)
 FXK_GELU(quick_gelu, fxk::GELU_QUICK)
 """
 
@@ -241,6 +243,7 @@ GELU_NEW = _spec("gelu_new", ("x",))
 BIAS_GELU_NEW = _spec("bias_gelu_new", ("x", "bias"))
 BIAS_GELU_NEW_RESIDUAL = _spec("bias_gelu_new_residual", ("x", "bias", "residual"))
 MEGATRON_BIAS_GELU = _spec("megatron_bias_gelu", ("x", "bias"))
+MEGATRON_GELU = _spec("megatron_gelu", ("x",))
 QUICK_GELU = _spec("quick_gelu", ("x",))
 
 # ---- patterns: each is also its op's reference ----------------------------------------------------
@@ -283,6 +286,12 @@ def megatron_bias_gelu(x, bias):
     return h * 0.5 * (1.0 + torch.tanh(0.79788456 * h * (1 + 0.044715 * h * h)))
 
 
+def megatron_gelu(x):
+    """Megatron's GELU without the bias: transformers' ``bloom_gelu_forward`` (BLOOM, BLOOMZ), as
+    written there, nine kernels in eager."""
+    return x * 0.5 * (1.0 + torch.tanh(0.79788456 * x * (1 + 0.044715 * x * x)))
+
+
 def quick_gelu(x):
     """transformers' ``QuickGELUActivation.forward``, as written there (CLIP's ``quick_gelu``)."""
     return x * torch.sigmoid(1.702 * x)
@@ -299,6 +308,7 @@ RULES = (
     (bias_gelu_new, BIAS_GELU_NEW, ("bias",)),
     (megatron_bias_gelu, MEGATRON_BIAS_GELU, ("bias",)),
     (gelu_new, GELU_NEW, ()),
+    (megatron_gelu, MEGATRON_GELU, ()),
     (quick_gelu, QUICK_GELU, ()),
 )
 
