@@ -97,6 +97,11 @@ def cases():
          layernorm.add_cohere_layer_norm, lambda dt: (t(rows, d, dtype=dt), t(rows, d, dtype=dt), t(d, dtype=dt), 1e-5)),
         ("LayerNorm written out in float32 (Cohere)", "cohere_layer_norm", layernorm.cohere_layer_norm,
          lambda dt: (t(rows, d, dtype=dt), t(d, dtype=dt), 1e-5)),
+        # OLMo 1's: neither weight nor bias, F.layer_norm of the float32 upcast, cast back
+        ("residual add + LayerNorm, no weight or bias, in float32 (OLMo 1)", "add_olmo_layer_norm",
+         layernorm.add_olmo_layer_norm, lambda dt: (t(rows, d, dtype=dt), t(rows, d, dtype=dt), d, 1e-5)),
+        ("LayerNorm, no weight or bias, in float32 (OLMo 1)", "olmo_layer_norm", layernorm.olmo_layer_norm,
+         lambda dt: (t(rows, d, dtype=dt), d, 1e-5)),
         # litgpt's RMSNorm: the square written x * x, the weight multiplied in float32
         ("RMSNorm (litgpt)", "litgpt_rms_norm", rmsnorm.litgpt_rmsnorm,
          lambda dt: (t(rows, d, dtype=dt), t(d, dtype=dt), 1e-6)),

@@ -57,7 +57,7 @@ def test_rule_set_is_named_built_once_and_complete(rules):
             "t5_masked_softmax", "t5_softmax", "quick_gelu", "cohere_layer_norm", "add_cohere_layer_norm", "olmo2_rms_norm", "add_olmo2_rms_norm", "masked_softmax_float32",
             "scaled_masked_softmax_float32", "divided_masked_softmax", "divided_masked_softmax_float32",
             "softcapped_masked_softmax", "softcapped_masked_softmax_float32", "sink_masked_softmax", "rotary_embedding",
-            "add_layer_norm", "clamped_swiglu",
+            "add_layer_norm", "clamped_swiglu", "add_olmo_layer_norm", "olmo_layer_norm",
             "partial_rotary_embedding", "whole_rotary_embedding", "repeat_kv", "rotary_embedding_repeat_kv",
             "whole_rotary_embedding_repeat_kv", "partial_rotary_embedding_repeat_kv", "rms_norm_rotary_embedding",
             "gemma_rms_norm_rotary_embedding", "rms_norm_rotary_embedding_repeat_kv",
@@ -73,7 +73,8 @@ def test_rule_set_is_named_built_once_and_complete(rules):
                  lib.RMS_NORM_ROTARY, lib.GEMMA_RMS_NORM_ROTARY, lib.RMS_NORM_ROTARY_REPEAT_KV,
                  lib.GEMMA_RMS_NORM_ROTARY_REPEAT_KV, lib.ADD_LAYER_NORM_NO_BIAS, lib.LITGPT_RMS_NORM,
                  lib.ADD_LITGPT_RMS_NORM, lib.MASKED_SOFTMAX, lib.GEGLU_CHUNKED_GATE_FIRST, lib.INTERLEAVED_ROTARY,
-                 lib.PARTIAL_INTERLEAVED_ROTARY, lib.CLAMPED_SWIGLU):
+                 lib.PARTIAL_INTERLEAVED_ROTARY, lib.CLAMPED_SWIGLU, lib.ADD_OLMO_LAYER_NORM,
+                 lib.OLMO_LAYER_NORM):
         kinds = [type(d).__name__ for d in spec.inputs]
         assert kinds == sorted(kinds, key=lambda k: k != "InputDecl")
 
@@ -2127,6 +2128,19 @@ def test_rotary_with_float32_tables_in_transformers_models(family, dtype):
     calls = _rewritten_logits_equal(model, torch.randint(0, 128, (2, 16)))
     want = "rotary_embedding" + ("_float32_tables" if dtype != torch.float32 else "")
     assert {k: v for k, v in calls.items() if "rotary" in k} == {want: 4}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=["float32", "bfloat16", "float16"])
+def test_olmo_weightless_layer_norms(dtype):
+    """OLMo 1's ``OlmoLayerNorm`` (neither weight nor bias, computed in float32 and cast back): each
+    residual add and the norm after it take one op (the post-attention norms, the second layer's input
+    norm and the final norm: four in two layers); the first layer's input norm takes the plain op in
+    16 bits and stays PyTorch's one LayerNorm kernel in float32. Logits equal to the bit."""
+    model = _tiny_decoder("OlmoConfig", "OlmoForCausalLM", dtype, pad_token_id=0, bos_token_id=1, eos_token_id=2,
+                          **_decoder_config())
+    calls = _rewritten_logits_equal(model, torch.randint(0, 128, (2, 16)))
+    want = {"add_olmo_layer_norm": 4, **({"olmo_layer_norm": 1} if dtype != torch.float32 else {})}
+    assert {k: v for k, v in calls.items() if "norm" in k} == want
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bfloat16", "float16"])

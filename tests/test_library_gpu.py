@@ -97,6 +97,12 @@ CASES = {
     "add_cohere_layer_norm": (layernorm.add_cohere_layer_norm, add_row_case(row_case(2.0))),
     # rows off zero (mean 3) test the centred variance: the plain norm has no add to round, so in every dtype
     "cohere_layer_norm": (layernorm.cohere_layer_norm, row_case(2.0, offset=3.0)),
+    # OLMo 1's: neither weight nor bias, in float32; rows off zero as above
+    "add_olmo_layer_norm": (layernorm.add_olmo_layer_norm, lambda rows, d, dtype: (
+        rand(rows, d, dtype=dtype, scale=2.0) + (3.0 if dtype == torch.float32 else 0.0), rand(rows, d, dtype=dtype),
+        d, 1e-5)),
+    "olmo_layer_norm": (layernorm.olmo_layer_norm, lambda rows, d, dtype: (rand(rows, d, dtype=dtype, scale=2.0) + 3.0,
+                                                                           d, 1e-5)),
     "softmax": (softmax.softmax, lambda rows, d, dtype: (rand(rows, d, dtype=dtype, scale=4.0),)),
     "bias_gelu": (gelu.bias_gelu, ew_case(1, True)),
     "bias_gelu_residual": (gelu.bias_gelu_residual, ew_case(2, True)),

@@ -9,7 +9,8 @@ pattern functions (each pattern is also its op's CPU reference):
 * :mod:`~fxkern.library.rmsnorm` — Llama/Mistral/Qwen2 ``LlamaRMSNorm``, ``T5LayerNorm``, ``GemmaRMSNorm``,
   ``nn.RMSNorm``, litgpt's ``RMSNorm``, each also fused with the residual add before it;
 * :mod:`~fxkern.library.layernorm` — a residual add and the ``nn.LayerNorm`` after it (BERT, GPT-2, ViT;
-  ModernBERT's, which has no bias), and Cohere's LayerNorm written out in float32, with and without the add;
+  ModernBERT's, which has no bias), and Cohere's LayerNorm written out in float32 and OLMo 1's, which has
+  neither weight nor bias, with and without the add;
 * :mod:`~fxkern.library.gelu` — bias + GELU (+ residual) for erf, tanh, ``gelu_new`` and Megatron GELU (BLOOM's
   without the bias), and CLIP's ``quick_gelu``;
 * :mod:`~fxkern.library.swiglu` — ``silu(gate) * up``, ``gelu(gate) * up`` (Gemma, T5), SwiGLU/GEGLU
@@ -78,10 +79,14 @@ from fxkern.library.layernorm import (
     ADD_COHERE_LAYER_NORM,
     ADD_LAYER_NORM,
     ADD_LAYER_NORM_NO_BIAS,
+    ADD_OLMO_LAYER_NORM,
     COHERE_LAYER_NORM,
+    OLMO_LAYER_NORM,
     add_cohere_layer_norm,
     add_layer_norm,
     add_layer_norm_no_bias,
+    add_olmo_layer_norm,
+    olmo_layer_norm,
     cohere_layer_norm,
 )
 from fxkern.library.norm_rotary import (
@@ -183,7 +188,9 @@ __all__ = [
     "ADD_COHERE_LAYER_NORM",
     "ADD_LAYER_NORM",
     "ADD_LAYER_NORM_NO_BIAS",
+    "ADD_OLMO_LAYER_NORM",
     "COHERE_LAYER_NORM",
+    "OLMO_LAYER_NORM",
     "ADD_LITGPT_RMS_NORM",
     "ADD_RMS_NORM",
     "BIAS_GELU",
@@ -226,6 +233,8 @@ __all__ = [
     "add_cohere_layer_norm",
     "add_layer_norm",
     "add_layer_norm_no_bias",
+    "add_olmo_layer_norm",
+    "olmo_layer_norm",
     "cohere_layer_norm",
     "add_litgpt_rmsnorm",
     "add_llama_rmsnorm",

@@ -15,7 +15,10 @@ PyTorch's own LayerNorm is already one kernel, so the plain norm is left to it: 
 Cohere (Command R) writes its LayerNorm out in float32 instead (``CohereLayerNorm``: mean, centred
 variance, ``rsqrt``, the weight multiplied in float32, no bias), eight kernels in eager: the bias-free
 kernel computes it, after the residual add (``add_cohere_layer_norm``) and alone (``cohere_layer_norm``,
-the embeddings' norm, the same kernel without the add).
+the embeddings' norm, the same kernel without the add). OLMo 1's ``OlmoLayerNorm`` has neither weight
+nor bias and runs in float32 (``F.layer_norm(h.float(), shape, None, None, eps)`` cast back): the same
+kernel with the weight a template flag too, after the add (``add_olmo_layer_norm``) and, for 16-bit
+rows, alone (``olmo_layer_norm``: in float32 its casts vanish and it is PyTorch's one kernel).
 
 Kernel: the row layout of :mod:`fxkern.library.rmsnorm` (a 256-thread block per 8192 elements, the
 rows that start there, a row held in registers by the fewest power-of-two threads that fit it):
@@ -40,10 +43,10 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from torch.fx.experimental.symbolic_shapes import statically_known_true
+from torch.fx.experimental.symbolic_shapes import statically_known_true, sym_eq
 
 from fxkern.errors import KernelInputError
-from fxkern.library._rules import COMPILE_FREE_IRS, DTYPES, NAMESPACE, add_rule, row_geometry_8k, row_param
+from fxkern.library._rules import COMPILE_FREE_IRS, DTYPES, NAMESPACE, SIXTEEN_BIT, add_rule, row_geometry_8k, row_param
 from fxkern.library.cuda_common import COMMON, EVICT_LOADS, row_tuning
 from fxkern.library.rmsnorm import TWO_READ_DEFAULTS, TwoRead, pick_kernel, two_read_ops
 from fxkern.ops import cuda_kernel_op
@@ -99,18 +102,30 @@ __device__ __forceinline__ Pack<T, V> ln_pack(const Pack<T, V>& h, const Pack<T,
     return from_floats<T, V>(f);
 }
 
-// The output pack at column col of a row: weight and (with BIAS) bias read there, b unread without.
-template <bool BIAS, typename T, int V, typename Col>
+// Neither weight nor bias (OLMo 1's F.layer_norm(h.float(), shape, None, None, eps)): nothing multiplied.
+template <typename T, int V>
+__device__ __forceinline__ Pack<T, V> ln_pack(const Pack<T, V>& h, float mean, float rstd) {
+    float f[V];
+    to_floats(h, f);
+#pragma unroll
+    for (int j = 0; j < V; ++j) f[j] = (f[j] - mean) * rstd;
+    return from_floats<T, V>(f);
+}
+
+// The output pack at column col of a row: weight and (with BIAS) bias read there, b unread without,
+// and w unread without WEIGHT.
+template <bool BIAS, bool WEIGHT, typename T, int V, typename Col>
 __device__ __forceinline__ Pack<T, V> ln_out(const Pack<T, V>& h, const T* __restrict__ w, const T* __restrict__ b,
                                              Col col, float mean, float rstd) {
-    if constexpr (BIAS) return ln_pack(h, load<T, V>(w + col), load<T, V>(b + col), mean, rstd);
+    if constexpr (!WEIGHT) return ln_pack(h, mean, rstd);
+    else if constexpr (BIAS) return ln_pack(h, load<T, V>(w + col), load<T, V>(b + col), mean, rstd);
     else return ln_pack(h, load<T, V>(w + col), mean, rstd);
 }
 
 // Rows of D elements, V elements an access (16 bytes, or 1), NV accesses a thread held in registers;
-// w and b are (D,) (b unread without BIAS). Writes h = x + res and y = layer_norm(h); without ADD,
-// y = layer_norm(x) (res and h unread: Cohere's norm of the embeddings).
-template <typename T, int V, int NV, bool BIAS, bool ADD = true>
+// w and b are (D,) (b unread without BIAS, w without WEIGHT). Writes h = x + res and y = layer_norm(h);
+// without ADD, y = layer_norm(x) (res and h unread: Cohere's norm of the embeddings).
+template <typename T, int V, int NV, bool BIAS, bool ADD = true, bool WEIGHT = true>
 __device__ __forceinline__ void add_layernorm_rows(const T* __restrict__ x, const T* __restrict__ res,
                                                    const T* __restrict__ w, const T* __restrict__ b, float eps,
                                                    int D, unsigned rows, T* __restrict__ y, T* __restrict__ h,
@@ -155,7 +170,7 @@ __device__ __forceinline__ void add_layernorm_rows(const T* __restrict__ x, cons
                 const int col = (k * G + t) * V;
                 if (live && col < D) {
                     opaque(c[k]);
-                    store<T, V>(y + off + col, ln_out<BIAS>(c[k], w, b, col, mean, rstd));
+                    store<T, V>(y + off + col, ln_out<BIAS, WEIGHT>(c[k], w, b, col, mean, rstd));
                 }
             }
         }
@@ -185,7 +200,7 @@ __device__ __forceinline__ void add_layernorm_rows(const T* __restrict__ x, cons
             const float rstd = rsqrtf(group_sum(q, ROW_THREADS, red[1]) * inv_d + eps);
 #pragma unroll 4
             for (long long col = threadIdx.x * V; col < D; col += ROW_THREADS * V)
-                store<T, V>(y + off + col, ln_out<BIAS>(load<T, V>(hr + off + col), w, b, col, mean, rstd));
+                store<T, V>(y + off + col, ln_out<BIAS, WEIGHT>(load<T, V>(hr + off + col), w, b, col, mean, rstd));
         }
     }
 }
@@ -193,19 +208,19 @@ __device__ __forceinline__ void add_layernorm_rows(const T* __restrict__ x, cons
 }  // namespace fxk
 
 namespace fxk {
-template <typename T, bool BIAS, bool ADD = true>
+template <typename T, bool BIAS, bool ADD = true, bool WEIGHT = true>
 __device__ __forceinline__ void add_layernorm(const T* x, const T* res, const T* w, const T* b, float eps, int D,
                                               int n, T* y, T* h) {
     __shared__ float red[2][ROW_WARPS];
     if (D <= 0) return;
     const unsigned rows = (unsigned)n / (unsigned)D;
     constexpr int V = 16 / sizeof(T);
-    if (D % V == 0 && aligned16(x) && (!ADD || aligned16(res)) && aligned16(w) && (!BIAS || aligned16(b)) &&
-        aligned16(y) && (!ADD || aligned16(h)))
-        add_layernorm_rows<T, V, (sizeof(T) == 4 ? FXK_ROW_PACKS_F32 : FXK_ROW_PACKS_HALF), BIAS, ADD>(
+    if (D % V == 0 && aligned16(x) && (!ADD || aligned16(res)) && (!WEIGHT || aligned16(w)) &&
+        (!BIAS || aligned16(b)) && aligned16(y) && (!ADD || aligned16(h)))
+        add_layernorm_rows<T, V, (sizeof(T) == 4 ? FXK_ROW_PACKS_F32 : FXK_ROW_PACKS_HALF), BIAS, ADD, WEIGHT>(
             x, res, w, b, eps, D, rows, y, h, red);
     else
-        add_layernorm_rows<T, 1, FXK_ROW_SCALARS, BIAS, ADD>(x, res, w, b, eps, D, rows, y, h, red);
+        add_layernorm_rows<T, 1, FXK_ROW_SCALARS, BIAS, ADD, WEIGHT>(x, res, w, b, eps, D, rows, y, h, red);
 }
 }  // namespace fxk
 
@@ -235,6 +250,20 @@ template <typename T>
 __global__ void __launch_bounds__(ROW_THREADS, sizeof(T) == 4 ? FXK_ROW_BLOCKS_F32 : FXK_ROW_BLOCKS_HALF)
 cohere_layer_norm(const T* x, const T* w, float eps, int D, int n, T* y) {
     fxk::add_layernorm<T, false, false>(x, nullptr, w, nullptr, eps, D, n, y, nullptr);
+}
+
+// OLMo 1's LayerNorm, neither weight nor bias, in float32 and cast back: with the residual add before
+// it and without (the first layer's input norm).
+template <typename T>
+__global__ void __launch_bounds__(ROW_THREADS, sizeof(T) == 4 ? FXK_ROW_BLOCKS_F32 : FXK_ROW_BLOCKS_HALF)
+add_olmo_layer_norm(const T* x, const T* res, int normalized_size, float eps, int D, int n, T* y, T* h) {
+    fxk::add_layernorm<T, false, true, false>(x, res, nullptr, nullptr, eps, D, n, y, h);
+}
+
+template <typename T>
+__global__ void __launch_bounds__(ROW_THREADS, sizeof(T) == 4 ? FXK_ROW_BLOCKS_F32 : FXK_ROW_BLOCKS_HALF)
+olmo_layer_norm(const T* x, int normalized_size, float eps, int D, int n, T* y) {
+    fxk::add_layernorm<T, false, false, false>(x, nullptr, nullptr, nullptr, eps, D, n, y, nullptr);
 }
 """ + TWO_READ_DEFAULTS + r"""
 // ---- two reads: Cohere's plain norm on long rows (the op picks this kernel per call, as the plain
@@ -372,6 +401,10 @@ ADD_LAYER_NORM_NO_BIAS = _spec("add_layer_norm_no_bias", _RESIDUAL, _WEIGHT, Sca
 # Cohere's LayerNorm, written out in float32 (no bias), after a residual add and alone.
 ADD_COHERE_LAYER_NORM = _spec("add_cohere_layer_norm", _RESIDUAL, _WEIGHT, _EPS)
 COHERE_LAYER_NORM = _spec("cohere_layer_norm", _WEIGHT, _EPS, outputs=("y",))
+# OLMo 1's LayerNorm, neither weight nor bias, in float32 and cast back: after a residual add and alone.
+_SIZE = ScalarInput("normalized_size", int)
+ADD_OLMO_LAYER_NORM = _spec("add_olmo_layer_norm", _RESIDUAL, _SIZE, _EPS)
+OLMO_LAYER_NORM = _spec("olmo_layer_norm", _SIZE, _EPS, outputs=("y",))
 
 
 def add_layer_norm(x, residual, weight, bias, normalized_size: int, eps: float):
@@ -413,6 +446,23 @@ def add_cohere_layer_norm(x, residual, weight, eps: float):
     return cohere_layer_norm(h, weight, eps), h
 
 
+def olmo_layer_norm(x, normalized_size: int, eps: float):
+    """transformers' ``OlmoLayerNorm.forward`` (OLMo 1: OLMo-1B-hf, OLMo-7B-hf, OLMo-7B-0424-hf), as
+    written there: a LayerNorm with neither weight nor bias, computed in float32 and cast back. For
+    16-bit ``x`` that is three kernels in eager (the casts copy); in float32 it is PyTorch's one
+    LayerNorm kernel, which the plain rule leaves to it."""
+    orig_dtype = x.dtype
+    return F.layer_norm(x.to(dtype=torch.float32), (normalized_size,), None, None, eps=eps).to(orig_dtype)
+
+
+def add_olmo_layer_norm(x, residual, normalized_size: int, eps: float):
+    """OLMo 1's residual add (``hidden_states = residual + hidden_states``) and the next layer norm
+    (``post_attention_layernorm``, the next layer's ``input_layernorm``, the final ``norm``): the norm
+    and the sum."""
+    h = x + residual
+    return olmo_layer_norm(h, normalized_size, eps), h
+
+
 def _check(x, residual, weight, bias, normalized_size, op: str = "add_layer_norm") -> None:
     """What the kernel reads: x and residual of one shape, weight and bias (D,) (bias None for the
     bias-free op), D = normalized_size = x's last axis (LayerNorm over the last axis only)."""
@@ -448,6 +498,18 @@ def _outputs_cohere(x, residual, weight, eps):
     return x.new_empty(x.shape), x.new_empty(x.shape)
 
 
+def _outputs_olmo(x, residual, normalized_size, eps):
+    """OLMo 1's add + norm op's outputs (and its fake impl), as ``_outputs``."""
+    _check(x, residual, None, None, normalized_size, "add_olmo_layer_norm")
+    return x.new_empty(x.shape), x.new_empty(x.shape)
+
+
+def _output_olmo(x, normalized_size, eps):
+    """OLMo 1's plain norm's output (and its fake impl)."""
+    _check(x, x, None, None, normalized_size, "olmo_layer_norm")
+    return x.new_empty(x.shape)
+
+
 def _output_cohere(x, weight, eps):
     """The plain Cohere norm's output (and its fake impl)."""
     _check(x, x, weight, None, x.shape[-1] if x.dim() else None, "cohere_layer_norm")
@@ -468,12 +530,19 @@ _WEIGHT_ROW, _BIAS_ROW = row_param("x", "weight", same_shape="residual"), row_pa
 
 
 def _layer_norm_operands(match) -> bool:
-    """A filter: weight and bias (if the pattern has one) are rows of x, residual has x's shape, and
-    the captured normalized_size is x's last axis."""
-    if not (_WEIGHT_ROW(match) and ("bias" not in match.bindings or _BIAS_ROW(match))):
+    """A filter: weight and bias (where the pattern has them) are rows of x, residual (where it has one)
+    has x's shape, and the captured normalized_size is x's last axis."""
+    bindings = match.bindings
+    if ("weight" in bindings and not _WEIGHT_ROW(match)) or ("bias" in bindings and not _BIAS_ROW(match)):
         return False
-    x = match.bindings["x"].meta.get("val")
-    return isinstance(x, torch.Tensor) and statically_known_true(x.shape[-1] == match.bindings.get("normalized_size"))
+    x = bindings["x"].meta.get("val")
+    if not isinstance(x, torch.Tensor) or x.dim() == 0:
+        return False
+    if "residual" in bindings:
+        r = bindings["residual"].meta.get("val")
+        if not isinstance(r, torch.Tensor) or not statically_known_true(sym_eq(r.shape, x.shape)):
+            return False
+    return statically_known_true(x.shape[-1] == bindings.get("normalized_size"))
 
 
 def register(rules) -> None:
@@ -489,6 +558,18 @@ def register(rules) -> None:
     example = (torch.randn(4, 37), torch.randn(4, 37), torch.randn(37), 37, SENTINELS[float])
     add_rule(rules, add_layer_norm_no_bias, op, "add_layer_norm_no_bias", filter=_layer_norm_operands,
              example_inputs=example, irs=("export",))
+    # OLMo 1's norms, neither weight nor bias, in float32: the example's dtype is the cast back's literal.
+    # The residual form in every dtype (the add is the win); the plain one in 16 bits, where eager's
+    # casts are copies (in float32 it is PyTorch's one LayerNorm kernel, left to it as above).
+    op = cuda_kernel_op(f"{NAMESPACE}::add_olmo_layer_norm", ADD_OLMO_LAYER_NORM, reference=add_olmo_layer_norm,
+                        meta_fn=_outputs_olmo)
+    add_rule(rules, add_olmo_layer_norm, op, "add_olmo_layer_norm", filter=_layer_norm_operands, irs=("export",),
+             example_inputs=lambda dtype: (torch.randn(4, 37).to(dtype), torch.randn(4, 37).to(dtype), 37,
+                                           SENTINELS[float]))
+    op = cuda_kernel_op(f"{NAMESPACE}::olmo_layer_norm", OLMO_LAYER_NORM, reference=olmo_layer_norm,
+                        meta_fn=_output_olmo)
+    add_rule(rules, olmo_layer_norm, op, "olmo_layer_norm", filter=_layer_norm_operands, irs=("export",),
+             example_inputs=lambda dtype: (torch.randn(4, 37).to(dtype), 37, SENTINELS[float]), dtypes=SIXTEEN_BIT)
     # Cohere's norm is written out (no aten.layer_norm to lose), so its rules hold in every IR fxkern
     # runs its ops in; the residual form first (the plain one matches inside it).
     op = cuda_kernel_op(f"{NAMESPACE}::add_cohere_layer_norm", ADD_COHERE_LAYER_NORM, reference=add_cohere_layer_norm,
