@@ -213,18 +213,19 @@ def kernels_run(fn) -> list[str]:
     return [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
 
 
-@pytest.mark.parametrize("name", ["rms_norm", "gemma_rms_norm", "torch_rms_norm", "cohere_layer_norm"])
+@pytest.mark.parametrize("name", ["rms_norm", "gemma_rms_norm", "torch_rms_norm", "cohere_layer_norm", "olmo_layer_norm"])
 def test_plain_norms_run_the_two_read_kernel_on_long_rows(name):
     pattern, make = CASES[name]
     torch.manual_seed(2)
-    kernel = {"gemma_rms_norm": "gemma_rms_norm", "cohere_layer_norm": "cohere_layer_norm"}.get(name, "rms_norm")
+    kernel = name if name in ("gemma_rms_norm", "cohere_layer_norm", "olmo_layer_norm") else "rms_norm"
     by_size = rmsnorm.by_element_size(TWO_READ_TABLES[name])
     for rows, d, dtype, two_read in ((64, 8192, torch.float32, True), (64, 4096, torch.float32, True),
                                      (64, 2048, torch.float32, False), (16, 16384, torch.float32, True),
                                      (64, 8192, torch.bfloat16, True), (64, 4096, torch.bfloat16, False),
                                      (64, 8192, torch.float16, True), (16, 16384, torch.bfloat16, True)):
         args = make(rows, d, dtype)
-        assert (rmsnorm.two_read_tuning(args[0], args[1], by_size) is not None) == two_read
+        weight = args[1] if isinstance(args[1], torch.Tensor) else None  # OLMo 1's norm has none
+        assert (rmsnorm.two_read_tuning(args[0], weight, by_size) is not None) == two_read
         names = kernels_run(lambda: lib.op(name)(*args))
         assert [n for n in names if kernel in n] and all(("two_read" in n) == two_read for n in names), names
         check(name, pattern, args, dtype)
@@ -232,10 +233,11 @@ def test_plain_norms_run_the_two_read_kernel_on_long_rows(name):
 
 PLAIN_NORMS = (("rms_norm", rmsnorm.llama_rmsnorm), ("gemma_rms_norm", rmsnorm.gemma_rmsnorm))
 # The ops that pick the two-read kernel for long rows, each with its register-resident kernel
-TWO_READ_NORMS = PLAIN_NORMS + (("cohere_layer_norm", layernorm.cohere_layer_norm),)
+TWO_READ_NORMS = PLAIN_NORMS + (("cohere_layer_norm", layernorm.cohere_layer_norm),
+                                ("olmo_layer_norm", layernorm.olmo_layer_norm))
 # Each op's two-read tunings
 TWO_READ_TABLES = {"rms_norm": rmsnorm.TWO_READ, "gemma_rms_norm": rmsnorm.TWO_READ, "torch_rms_norm": rmsnorm.TWO_READ,
-                   "cohere_layer_norm": layernorm.COHERE_TWO_READ}
+                   "cohere_layer_norm": layernorm.COHERE_TWO_READ, "olmo_layer_norm": layernorm.COHERE_TWO_READ}
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).removeprefix("torch."))
@@ -303,7 +305,7 @@ def test_softmax_on_every_grid_for_every_row_length(dtype):
 def test_two_read_kernel_alone_is_right_for_calls_the_op_never_sends_it(dtype):
     # The private ops are callable like any op, and each tuning is right in every dtype: short and odd
     # rows, shifted pointers and a weight that is not one row take the kernel's scalar path.
-    # (Cohere's op checks its weight is one row, so it takes no other.)
+    # (Cohere's op checks its weight is one row, so it takes no other; OLMo 1's has no weight.)
     torch.manual_seed(3)
     for kernel, pattern in TWO_READ_NORMS:
         for tuning in TWO_READ_TABLES[kernel]:
@@ -312,7 +314,7 @@ def test_two_read_kernel_alone_is_right_for_calls_the_op_never_sends_it(dtype):
             for rows, d in ((5, 1), (5, 100), (3, 4097), (4, 8192), (2, 20011)):
                 x, w, eps = CASES[kernel][1](rows, d, dtype)
                 shifted = torch.cat([x.new_zeros(1), x.flatten()])[1:].view(x.shape)
-                weights = (w,) if kernel == "cohere_layer_norm" else (w, rand(rows, d, dtype=dtype))
+                weights = (w,) if "layer_norm" in kernel else (w, rand(rows, d, dtype=dtype))
                 for args in [(x, w, eps), (shifted, w, eps)] + [(x, v, eps) for v in weights[1:]]:
                     check(name, pattern, args, dtype, op=op)
 
@@ -323,7 +325,8 @@ def test_two_read_blocks_striding_over_rows(dtype):
     # rows and alternating its two reduction slots: 1, 3 and 7 blocks over 10 rows.
     torch.manual_seed(5)
     size = torch.empty((), dtype=dtype).element_size()
-    for name, base in (("rms_norm", rmsnorm.RMS_NORM), ("cohere_layer_norm", layernorm.COHERE_LAYER_NORM)):
+    for name, base in (("rms_norm", rmsnorm.RMS_NORM), ("cohere_layer_norm", layernorm.COHERE_LAYER_NORM),
+                       ("olmo_layer_norm", layernorm.OLMO_LAYER_NORM)):
         for tuning, blocks in itertools.product((t for t in TWO_READ_TABLES[name] if t.element_size == size), (1, 3, 7)):
             spec = dataclasses.replace(
                 base, kernel_name=f"{base.kernel_name}_two_read", kernel_source=tuning.macros() + base.kernel_source,

@@ -288,8 +288,8 @@ __device__ __forceinline__ void merge_moments(float& n, float& mean, float& q, f
 }
 
 // Rows of D elements, one block each (any grid: blocks stride over rows); V elements an access (16
-// bytes, or 1), U accesses a thread a step; w is (D,).
-template <typename T, int V, int U>
+// bytes, or 1), U accesses a thread a step; w is (D,), unread without WEIGHT (OLMo 1's norm).
+template <typename T, int V, int U, bool WEIGHT = true>
 __device__ __forceinline__ void layernorm_two_read_rows(const T* __restrict__ x, const T* __restrict__ w, float eps,
                                                         int D, unsigned rows, T* __restrict__ y,
                                                         float (*red)[3][FXK_TWO_READ_THREADS / 32]) {
@@ -356,24 +356,28 @@ __device__ __forceinline__ void layernorm_two_read_rows(const T* __restrict__ x,
 #pragma unroll
             for (int u = 0; u < U; ++u) {
                 const unsigned at = col + u * STEP;
-                if (at < len)
-                    store<T, V>(yr + at, ln_pack(load_evict<T, V, false>(xr + at, drop),
-                                                 load_evict<T, V, true>(w + at, keep), row_mean, rstd));
+                if (at < len) {
+                    if constexpr (WEIGHT)
+                        store<T, V>(yr + at, ln_pack(load_evict<T, V, false>(xr + at, drop),
+                                                     load_evict<T, V, true>(w + at, keep), row_mean, rstd));
+                    else
+                        store<T, V>(yr + at, ln_pack(load_evict<T, V, false>(xr + at, drop), row_mean, rstd));
+                }
             }
         }
     }
 }
 
-template <typename T>
+template <typename T, bool WEIGHT = true>
 __device__ __forceinline__ void layernorm_two_read(const T* x, const T* w, float eps, int D, int n, T* y) {
     __shared__ float red[2][3][FXK_TWO_READ_THREADS / 32];
     if (D <= 0) return;
     const unsigned rows = (unsigned)n / (unsigned)D;
     constexpr int V = 16 / sizeof(T);
-    if (D % V == 0 && aligned16(x) && aligned16(w) && aligned16(y))
-        layernorm_two_read_rows<T, V, FXK_TWO_READ_PACKS>(x, w, eps, D, rows, y, red);
+    if (D % V == 0 && aligned16(x) && (!WEIGHT || aligned16(w)) && aligned16(y))
+        layernorm_two_read_rows<T, V, FXK_TWO_READ_PACKS, WEIGHT>(x, w, eps, D, rows, y, red);
     else  // any other call is still right, only slower (the op sends only calls that fit the fast path)
-        layernorm_two_read_rows<T, 1, 1>(x, w, eps, D, rows, y, red);
+        layernorm_two_read_rows<T, 1, 1, WEIGHT>(x, w, eps, D, rows, y, red);
 }
 
 }  // namespace fxk
@@ -382,6 +386,13 @@ template <typename T>
 __global__ void __launch_bounds__(FXK_TWO_READ_THREADS, FXK_TWO_READ_BLOCKS)
 cohere_layer_norm_two_read(const T* x, const T* w, float eps, int D, int n, T* y) {
     fxk::layernorm_two_read<T>(x, w, eps, D, n, y);
+}
+
+// OLMo 1's plain norm on long rows: the same, neither weight nor bias.
+template <typename T>
+__global__ void __launch_bounds__(FXK_TWO_READ_THREADS, FXK_TWO_READ_BLOCKS)
+olmo_layer_norm_two_read(const T* x, int normalized_size, float eps, int D, int n, T* y) {
+    fxk::layernorm_two_read<T, false>(x, nullptr, eps, D, n, y);
 }
 """
 
@@ -566,8 +577,12 @@ def register(rules) -> None:
     add_rule(rules, add_olmo_layer_norm, op, "add_olmo_layer_norm", filter=_layer_norm_operands, irs=("export",),
              example_inputs=lambda dtype: (torch.randn(4, 37).to(dtype), torch.randn(4, 37).to(dtype), 37,
                                            SENTINELS[float]))
+    # The plain norm picks its kernel per call, as Cohere's does: rows of 16 KB and more are read twice.
+    rows = f"{NAMESPACE}::_olmo_layer_norm_rows"
+    cuda_kernel_op(rows, OLMO_LAYER_NORM, reference=olmo_layer_norm, meta_fn=_output_olmo)
+    two_read = two_read_ops(OLMO_LAYER_NORM, olmo_layer_norm, meta_fn=_output_olmo, table=COHERE_TWO_READ)
     op = cuda_kernel_op(f"{NAMESPACE}::olmo_layer_norm", OLMO_LAYER_NORM, reference=olmo_layer_norm,
-                        meta_fn=_output_olmo)
+                        meta_fn=_output_olmo, eager_fn=pick_kernel(rows, two_read))
     add_rule(rules, olmo_layer_norm, op, "olmo_layer_norm", filter=_layer_norm_operands, irs=("export",),
              example_inputs=lambda dtype: (torch.randn(4, 37).to(dtype), 37, SENTINELS[float]), dtypes=SIXTEEN_BIT)
     # Cohere's norm is written out (no aten.layer_norm to lose), so its rules hold in every IR fxkern

@@ -474,18 +474,19 @@ def _add_spec(kernel: str, *scalars: ScalarInput) -> KernelSpec:
 RMS_NORM = _spec("rms_norm", "hidden_states")
 
 
-def two_read_tuning(x: torch.Tensor, weight: torch.Tensor, by_size=_TWO_READ_BY_SIZE) -> TwoRead | None:
+def two_read_tuning(x: torch.Tensor, weight: torch.Tensor | None, by_size=_TWO_READ_BY_SIZE) -> TwoRead | None:
     """The two-read kernel's tuning a call runs (of its element size, the one for the longest rows it
     reaches in ``by_size``: ``by_element_size`` of a table, by default ``TWO_READ``, the plain RMSNorms'),
     or None for the register-resident kernel: rows at least a tuning's ``min_row`` long in
-    whole 16-byte packs, one dtype for both, a (D,) weight, both 16-byte aligned (a non-contiguous one
-    is copied to a fresh, aligned buffer before launch). There the two-read kernel was measured
+    whole 16-byte packs, one dtype for both, a (D,) weight (None for a norm without one), both 16-byte
+    aligned (a non-contiguous one is copied to a fresh, aligned buffer before launch). There the two-read kernel was measured
     faster (within 2% of inductor at 16384x8192, level with it at 8192x4096 in float32); shorter rows
     are faster held in registers."""
     d = x.shape[-1] if x.dim() else 0
     tuning = next((t for t in by_size.get(x.element_size(), ()) if d >= t.min_row), None)
-    if (tuning is None or not x.dtype.is_floating_point or d % (16 // x.element_size()) or weight.dtype != x.dtype
-            or weight.numel() != d or not aligned_at_launch(x) or not aligned_at_launch(weight)):
+    if tuning is None or not x.dtype.is_floating_point or d % (16 // x.element_size()) or not aligned_at_launch(x):
+        return None
+    if weight is not None and (weight.dtype != x.dtype or weight.numel() != d or not aligned_at_launch(weight)):
         return None
     return tuning
 
@@ -517,10 +518,12 @@ def _add_rms_norm_torch(x, residual, weight, eps: float):
 def pick_kernel(rows: str, two_read: dict[TwoRead, str]):
     """An op's CUDA implementation that runs the two-read kernel tuned for the call where
     ``two_read_tuning`` says so (of the tunings in ``two_read``: ``two_read_ops``' result), else
-    ``rows``'s register-resident one (private ops)."""
+    ``rows``'s register-resident one (private ops). The op's first tensor after ``x`` is its weight;
+    a norm without one (OLMo 1's) takes only scalars after ``x``."""
     by_size = by_element_size(tuple(two_read))
 
-    def pick(x, weight, eps):
+    def pick(x, *rest):
+        weight = next((a for a in rest if isinstance(a, torch.Tensor)), None)
         tuning = two_read_tuning(x, weight, by_size)
         return rows if tuning is None else two_read[tuning]
 
