@@ -14,6 +14,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 def test_benchmarks_without_a_gpu_leave_the_measured_sections_alone(monkeypatch, capsys):
     import cohere_tuning
     import common
+    import gate_tuning
     import library
     import masked_tuning
     import softcap_tuning
@@ -24,15 +25,17 @@ def test_benchmarks_without_a_gpu_leave_the_measured_sections_alone(monkeypatch,
     masked_tuning.main(["--only", "staged"])
     softcap_tuning.main([])
     cohere_tuning.main([])
+    gate_tuning.main([])
     assert written == []
     out = capsys.readouterr().out
-    assert out.count("no GPU on this machine, nothing measured") == 4, out
+    assert out.count("no GPU on this machine, nothing measured") == 5, out
 
 
 @pytest.mark.parametrize("script,module,spec", [("rope_tuning", "rotary", None), ("norm_rope_tuning", "norm_rotary", None),
                                                 ("masked_tuning", "softmax", "SCALED_MASKED_SOFTMAX"),
                                                 ("softcap_tuning", "softmax", "SOFTCAPPED_MASKED_SOFTMAX"),
-                                                ("cohere_tuning", "layernorm", None)])
+                                                ("cohere_tuning", "layernorm", None),
+                                                ("gate_tuning", "swiglu", "CLAMPED_SWIGLU")])
 def test_every_tuning_variants_edits_find_their_text_in_the_kernel_source(script, module, spec):
     """A variant edits the shipped kernel's source by text (the module's SOURCE, or the source of the
     spec it varies): each edit's old text must still be there, or the variant would stop its script on
