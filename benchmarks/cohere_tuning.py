@@ -147,24 +147,14 @@ def main(argv=None) -> None:
 
     lib.rules()  # registers the library's ops
     torch.manual_seed(0)
-    cases, columns = [], []
-    for rows, d in SHAPES:
-        for dt in DTYPES:
-            x = (torch.randn(rows, d, device="cuda") * 2 + 3).to(dt)
-            w = torch.randn(d, device="cuda").to(dt)
-            cases.append(((x, w, 1e-5), 2 * x.numel() * x.element_size() + w.numel() * w.element_size()))
-            columns.append(f"{rows}x{d} {str(dt)[6:]}")
-    runners = {"inductor": common.inductor(layernorm.cohere_layer_norm)}
-    for index, label, variant in common.pick(VARIANTS, args):
-        op = runners[label] = variant_op(index, label, variant)
-        for call, _ in cases:
-            got, want = op(*call), layernorm.cohere_layer_norm(*call)
-            err = float((got.float() - want.float()).norm() / want.float().norm())
-            if not err <= TOL[call[0].dtype]:
-                raise SystemExit(f"{label} at {tuple(call[0].shape)} {call[0].dtype}: rel. err {err:.1e} against the pattern")
-    table = common.bandwidth_rows(runners, cases, args.rounds)
-    for label, gbs in table.items():
-        print(f"{label}: " + ", ".join(f"{c} {g:.0f}" for c, g in zip(columns, gbs)), flush=True)
+
+    def case(rows, d, dt):
+        x = (torch.randn(rows, d, device="cuda") * 2 + 3).to(dt)
+        w = torch.randn(d, device="cuda").to(dt)
+        return (x, w, 1e-5), 2 * x.numel() * x.element_size() + w.numel() * w.element_size()
+
+    cases, columns = common.shape_cases(SHAPES, DTYPES, case)
+    table = common.checked_variants(layernorm.cohere_layer_norm, VARIANTS, variant_op, cases, columns, TOL, args)
     body = common.variant_section("Cohere's plain LayerNorm: kernels and tunings (`fxkern.library.layernorm`)",
                                   "cohere_tuning.py", args, __doc__, columns, table)
     common.emit("cohere_tuning", body, args.section_out)

@@ -70,6 +70,34 @@ def bandwidth_rows(runners: dict[str, Callable[..., object]], cases: list[tuple[
     return table
 
 
+def shape_cases(shapes: list[tuple[int, int]], dtypes: list[torch.dtype],
+                make: Callable[[int, int, torch.dtype], tuple[tuple, int]]) -> tuple[list[tuple[tuple, int]], list[str]]:
+    """A tuning benchmark's cases (``make(rows, d, dtype)``: a call's arguments and the bytes it moves)
+    for each shape in each dtype, and their columns' names (``"{rows}x{d} {dtype}"``)."""
+    cases = [make(rows, d, dt) for rows, d in shapes for dt in dtypes]
+    return cases, [f"{rows}x{d} {str(dt)[6:]}" for rows, d in shapes for dt in dtypes]
+
+
+def checked_variants(pattern: Callable, variants: dict, variant_op: Callable, cases: list[tuple[tuple, int]],
+                     columns: list[str], tol: dict, args: argparse.Namespace) -> dict[str, list[float]]:
+    """A tuning benchmark's table: inductor's and each picked variant's (``pick``; ``variant_op(index,
+    label, variant)`` makes it callable) useful GB/s on ``cases`` (``bandwidth_rows``), a row printed
+    each. Every variant is checked against ``pattern`` on every case first: its relative norm error
+    within ``tol`` of the first argument's dtype, or the run stops naming it."""
+    runners = {"inductor": inductor(pattern)}
+    for index, label, variant in pick(variants, args):
+        op = runners[label] = variant_op(index, label, variant)
+        for call, _ in cases:
+            got, want = op(*call), pattern(*call)
+            err = float((got.float() - want.float()).norm() / want.float().norm())
+            if not err <= tol[call[0].dtype]:
+                raise SystemExit(f"{label} at {tuple(call[0].shape)} {call[0].dtype}: rel. err {err:.1e} against the pattern")
+    table = bandwidth_rows(runners, cases, args.rounds)
+    for label, gbs in table.items():
+        print(f"{label}: " + ", ".join(f"{c} {g:.0f}" for c, g in zip(columns, gbs)), flush=True)
+    return table
+
+
 def rotated_rounds(runners: dict[str, Callable[[], object]], rounds: int, **timer) -> dict[str, list[float]]:
     """Milliseconds per call of each runner (``cuda_time_ms`` with ``timer``'s options), one sample a
     round, the runners one after another in an order rotated each round: none always runs first or

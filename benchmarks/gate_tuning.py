@@ -166,23 +166,13 @@ def main(argv=None) -> None:
 
     lib.rules()  # registers the library's ops
     torch.manual_seed(0)
-    cases, columns = [], []
-    for rows, d in SHAPES:
-        for dt in DTYPES:
-            x = (4 * torch.randn(rows, d, device="cuda")).to(dt)
-            cases.append(((x, *ARGS), x.numel() * x.element_size() * 3 // 2))
-            columns.append(f"{rows}x{d} {str(dt)[6:]}")
-    runners = {"inductor": common.inductor(swiglu.clamped_swiglu)}
-    for index, label, variant in common.pick(VARIANTS, args):
-        op = runners[label] = variant_op(index, label, variant)
-        for call, _ in cases:
-            got, want = op(*call), swiglu.clamped_swiglu(*call)
-            err = float((got.float() - want.float()).norm() / want.float().norm())
-            if not err <= TOL[call[0].dtype]:
-                raise SystemExit(f"{label} at {tuple(call[0].shape)} {call[0].dtype}: rel. err {err:.1e} against the pattern")
-    table = common.bandwidth_rows(runners, cases, args.rounds)
-    for label, gbs in table.items():
-        print(f"{label}: " + ", ".join(f"{c} {g:.0f}" for c, g in zip(columns, gbs)), flush=True)
+
+    def case(rows, d, dt):
+        x = (4 * torch.randn(rows, d, device="cuda")).to(dt)
+        return (x, *ARGS), x.numel() * x.element_size() * 3 // 2
+
+    cases, columns = common.shape_cases(SHAPES, DTYPES, case)
+    table = common.checked_variants(swiglu.clamped_swiglu, VARIANTS, variant_op, cases, columns, TOL, args)
     body = common.variant_section("GPT-OSS's expert gate: kernel variants (`fxkern.library.swiglu`)",
                                   "gate_tuning.py", args, __doc__, columns, table)
     common.emit("gate_tuning", body, args.section_out)
