@@ -2143,17 +2143,20 @@ def test_olmo_weightless_layer_norms(dtype):
     assert {k: v for k, v in calls.items() if "norm" in k} == want
 
 
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bfloat16", "float16"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=["bfloat16", "float16", "float32"])
 @pytest.mark.parametrize("family", ["ernie4_5", "ernie4_5_moe"])
 def test_interleaved_rotary_with_float32_tables_in_transformers_models(family, dtype):
     """ERNIE 4.5 keeps cos and sin in float32 and casts q and its rotation to float32 before the products
-    (``rotate_half(q).float()``): one op for each rotation of its 16-bit models, logits equal to the bit."""
+    (``rotate_half(q).float()``): one op for each rotation, logits equal to the bit. In a float32 model
+    the casts do nothing but stay in the export IR (``q.float()`` is ``q``, and rotate_half's slices read
+    the cast): the plain interleaved op, whose numbers they are."""
     name = {"ernie4_5": "Ernie4_5", "ernie4_5_moe": "Ernie4_5_Moe"}[family]
     extra = {"moe_num_experts": 4, "moe_k": 2, "moe_intermediate_size": 32} if family == "ernie4_5_moe" else {}
     model = _tiny_decoder(f"{name}Config", f"{name}ForCausalLM", dtype, pad_token_id=0, bos_token_id=1,
                           eos_token_id=2, head_dim=16, **_decoder_config(**extra))
     calls = _rewritten_logits_equal(model, torch.randint(0, 128, (2, 16)))
-    assert {k: v for k, v in calls.items() if "rotary" in k} == {"interleaved_rotary_embedding_float32_tables": 4}
+    want = "interleaved_rotary_embedding" + ("_float32_tables" if dtype != torch.float32 else "")
+    assert {k: v for k, v in calls.items() if "rotary" in k} == {want: 4}
 
 
 def olmo_rotary(x, cos, sin):
@@ -2176,6 +2179,20 @@ def test_rotary_with_float32_tables_forms(dtype):
         torch.testing.assert_close(new.module()(*args), model(*args), rtol=0, atol=0)
     # in float32 the cast is gone and it is the plain rotation
     assert replaced(Fn(olmo_rotary), x, cos[:, None], sin[:, None]) == {"rotary_embedding": 1}
+
+
+def test_ernie_rotary_in_float32_is_the_plain_interleaved_op():
+    """ERNIE 4.5's rotation as transformers writes it, in a float32 model: its casts do nothing but stay
+    in the IR (``q.float()`` is ``q``, so rotate_half's slices read the cast), and the plain interleaved
+    op takes it, in the export IR and in core ATen, equal to eager to the bit."""
+    from transformers.models.ernie4_5.modeling_ernie4_5 import rotate_half
+
+    def ernie_rotary(q, cos, sin):
+        return ((q.float() * cos) + (rotate_half(q).float() * sin)).to(q.dtype)
+
+    torch.manual_seed(0)
+    cos, sin = (t[:, None, :, :8].repeat_interleave(2, dim=-1) for t in rope_tables(2, 8, 16))
+    one_op_in_both_irs(ernie_rotary, (torch.randn(2, 4, 8, 16), cos, sin), "interleaved_rotary_embedding")
 
 
 class _GPTJStyle(nn.Module):

@@ -25,12 +25,13 @@ Cohere's 16-bit models rotate ``q.float()`` against 16-bit tables and cast the r
 
 ERNIE 4.5 keeps float32 tables beside 16-bit queries and casts both products' operands to float32
 (``q.float() * cos + rotate_half(q).float() * sin``, then ``.to(dtype)``):
-``interleaved_rotary_embedding_float32_tables``, the kernel reading float32 tables.
+``interleaved_rotary_embedding_float32_tables``, the kernel reading float32 tables. In its float32
+models the casts do nothing but stay in the export IR as ``aten.to`` nodes (and rotate_half's slices
+read the first, which is ``q`` itself): the same pattern traced in float32 runs the plain op.
 
 Numbers: eager's roundings are kept, as in rotary.py, so results equal eager's to the bit in every
-dtype. Not matched: ERNIE 4.5's float32 models (the no-op ``.float()`` after the ``flatten`` stays in
-the export IR, between it and the product), and the keys' rotation fused with grouped-query
-attention's ``repeat_kv`` (two ops: ``repeat_kv`` matches the copy).
+dtype. Not matched: the keys' rotation fused with grouped-query attention's ``repeat_kv`` (two ops:
+``repeat_kv`` matches the copy).
 """
 
 from __future__ import annotations
@@ -175,10 +176,13 @@ def interleaved_rotary_embedding_float32(x, cos, sin):
 
 def interleaved_rotary_embedding_float32_tables(x, cos, sin):
     """ERNIE 4.5's ``apply_rotary_pos_emb`` for 16-bit q or k: float32 cos and sin, q and its rotation
-    cast to float32, ``(q.float() * cos) + (rotate_half(q).float() * sin)``, cast back."""
+    cast to float32, ``(q.float() * cos) + (rotate_half(q).float() * sin)``, cast back. In that order:
+    in float32, ``q.float()`` is ``q`` itself, so export records rotate_half's slices as reading the cast."""
+    dtype = x.dtype
+    rotated = x.float() * cos
     x1 = x[..., 0::2]
     x2 = x[..., 1::2]
-    return ((x.float() * cos) + (torch.stack((-x2, x1), dim=-1).flatten(-2).float() * sin)).to(x.dtype)
+    return (rotated + (torch.stack((-x2, x1), dim=-1).flatten(-2).float() * sin)).to(dtype)
 
 
 def partial_interleaved_rotary_embedding(x, cos, sin, rotary_dim: int):
@@ -331,3 +335,9 @@ def register(rules) -> None:
                         interleaved_rotary_embedding_float32_tables, _float32_tables_output, strided_float32_tables)
     rule(interleaved_rotary_embedding_float32_tables, float32_tables, float32_table_operands, _float32_tables_examples,
          SIXTEEN_BIT)
+    # The same code in a float32 model: its casts do nothing there but stay in the export IR as aten.to
+    # nodes, which the plain rule's pattern lacks (ERNIE 4.5's float32 rotations went unmatched). Its
+    # numbers are the plain rotation's, so the plain op takes it.
+    add_rule(rules, interleaved_rotary_embedding_float32_tables, plain, "interleaved_rotary_embedding_float32_casts",
+             filter=interleaved_operands, irs=COMPILE_FREE_IRS, example_inputs=_float32_tables_examples,
+             dtypes=(torch.float32,))
