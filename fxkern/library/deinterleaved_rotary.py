@@ -63,9 +63,9 @@ __device__ __forceinline__ void deinterleaved_rows(const T* __restrict__ x, cons
     const unsigned D = 2 * half, P = half / V, second = tw > half ? half : 0u;
     const unsigned items = B * w.A1 * w.A2 * P;
     const size_t head = (size_t)w.S * D;
-    const unsigned sB = cB > 1 ? cH * cS : 0u, sH = cH > 1 ? cS : 0u, sS = cS > 1 ? 1u : 0u;
-    const unsigned chunk = (items + gridDim.x - 1) / gridDim.x;
-    const unsigned lo = min(blockIdx.x * chunk, items), hi = min(lo + chunk, items);
+    const TableRows table(cB, cH, cS);
+    unsigned lo, hi;
+    block_share(items, lo, hi);
     for (unsigned i = lo + threadIdx.x; i < hi; i += blockDim.x) {
         const unsigned r = i / P, j = i - r * P;
         unsigned b, h, s;
@@ -76,7 +76,7 @@ __device__ __forceinline__ void deinterleaved_rows(const T* __restrict__ x, cons
         const Pack<T, 2 * V> xv = PAIRS ? load_cols<T, V, 2 * V>(x + xo + 2 * col) : Pack<T, 2 * V>{};
         const Pack<T, V> xh = PAIRS ? Pack<T, V>{} : load<T, V>(x + xo + col);
         const Pack<T, V> xg = PAIRS ? Pack<T, V>{} : load<T, V>(x + xo + half + col);
-        const size_t co = (size_t)(b * sB + h * sH + s * sS) * ts + col;
+        const size_t co = (size_t)table(b, h, s) * ts + col;
         const Pack<T, V> ca = load<T, V>(cs + co), cb = load<T, V>(cs + co + second);
         const Pack<T, V> sa = load<T, V>(sn + co), sb = load<T, V>(sn + co + second);
         Pack<T, V> xa, xb, ya, yb;

@@ -94,11 +94,12 @@ __device__ __forceinline__ void norm_rotary_rows(const T* __restrict__ x, const 
     const unsigned D = 2 * half, packs = half / V, need = (packs + NP - 1) / NP;
     const unsigned G = need > 1 ? 1u << (32 - __clz(need - 1)) : 1u, lg = log2_of(G);
     const unsigned g = threadIdx.x >> lg, t = threadIdx.x & (G - 1), groups = blockDim.x >> lg;
-    const unsigned rows = B * w.A1 * w.A2, chunk = (rows + gridDim.x - 1) / gridDim.x;
-    const unsigned lo = min(blockIdx.x * chunk, rows), hi = min(lo + chunk, rows);
+    const unsigned rows = B * w.A1 * w.A2;
+    unsigned lo, hi;
+    block_share(rows, lo, hi);
     const float inv_d = __frcp_rn((float)D);  // the mean as sum * (1 / D), as the RMSNorm kernels take it
     const size_t head = (size_t)w.S * D;
-    const unsigned sb = cB > 1 ? cH * cS : 0u, sh = cH > 1 ? cS : 0u, ss = cS > 1 ? 1u : 0u;
+    const TableRows table(cB, cH, cS);
     for (unsigned first = lo; first < hi; first += groups * U) {  // the same steps for every thread of the block
         unsigned b[U], h[U], s[U];
         size_t xo[U];
@@ -117,7 +118,7 @@ __device__ __forceinline__ void norm_rotary_rows(const T* __restrict__ x, const 
                     a[u][k] = load<T, V>(x + xo[u] + col);
                     c[u][k] = load<T, V>(x + xo[u] + col + half);
                     if constexpr (AHEAD) {
-                        const size_t co = (size_t)(b[u] * sb + h[u] * sh + s[u] * ss) * D;
+                        const size_t co = (size_t)table(b[u], h[u], s[u]) * D;
                         cos_a[u][k] = load<T, V>(cs + co + col);
                         cos_b[u][k] = load<T, V>(cs + co + col + half);
                         sin_a[u][k] = load<T, V>(sn + co + col);
@@ -138,7 +139,7 @@ __device__ __forceinline__ void norm_rotary_rows(const T* __restrict__ x, const 
         for (int u = 0; u < U; ++u) {
             if (first + u * groups + g >= hi) continue;
             const float rn = rsqrtf(sq[u] * inv_d + eps);
-            const size_t co = (size_t)(b[u] * sb + h[u] * sh + s[u] * ss) * D;
+            const size_t co = (size_t)table(b[u], h[u], s[u]) * D;
             const size_t out = w.out(first + u * groups + g, b[u], h[u], s[u], R, D, head);
 #pragma unroll
             for (int k = 0; k < NP; ++k) {

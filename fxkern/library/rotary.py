@@ -169,6 +169,23 @@ struct Rows {
     }
 };
 
+// A block's share of n items (or rows): a contiguous range [lo, hi), ceil(n / blocks) long.
+__device__ __forceinline__ void block_share(unsigned n, unsigned& lo, unsigned& hi) {
+    const unsigned chunk = (n + gridDim.x - 1) / gridDim.x;
+    lo = min(blockIdx.x * chunk, n);
+    hi = min(lo + chunk, n);
+}
+
+// Which row of (cB, cH, cS) cos and sin x's row (b, h, s) reads: an axis of one is broadcast.
+struct TableRows {
+    unsigned sb, sh, ss;
+    __device__ __forceinline__ TableRows(unsigned cB, unsigned cH, unsigned cS)
+        : sb(cB > 1 ? cH * cS : 0u), sh(cH > 1 ? cS : 0u), ss(cS > 1 ? 1u : 0u) {}
+    __device__ __forceinline__ unsigned operator()(unsigned b, unsigned h, unsigned s) const {
+        return b * sb + h * sh + s * ss;
+    }
+};
+
 __device__ __forceinline__ Rows rows_of(int A1, int A2, int sB, int s1, int s2, int heads_inner, int in_order = 0) {
     Rows w;
     w.A1 = A1; w.A2 = A2; w.s1 = s1; w.s2 = s2; w.sB = (unsigned)sB; w.heads_inner = heads_inner != 0;
@@ -304,9 +321,9 @@ __device__ __forceinline__ void rotary_rows(const T* __restrict__ x, const C* __
     const unsigned P = Prot + Q;
     const unsigned items = B * w.A1 * w.A2 * P;
     const size_t head = (size_t)w.S * D;  // one head's rows in y
-    const unsigned sB = cB > 1 ? cH * cS : 0u, sH = cH > 1 ? cS : 0u, sS = cS > 1 ? 1u : 0u;
-    const unsigned chunk = (items + gridDim.x - 1) / gridDim.x;
-    const unsigned lo = min(blockIdx.x * chunk, items), hi = min(lo + chunk, items);
+    const TableRows table(cB, cH, cS);
+    unsigned lo, hi;
+    block_share(items, lo, hi);
     for (unsigned i = lo + threadIdx.x; i < hi; i += blockDim.x) {
         const unsigned r = i / P, j = i - r * P;
         unsigned b, h, s;
@@ -315,7 +332,7 @@ __device__ __forceinline__ void rotary_rows(const T* __restrict__ x, const C* __
         if constexpr (PAIRS) {
             if (j < Prot) {
                 const unsigned col = j * VP;
-                const size_t co = (size_t)(b * sB + h * sH + s * sS) * rot + col;
+                const size_t co = (size_t)table(b, h, s) * rot + col;
                 const Pack<T, VP> yv = rope_pairs<T, VP, M, C>(load_cols<T, V, VP>(x + xo + col),
                                                                load_cols<C, VC, VP>(cs + co),
                                                                load_cols<C, VC, VP>(sn + co));
@@ -325,7 +342,7 @@ __device__ __forceinline__ void rotary_rows(const T* __restrict__ x, const C* __
         }
         if (j < Prot) {
             const unsigned col = j * V;
-            const size_t co = (size_t)(b * sB + h * sH + s * sS) * rot + col;
+            const size_t co = (size_t)table(b, h, s) * rot + col;
             const Pack<T, V> xa = load<T, V>(x + xo + col), xb = load<T, V>(x + xo + col + half);
             const Pack<C, V> ca = load_table<C, V>(cs + co), cb = load_table<C, V>(cs + co + half);
             const Pack<C, V> sa = load_table<C, V>(sn + co), sb = load_table<C, V>(sn + co + half);
