@@ -138,11 +138,11 @@ VARIANTS: dict[str, dict] = {
     # 3427 / 3227), the repeated bfloat16 keys (64 items a block, rounded to 128) 3542 against 3845, and
     # bfloat16 queries 2-5% (ptxas schedules the edited kernel's loads differently)
     "whole items a thread (a block's chunk a multiple of its threads)": {**SHIPPED, "edits": (
-        ("const unsigned chunk = (items + gridDim.x - 1) / gridDim.x;",
-         "const unsigned chunk = ((items + gridDim.x - 1) / gridDim.x + blockDim.x - 1) / blockDim.x * blockDim.x;"),)},
+        ("const unsigned chunk = (n + gridDim.x - 1) / gridDim.x;",
+         "const unsigned chunk = ((n + gridDim.x - 1) / gridDim.x + blockDim.x - 1) / blockDim.x * blockDim.x;"),)},
     "whole items a thread, 2 pass packs a thread": {**SHIPPED, "macros": "#define FXK_PASS_PACKS 2\n", "edits": (
-        ("const unsigned chunk = (items + gridDim.x - 1) / gridDim.x;",
-         "const unsigned chunk = ((items + gridDim.x - 1) / gridDim.x + blockDim.x - 1) / blockDim.x * blockDim.x;"),)},
+        ("const unsigned chunk = (n + gridDim.x - 1) / gridDim.x;",
+         "const unsigned chunk = ((n + gridDim.x - 1) / gridDim.x + blockDim.x - 1) / blockDim.x * blockDim.x;"),)},
     # rows in groups of 32, a group's rotated items before its pass items, so a warp's threads take items
     # of one kind (GPT-NeoX's partial rows mixed 2 rotated and 3 pass items in every 5 threads, and a
     # warp ran both branches one after the other: two trips to memory an iteration). Rows with one kind
