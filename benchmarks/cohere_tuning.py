@@ -126,11 +126,7 @@ def variant_op(index: int, label: str, variant):
         return lib.op("cohere_layer_norm")
     if variant == "rows":
         return torch.ops.fxkern_lib._cohere_layer_norm_rows
-    source = layernorm.SOURCE
-    for old, new in variant["edits"]:
-        if old not in source:
-            raise SystemExit(f"variant {label!r}: {old!r} is not in layernorm.SOURCE any more; update the variant")
-        source = source.replace(old, new)
+    source = common.apply_edits(layernorm.SOURCE, variant["edits"], label, "layernorm.SOURCE")
     prefix = "".join(f"#define {k} {v}\n" for k, v in variant["macros"].items())
     spec = dataclasses.replace(layernorm.COHERE_LAYER_NORM, kernel_name="cohere_layer_norm_two_read",
                                kernel_source=prefix + source,

@@ -70,6 +70,17 @@ def bandwidth_rows(runners: dict[str, Callable[..., object]], cases: list[tuple[
     return table
 
 
+def apply_edits(source: str, edits, label: str, where: str, fill: Callable[[str], str] = lambda new: new) -> str:
+    """A tuning variant's kernel source: ``source`` with each ``(old, new)`` of ``edits`` made (``fill``
+    applied to ``new`` first). An old text no longer there stops the run, naming the variant: the shipped
+    kernel changed since the variant was written."""
+    for old, new in edits:
+        if old not in source:
+            raise SystemExit(f"variant {label!r}: {old!r} is not in {where} any more; update the variant")
+        source = source.replace(old, fill(new))
+    return source
+
+
 def shape_cases(shapes: list[tuple[int, int]], dtypes: list[torch.dtype],
                 make: Callable[[int, int, torch.dtype], tuple[tuple, int]]) -> tuple[list[tuple[tuple, int]], list[str]]:
     """A tuning benchmark's cases (``make(rows, d, dtype)``: a call's arguments and the bytes it moves)

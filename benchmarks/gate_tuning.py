@@ -113,7 +113,7 @@ def _variant(threads: int = 128, per: int = 8, edits=()) -> dict:
     return {"macros": {"FXK_EW_THREADS": threads, "FXK_EW_PER": per}, "edits": edits}
 
 
-# The library's choice first (the op: 128 threads, 8 outputs a thread). Measured 2026-11-28 01:24 and 01:31 UTC
+# The library's choice first (the op: 128 threads, 8 outputs a thread). Measured 2026-11-28 01:24 and 01:26 UTC
 # (H200, --rounds 3; the gate_tuning section): none faster than it where the shapes fill the chip. Streaming
 # stores and warp-contiguous loads were level (within 0.2%), 16 outputs a thread 5% slower in float32 (32% with
 # warp-contiguous loads), evict-first loads 5-9% slower; inductor stays about 1% ahead in float32.
@@ -140,11 +140,9 @@ def variant_op(index: int, label: str, variant):
 
     if variant == "op":
         return lib.op("clamped_swiglu")
-    source = swiglu.SOURCE
-    for old, new in variant["edits"]:
-        if old not in source:
-            raise SystemExit(f"variant {label!r}: {old!r} is not in swiglu.SOURCE any more; update the variant")
-        source = source.replace(old, new.replace("@EVICT_LOADS@", "#ifndef FXK_EVICT_HINTS\n#define FXK_EVICT_HINTS 1\n#endif\n" + cuda_common.EVICT_LOADS))
+    evict_loads = "#ifndef FXK_EVICT_HINTS\n#define FXK_EVICT_HINTS 1\n#endif\n" + cuda_common.EVICT_LOADS
+    source = common.apply_edits(swiglu.SOURCE, variant["edits"], label, "swiglu.SOURCE",
+                                lambda new: new.replace("@EVICT_LOADS@", evict_loads))
     macros = variant["macros"]
     tile = macros["FXK_EW_THREADS"] * macros["FXK_EW_PER"]
 

@@ -588,11 +588,9 @@ def variant_op(label: str, v: dict, index: int, base=None, prefix: str = "masked
     from fxkern.library import softmax
 
     base = base or softmax.SCALED_MASKED_SOFTMAX
-    source = base.kernel_source  # softmax.SOURCE, with the soft-capped kernel's macro before it
-    for old, new in v["edits"]:
-        if old not in source:
-            raise SystemExit(f"variant {label!r}: {old!r} is not in the kernel's source any more; update the variant")
-        source = source.replace(old, new.replace("{load_evict}", _load_evict_source()).replace("{{", "{"))
+    # softmax.SOURCE, with the soft-capped kernel's macro before it
+    source = common.apply_edits(base.kernel_source, v["edits"], label, "the kernel's source",
+                                lambda new: new.replace("{load_evict}", _load_evict_source()).replace("{{", "{"))
     base = dataclasses.replace(base, kernel_source=source)
     grids = softmax._grids(base, **v["tuning"])
     names = {suffix: f"fxkern_tune::{prefix}_{index}{suffix}" for suffix in grids}

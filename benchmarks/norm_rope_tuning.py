@@ -228,11 +228,7 @@ def variant_op(label: str, v: dict, index: int):
     def geometry_32bit(inputs, outputs, per=v["per_block_32bit"]):
         return (cdiv(outputs[0].numel(), per),), (128,)
 
-    source = norm_rotary.SOURCE
-    for old, new in v["edits"]:
-        if old not in source:
-            raise SystemExit(f"variant {label!r}: {old!r} is not in norm_rotary.SOURCE any more; update the variant")
-        source = source.replace(old, new)
+    source = common.apply_edits(norm_rotary.SOURCE, v["edits"], label, "norm_rotary.SOURCE")
     name = f"fxkern_tune::norm_rope_{index}"
     strided = norm_rotary.strided_launchers(
         *((name + suffix, dataclasses.replace(spec, kernel_source=v["macros"] + source, geometry=fxkern.Custom(geometry)))

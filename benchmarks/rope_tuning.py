@@ -196,11 +196,7 @@ def variant_op(label: str, v: dict, index: int):
     from fxkern.library import rotary
     from fxkern.symbolic import cdiv
 
-    source = rotary.SOURCE
-    for old, new in v["edits"]:
-        if old not in source:
-            raise SystemExit(f"variant {label!r}: {old!r} is not in rotary.SOURCE any more; update the variant")
-        source = source.replace(old, new)
+    source = common.apply_edits(rotary.SOURCE, v["edits"], label, "rotary.SOURCE")
 
     def geometry(inputs, outputs, per=v["per_block"]):
         return (cdiv(outputs[0].numel(), per),), (128,)

@@ -312,9 +312,10 @@ def test_two_read_kernel_alone_is_right_for_calls_the_op_never_sends_it(dtype):
             name = f"_{kernel}_two_read_{tuning.name}"
             op = getattr(torch.ops.fxkern_lib, name)
             for rows, d in ((5, 1), (5, 100), (3, 4097), (4, 8192), (2, 20011)):
+                # (x, weight, eps); OLMo 1's norm has no weight: (x, normalized_size, eps)
                 x, w, eps = CASES[kernel][1](rows, d, dtype)
                 shifted = torch.cat([x.new_zeros(1), x.flatten()])[1:].view(x.shape)
-                weights = (w,) if "layer_norm" in kernel else (w, rand(rows, d, dtype=dtype))
+                weights = (w, rand(rows, d, dtype=dtype)) if "rms_norm" in kernel else (w,)
                 for args in [(x, w, eps), (shifted, w, eps)] + [(x, v, eps) for v in weights[1:]]:
                     check(name, pattern, args, dtype, op=op)
 
@@ -434,7 +435,8 @@ def test_activations_at_extreme_inputs_follow_pytorch(name, dtype):
     """The activations' exp and reciprocal flush subnormals (cuda_common's exp_sfu, rcp_sfu): at
     magnitudes where exp over- or underflows, at infinities and NaN, the kernels give what the
     pattern gives in float32 (NaN where it is NaN, the same infinities, and values within the
-    dtype's tolerance), on the vector path and the scalar one."""
+    dtype's tolerance), on the vector path (with and without a ragged end) and on the scalar one (x one
+    element past 16-byte alignment)."""
     pattern, make = CASES[name]
     big = torch.finfo(dtype).max
     values = torch.tensor([0.0, -0.0, 1e-30, -1e-30, 3.0, -3.0, 9.0, -9.0, 13.3, -13.3, 14.5, -14.5, 44.0, -44.0,
@@ -445,12 +447,15 @@ def test_activations_at_extreme_inputs_follow_pytorch(name, dtype):
         x = args[0].view(4, -1)
         x[:2, :] = values[torch.arange(x.shape[1], device="cuda") % values.numel()].to(dtype)  # finite in dtype or +-inf
         x[2:, :] = x[:2, :].flip(-1)
-        poison()
-        got = lib.op(name)(*args)
-        ref = pattern(*upcast(args, torch.float32)).to(dtype)
-        assert torch.equal(got.isnan(), ref.isnan()), f"{name} {dtype} d={d}: NaN where PyTorch has none, or not"
-        rtol, atol = TOL[dtype]
-        torch.testing.assert_close(got, ref, rtol=rtol, atol=atol, equal_nan=True, msg=lambda m: f"{name} {dtype} d={d}: {m}")
+        shifted = torch.cat([x.new_zeros(1), args[0].flatten()])[1:].view(args[0].shape)
+        for where, call in ((f"d={d}", args), (f"d={d} shifted", [shifted, *args[1:]])):
+            poison()
+            got = lib.op(name)(*call)
+            ref = pattern(*upcast(call, torch.float32)).to(dtype)
+            assert torch.equal(got.isnan(), ref.isnan()), f"{name} {dtype} {where}: NaN where PyTorch has none, or not"
+            rtol, atol = TOL[dtype]
+            torch.testing.assert_close(got, ref, rtol=rtol, atol=atol, equal_nan=True,
+                                       msg=lambda m: f"{name} {dtype} {where}: {m}")
 
 
 def test_float32_bias_gelu_residual_adds_the_residual_as_eager_does():

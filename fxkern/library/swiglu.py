@@ -166,6 +166,7 @@ struct ClampedGlu {
 template <typename T, typename Fn>
 __device__ __forceinline__ void glu_pairs(const T* __restrict__ x, unsigned n, T* __restrict__ y, Fn f) {
     constexpr int V = 16 / sizeof(T), PER = FXK_EW_PER, NV = PER / V;
+    static_assert(PER % V == 0 && PER >= V, "FXK_EW_PER: whole 16-byte packs of outputs a thread");
     const unsigned base = blockIdx.x * (blockDim.x * PER);
     if (aligned16(x) && aligned16(y)) {
         Pack<T, V> lo[NV], hi[NV];
@@ -355,7 +356,7 @@ def register(rules) -> None:
                             reference=pattern)
         add_rule(rules, pattern, op, name, filter=_even_contiguous("x"), irs=("export",))
     # GPT-OSS's gate, ahead of the gelu module's quick_gelu rule (added earlier), which would take its
-    # ``gate * sigmoid(gate * 1.702)`` and leave the clamps and the product to five more kernels.
+    # ``gate * sigmoid(gate * 1.702)`` and leave the clamps, the shift and the product to four more kernels.
     op = cuda_kernel_op(f"{NAMESPACE}::clamped_swiglu", CLAMPED_SWIGLU, meta_fn=_pairs_meta, reference=clamped_swiglu,
                         schema="(Tensor gate_up, float alpha, float gate_max, float up_min, float up_max) -> Tensor")
     add_rule(rules, clamped_swiglu, op, "clamped_swiglu", filter=_even_contiguous("gate_up"), irs=COMPILE_FREE_IRS,
