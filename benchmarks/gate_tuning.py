@@ -79,7 +79,7 @@ _WARP_CONTIGUOUS = ((
         "                }\n"
         "                store<T, V>(y + i, from_floats<T, V>(o));\n"
         "            } else {\n"
-        "                for (unsigned e = i; e < n; ++e) y[e] = from_f<T>(f(to_f<T>(x[2 * (size_t)e]), to_f<T>(x[2 * (size_t)e + 1])));\n"
+        "                for (unsigned e = i; e < n; ++e) y[e] = pair(e);\n"
         "            }\n"
         "        }\n"
     ),
@@ -102,7 +102,7 @@ _WARP_CONTIGUOUS = ((
         "                for (int j = 0; j < V / 2; ++j) o[j] = f(a[2 * j], a[2 * j + 1]);\n"
         "                store<T, V / 2>(y + i, from_floats<T, V / 2>(o));\n"
         "            } else {\n"
-        "                for (unsigned q = i; q < n; ++q) y[q] = from_f<T>(f(to_f<T>(x[2 * (size_t)q]), to_f<T>(x[2 * (size_t)q + 1])));\n"
+        "                for (unsigned q = i; q < n; ++q) y[q] = pair(q);\n"
         "            }\n"
         "        }\n"
     ),

@@ -167,6 +167,7 @@ template <typename T, typename Fn>
 __device__ __forceinline__ void glu_pairs(const T* __restrict__ x, unsigned n, T* __restrict__ y, Fn f) {
     constexpr int V = 16 / sizeof(T), PER = FXK_EW_PER, NV = PER / V;
     static_assert(PER % V == 0 && PER >= V, "FXK_EW_PER: whole 16-byte packs of outputs a thread");
+    const auto pair = [&](size_t e) { return from_f<T>(f(to_f<T>(x[2 * e]), to_f<T>(x[2 * e + 1]))); };
     const unsigned base = blockIdx.x * (blockDim.x * PER);
     if (aligned16(x) && aligned16(y)) {
         Pack<T, V> lo[NV], hi[NV];
@@ -192,14 +193,14 @@ __device__ __forceinline__ void glu_pairs(const T* __restrict__ x, unsigned n, T
                 }
                 store<T, V>(y + i, from_floats<T, V>(o));
             } else {
-                for (unsigned e = i; e < n; ++e) y[e] = from_f<T>(f(to_f<T>(x[2 * (size_t)e]), to_f<T>(x[2 * (size_t)e + 1])));
+                for (unsigned e = i; e < n; ++e) y[e] = pair(e);
             }
         }
     } else {
 #pragma unroll 4
         for (int k = 0; k < PER; ++k) {
             const unsigned e = base + k * blockDim.x + threadIdx.x;
-            if (e < n) y[e] = from_f<T>(f(to_f<T>(x[2 * (size_t)e]), to_f<T>(x[2 * (size_t)e + 1])));
+            if (e < n) y[e] = pair(e);
         }
     }
 }
