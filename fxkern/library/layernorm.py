@@ -405,15 +405,14 @@ def _spec(kernel: str, *inputs, outputs=("y", "h")) -> KernelSpec:
 
 
 _RESIDUAL, _WEIGHT, _BIAS = InputDecl("residual"), InputDecl("weight", broadcast=True), InputDecl("bias", broadcast=True)
-_EPS = ScalarInput("eps", float)
-ADD_LAYER_NORM = _spec("add_layer_norm", _RESIDUAL, _WEIGHT, _BIAS, ScalarInput("normalized_size", int), _EPS)
+_EPS, _SIZE = ScalarInput("eps", float), ScalarInput("normalized_size", int)
+ADD_LAYER_NORM = _spec("add_layer_norm", _RESIDUAL, _WEIGHT, _BIAS, _SIZE, _EPS)
 # nn.LayerNorm(..., bias=False) (ModernBERT's norm_bias=False): the same kernel, no bias read.
-ADD_LAYER_NORM_NO_BIAS = _spec("add_layer_norm_no_bias", _RESIDUAL, _WEIGHT, ScalarInput("normalized_size", int), _EPS)
+ADD_LAYER_NORM_NO_BIAS = _spec("add_layer_norm_no_bias", _RESIDUAL, _WEIGHT, _SIZE, _EPS)
 # Cohere's LayerNorm, written out in float32 (no bias), after a residual add and alone.
 ADD_COHERE_LAYER_NORM = _spec("add_cohere_layer_norm", _RESIDUAL, _WEIGHT, _EPS)
 COHERE_LAYER_NORM = _spec("cohere_layer_norm", _WEIGHT, _EPS, outputs=("y",))
 # OLMo 1's LayerNorm, neither weight nor bias, in float32 and cast back: after a residual add and alone.
-_SIZE = ScalarInput("normalized_size", int)
 ADD_OLMO_LAYER_NORM = _spec("add_olmo_layer_norm", _RESIDUAL, _SIZE, _EPS)
 OLMO_LAYER_NORM = _spec("olmo_layer_norm", _SIZE, _EPS, outputs=("y",))
 
@@ -538,13 +537,14 @@ COHERE_TWO_READ = (TwoRead("32bit", 4, min_row=4096, threads=256, packs=4, block
                    TwoRead("16bit_16k", 2, min_row=16384, threads=512, packs=4, blocks=3))
 
 _WEIGHT_ROW, _BIAS_ROW = row_param("x", "weight", same_shape="residual"), row_param("x", "bias")
+_WEIGHT_OF_X = row_param("x", "weight")
 
 
 def _layer_norm_operands(match) -> bool:
     """A filter: weight and bias (where the pattern has them) are rows of x, residual (where it has one)
     has x's shape, and the captured normalized_size is x's last axis."""
     bindings = match.bindings
-    if ("weight" in bindings and not _WEIGHT_ROW(match)) or ("bias" in bindings and not _BIAS_ROW(match)):
+    if ("weight" in bindings and not _WEIGHT_OF_X(match)) or ("bias" in bindings and not _BIAS_ROW(match)):
         return False
     x = bindings["x"].meta.get("val")
     if not isinstance(x, torch.Tensor) or x.dim() == 0:

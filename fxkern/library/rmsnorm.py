@@ -518,12 +518,12 @@ def _add_rms_norm_torch(x, residual, weight, eps: float):
 def pick_kernel(rows: str, two_read: dict[TwoRead, str]):
     """An op's CUDA implementation that runs the two-read kernel tuned for the call where
     ``two_read_tuning`` says so (of the tunings in ``two_read``: ``two_read_ops``' result), else
-    ``rows``'s register-resident one (private ops). The op's first tensor after ``x`` is its weight;
-    a norm without one (OLMo 1's) takes only scalars after ``x``."""
+    ``rows``'s register-resident one (private ops). The op's argument after ``x`` is its weight; a norm
+    without one (OLMo 1's) has a scalar there."""
     by_size = by_element_size(tuple(two_read))
 
     def pick(x, *rest):
-        weight = next((a for a in rest if isinstance(a, torch.Tensor)), None)
+        weight = rest[0] if rest and isinstance(rest[0], torch.Tensor) else None
         tuning = two_read_tuning(x, weight, by_size)
         return rows if tuning is None else two_read[tuning]
 
