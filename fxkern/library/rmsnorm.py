@@ -522,8 +522,9 @@ def pick_kernel(rows: str, two_read: dict[TwoRead, str]):
     without one (OLMo 1's) has a scalar there."""
     by_size = by_element_size(tuple(two_read))
 
-    def pick(x, *rest):
-        weight = rest[0] if rest and isinstance(rest[0], torch.Tensor) else None
+    def pick(x, *rest, **kwargs):
+        weight = rest[0] if rest else kwargs.get("weight")
+        weight = weight if isinstance(weight, torch.Tensor) else None
         tuning = two_read_tuning(x, weight, by_size)
         return rows if tuning is None else two_read[tuning]
 
