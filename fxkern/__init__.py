@@ -17,6 +17,7 @@ from fxkern.errors import (
     LaunchError,
     RegistrationError,
     SignatureMismatch,
+    SizeLimitError,
     SpecError,
     TensorRTUnavailable,
 )
@@ -73,6 +74,7 @@ __all__ = [
     "SameAs",
     "ScalarInput",
     "SignatureMismatch",
+    "SizeLimitError",
     "SpecError",
     "TensorRTUnavailable",
     "cdiv",

@@ -31,6 +31,11 @@ class KernelInputError(FxkernError, ValueError):
     """A call passed tensors or scalars the kernel cannot take (device, dtype, shape, size)."""
 
 
+class SizeLimitError(KernelInputError):
+    """A call's sizes are past what the kernel indexes (32-bit ints, CUDA's grid), though eager PyTorch
+    would run it. An op registered with ``past_limits="reference"`` runs its reference instead."""
+
+
 class LaunchError(FxkernError, RuntimeError):
     """The CUDA driver refused to load or launch the kernel."""
 

@@ -29,7 +29,7 @@ import torch
 
 from fxkern import compiler, launcher, symbolic, validate
 from fxkern.derive import KernelPlan, plan_kernel
-from fxkern.errors import KernelInputError, RegistrationError, SpecError
+from fxkern.errors import KernelInputError, RegistrationError, SizeLimitError, SpecError
 from fxkern.spec import Custom, KernelSpec, ScalarInput
 
 log = logging.getLogger("fxkern")
@@ -66,6 +66,8 @@ class KernelOp:
     compile_fn: Optional[Callable[[], compiler.CompiledKernel]] = field(repr=False, default=None)
     # the kernel writes each output in the layout meta_fn gives it, not row-major
     strided_outputs: bool = False
+    # "reference": a CUDA call past the kernel's 32-bit sizes runs ``reference`` instead of raising
+    past_limits: str = "raise"
 
     @property
     def compiled(self) -> Optional[compiler.CompiledKernel]:
@@ -177,6 +179,7 @@ def cuda_kernel_op(
     reference: Optional[Callable[..., Any]] = None,
     supports_dynamic_shapes: bool = True,
     strided_outputs: bool = False,
+    past_limits: str = "raise",
 ) -> torch._ops.OpOverloadPacket:
     """Register ``spec`` as the torch op ``op_name`` (``ns::name``) and return it.
 
@@ -188,13 +191,22 @@ def cuda_kernel_op(
     The derived launch hands the kernel row-major outputs. Where ``meta_fn``
     lays an output out otherwise, the result is copied into that layout,
     unless ``strided_outputs=True`` says the kernel writes the layout itself.
+
+    A CUDA call whose sizes are past what the kernel indexes (32-bit ints, CUDA's grid) raises
+    :class:`SizeLimitError`; with ``past_limits="reference"`` it runs ``reference`` on the GPU
+    instead (PyTorch's own kernels, slower but right), saying so once. The library's ops do: a
+    rewritten model must run every size the original ran.
     """
+    if past_limits not in ("raise", "reference"):
+        raise SpecError(f"{op_name}: past_limits= must be 'raise' or 'reference', got {past_limits!r}")
+    if past_limits == "reference" and reference is None:
+        raise SpecError(f"{op_name}: past_limits='reference' needs reference= (the op in PyTorch) to run")
     for what, fn in (("meta_fn", meta_fn), ("eager_fn", eager_fn), ("aot_fn", aot_fn), ("reference", reference)):
         if fn is not None and not callable(fn):
             raise SpecError(f"{op_name}: {what}= must be a function of the op's arguments, got {fn!r}")
     ns, name = _split_name(op_name)
     identity = (_spec_id(spec), schema, _fn_id(meta_fn), _fn_id(eager_fn), _fn_id(aot_fn), _fn_id(reference),
-                bool(strided_outputs))
+                bool(strided_outputs), past_limits)
     existing = _existing(op_name, identity)
     if existing is not None:
         return existing
@@ -211,12 +223,17 @@ def cuda_kernel_op(
         source=source,
         meta_fn=meta_fn, eager_fn=eager_fn, aot_fn=aot_fn, reference=reference,
         supports_dynamic_shapes=supports_dynamic_shapes, library=lib, identity=identity,
-        strided_outputs=bool(strided_outputs),
+        strided_outputs=bool(strided_outputs), past_limits=past_limits,
     )
-    entry.cuda_impl = eager_fn if eager_fn is not None else _cuda_impl(entry)
     entry.fake_impl = _checked_meta(entry) if meta_fn is not None else _fake_impl(entry)
+    if eager_fn is None:
+        entry.cuda_impl = _cuda_impl(entry)  # runs the reference past the limits itself, at no cost a call
+    elif past_limits == "reference":
+        entry.cuda_impl = _reference_past_limits(entry, eager_fn)
+    else:
+        entry.cuda_impl = eager_fn
     lib.impl(name, entry.cuda_impl, "CUDA")
-    lib.impl(name, _cpu_impl(entry), "CPU")
+    lib.impl(name, _reference_impl(entry), "CPU")
     torch.library.register_fake(op_name, entry.fake_impl, lib=lib)
     _publish(entry)
     log.info("fxkern: registered %s%s", op_name, plan.schema)
@@ -269,7 +286,7 @@ def ptx_op(
     else:
         lib.impl(name, _no_impl(op_name, "CUDA", "pass eager_fn= to run it outside TensorRT"), "CUDA")
     entry.fake_impl = meta_fn
-    lib.impl(name, _cpu_impl(entry), "CPU")
+    lib.impl(name, _reference_impl(entry), "CPU")
     torch.library.register_fake(op_name, meta_fn, lib=lib)
     _publish(entry)
     return entry.op
@@ -412,7 +429,17 @@ def _checked_meta(entry: KernelOp) -> Callable[..., Any]:
     return fake
 
 
-def _cpu_impl(entry: KernelOp) -> Callable[..., Any]:
+def _on_meta(args: Tuple[Any, ...]) -> Tuple[Any, ...]:
+    """``args`` with each tensor a meta tensor of its shape, strides and dtype: what a fake impl reads,
+    without allocating outputs on the real device."""
+    return tuple(torch.empty_strided(a.shape, a.stride(), dtype=a.dtype, device="meta")
+                 if isinstance(a, torch.Tensor) else a for a in args)
+
+
+def _reference_impl(entry: KernelOp) -> Callable[..., Any]:
+    """The op computed by ``reference``, checked as the launch checks it and laid out as the fake impl
+    says (so compiled graphs traced with the fake impl read it right): the CPU impl, and the CUDA
+    one past the kernel's limits with ``past_limits="reference"``."""
     op, reference = entry.qualname, entry.reference
     if reference is None:
         return _no_impl(op, "CPU", "move the inputs to a CUDA device, or register it with reference= (a PyTorch function)")
@@ -421,10 +448,10 @@ def _cpu_impl(entry: KernelOp) -> Callable[..., Any]:
     # through on the CPU and failed only on a GPU; found by a usability test)
     scalars = _scalar_slots(entry.plan) if entry.plan is not None else []
 
-    def cpu(*args: Any) -> Any:
+    def run(*args: Any) -> Any:
         validate.warn_no_backward(op, args)
         validate.check_scalars(op, scalars, args)  # ptx_op's fake impl is its meta_fn alone
-        expected = _as_tuple(fake(*args))  # validates the call like the CUDA path
+        expected = _as_tuple(fake(*_on_meta(args)))  # validates the call like the CUDA path
         inputs = [a for a in args if isinstance(a, torch.Tensor)]
         outs = _as_tuple(reference(*args))
         if len(outs) != len(expected):
@@ -443,7 +470,40 @@ def _cpu_impl(entry: KernelOp) -> Callable[..., Any]:
             fixed.append(o)
         return fixed[0] if len(fixed) == 1 else tuple(fixed)
 
-    return cpu
+    return run
+
+
+def _past_limits(entry: KernelOp) -> Callable[[SizeLimitError, Tuple[Any, ...]], Any]:
+    """What a CUDA call past the kernel's limits does: raise, or (``past_limits="reference"``) run the
+    reference on the GPU, warning once per op."""
+    if entry.past_limits != "reference":
+        def refuse(error: SizeLimitError, args: Tuple[Any, ...]) -> Any:
+            raise error
+        return refuse
+    run, warned = _reference_impl(entry), []
+
+    def instead(error: SizeLimitError, args: Tuple[Any, ...]) -> Any:
+        if not warned:
+            warned.append(True)
+            log.warning("fxkern: %s: %s. Calls this large run the op's reference (PyTorch's own kernels) "
+                        "instead: right, at eager speed (said once)", entry.qualname, error)
+        return run(*args)
+
+    return instead
+
+
+def _reference_past_limits(entry: KernelOp, eager_fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``eager_fn``, with calls it refuses as past its kernels' limits run by the reference."""
+    past_limits = _past_limits(entry)
+
+    def cuda(*args: Any) -> Any:
+        try:
+            return eager_fn(*args)
+        except SizeLimitError as error:
+            return past_limits(error, args)
+
+    cuda.__name__ = getattr(eager_fn, "__name__", "cuda")
+    return cuda
 
 
 # Signatures remembered per op; a model has a handful, a sequence growing one token a call one a call.
@@ -536,6 +596,7 @@ def _cuda_impl(entry: KernelOp) -> Callable[..., Any]:
     smem_const = plan.shared_mem.value if isinstance(plan.shared_mem, symbolic.Const) else None
     dtype_from = plan.output_dtype_from
     int32_max = validate.INT32_MAX
+    past_limits = _past_limits(entry)
 
     grid_const = [g.value if isinstance(g, symbolic.Const) else None for g in plan.grid]
     grid_x = grid_fns[0]
@@ -615,7 +676,10 @@ def _cuda_impl(entry: KernelOp) -> Callable[..., Any]:
         key = signature(args, tensors)
         known = launches.get(key)
         if known is None:
-            known, outs = prepare(args, tensors)
+            try:
+                known, outs = prepare(args, tensors)
+            except SizeLimitError as error:  # before any launch or allocation
+                return past_limits(error, args)
             launches.remember(key, known)
             copies, _, fn, grid, smem, extras, index, relayout = known
         else:

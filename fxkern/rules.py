@@ -212,8 +212,8 @@ def replace(
     """Make a rule that replaces every safe occurrence of ``pattern`` by one call of ``target``.
 
     ``target`` is a KernelSpec (an op ``fxkern::<name>`` is registered with the
-    pattern as its reference; a ``name`` with ``::`` picks the namespace) or an
-    existing op. ``noise`` lists what may sit inside a match without breaking it:
+    pattern as its reference, which also runs calls past the kernel's 32-bit sizes; a ``name``
+    with ``::`` picks the namespace) or an existing op. ``noise`` lists what may sit inside a match without breaking it:
     ``"views"`` and ``"clones"`` (default) and ``"casts"`` (same-dtype ``to``).
     ``example_inputs`` are the pattern's arguments to trace it with (one trace per IR), or a function
     of the dtype of the graph's candidate outputs returning them (one trace per IR and dtype), for a
@@ -244,7 +244,8 @@ def replace(
         from fxkern.ops import cuda_kernel_op
 
         op_name = name if name and "::" in name else f"fxkern::{rule_name}"
-        op = cuda_kernel_op(op_name, target, reference=_reference(pattern, target))
+        # past the kernel's 32-bit sizes the pattern runs instead: the model ran it before the rewrite
+        op = cuda_kernel_op(op_name, target, reference=_reference(pattern, target), past_limits="reference")
     else:
         op = target
     overload = op.default if hasattr(op, "default") else op

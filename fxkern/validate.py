@@ -15,7 +15,7 @@ from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 from fxkern.derive import INT32_MAX, KernelPlan
 from fxkern.symbolic import ShapeOf
-from fxkern.errors import KernelInputError
+from fxkern.errors import KernelInputError, SizeLimitError
 
 
 def fast_checker(plan: KernelPlan):
@@ -225,7 +225,7 @@ def _eq(a: Any, b: Any) -> bool:
 def check_int32(op: str, labels: Sequence[str], values: Sequence[int]) -> None:
     for label, v in zip(labels, values):
         if v > INT32_MAX:
-            raise KernelInputError(
+            raise SizeLimitError(
                 f"{op}: {label} is {v}, past the 32-bit int the kernel takes "
                 f"(at most {INT32_MAX}); split the tensor or use a kernel with 64-bit sizes"
             )
@@ -235,7 +235,7 @@ def check_grid(op: str, grid: Sequence[int]) -> None:
     limits = (INT32_MAX, 65535, 65535)
     for axis, (g, limit) in enumerate(zip(grid, limits)):
         if g > limit:
-            raise KernelInputError(
+            raise SizeLimitError(
                 f"{op}: grid {tuple(grid)} is past CUDA's limit of {limit} blocks on axis "
                 f"{'xyz'[axis]}; the input is too large for this launch geometry"
             )

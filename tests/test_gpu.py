@@ -143,18 +143,24 @@ def test_a_call_unlike_the_last_is_checked_afresh(ops):
     torch.cuda.synchronize()
 
 
-def test_sizes_past_int32_are_refused_before_launch(ops):
+def test_sizes_past_int32_are_refused_before_launch(ops, op_name):
+    """Refused with SizeLimitError (a KernelInputError); an op registered with past_limits="reference"
+    runs its reference instead. Either way the kernel still runs the next call."""
     n = 2**31 + 64
     try:
-        x = torch.empty(n, dtype=torch.float16, device="cuda")
+        x = torch.randn(n, dtype=torch.float16, device="cuda")
     except torch.OutOfMemoryError:
         pytest.skip("not enough GPU memory for a 2**31-element tensor")
-    with pytest.raises(KernelInputError, match="past the 32-bit int"):
+    with pytest.raises(fxkern.SizeLimitError, match="past the 32-bit int"):
         ops["sigmoid"](x)
+    spec = fxkern.kernel_op(ops["sigmoid"]._qualified_op_name).spec
+    falls_back = fxkern.cuda_kernel_op(op_name, spec, reference=torch.sigmoid, past_limits="reference")
+    assert torch.equal(falls_back(x), torch.sigmoid(x))
     del x
     torch.cuda.synchronize()
     y = torch.randn(10, device="cuda")
     torch.testing.assert_close(ops["sigmoid"](y), torch.sigmoid(y))
+    torch.testing.assert_close(falls_back(y), torch.sigmoid(y))
 
 
 def test_runs_on_the_current_stream(ops):

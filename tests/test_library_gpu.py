@@ -755,6 +755,49 @@ def test_add_layer_norm_of_one_row_of_2_31_elements():
     torch.cuda.empty_cache()
 
 
+def _causal_scores(tokens, dtype):
+    """Eager attention's scores (32 heads) and causal mask; 2^31 elements at 8192 tokens."""
+    mask = torch.full((tokens, tokens), torch.finfo(dtype).min, device="cuda", dtype=dtype).triu(1)
+    return rand(1, 32, tokens, tokens, dtype=dtype, scale=4.0), mask[None, None], 0.125
+
+
+# Calls of 2^31 elements, one past the kernels' 32-bit indexing, that eager PyTorch runs, each made by
+# its function with big=True (and a small call of the same op with big=False): attention's scores (a
+# derived launch behind an eager_fn), an MLP's activations (a derived launch alone), a norm's rows (an
+# eager_fn picking a kernel) and the queries' rotation (an eager_fn that refuses the size itself).
+PAST_INT32 = {
+    "scaled_masked_softmax": lambda big, dtype: _causal_scores(8192 if big else 256, dtype),
+    "swiglu": lambda big, dtype: (rand(1 << 18 if big else 64, 8192, dtype=dtype),
+                                  rand(1 << 18 if big else 64, 8192, dtype=dtype)),
+    "rms_norm": lambda big, dtype: (rand(1 << 18 if big else 64, 8192, dtype=dtype), rand(8192, dtype=dtype), 1e-6),
+    "rotary_embedding": lambda big, dtype: (rand(1, 32, 1 << 19 if big else 64, 128, dtype=dtype),
+                                            *rope_tables(1, 1 << 19 if big else 64, 128, dtype), 64),
+}
+
+
+@pytest.mark.parametrize("name", PAST_INT32)
+def test_calls_past_int32_run_the_reference(name, caplog):
+    """A rewritten model runs every size the original ran: a library op handed more elements than its
+    kernel indexes runs its pattern (the model's own code) on the GPU and says so once; the next call
+    of a size the kernel takes runs the kernel (no sticky error, no second warning)."""
+    torch.manual_seed(14)
+    dtype = torch.bfloat16
+    op, reference = lib.op(name), fxkern.kernel_op(f"fxkern_lib::{name}").reference
+    args = PAST_INT32[name](True, dtype)
+    assert args[0].numel() == 2**31
+    with caplog.at_level("WARNING", logger="fxkern"):
+        got = op(*args)
+        want = reference(*args)
+        assert torch.equal(got, want), name
+        assert got.stride() == want.stride()
+        del args, got, want
+        torch.cuda.empty_cache()
+        small = PAST_INT32[name](False, dtype)
+        torch.testing.assert_close(op(*small), reference(*small), rtol=2e-2, atol=2e-2)
+    torch.cuda.synchronize()
+    assert sum("Calls this large run the op's reference" in r.getMessage() for r in caplog.records) == 1
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).removeprefix("torch."))
 def test_torch_rms_norm_forms_compute_f_rms_norms_numbers(dtype):
     """F.rms_norm rounds x * r * weight once; Llama's form rounds the normalised row first, which put a

@@ -99,6 +99,43 @@ def test_reference_is_the_cpu_impl(op_name):
     torch.testing.assert_close(op(x, 2.5), x * 2.5)
 
 
+@pytest.mark.parametrize("past_limits, reference, words", [
+    ("fallback", seven_cases.scale_ref, "past_limits= must be 'raise' or 'reference'"),
+    ("reference", None, "past_limits='reference' needs reference="),
+])
+def test_past_limits_is_checked_at_registration(op_name, past_limits, reference, words):
+    with pytest.raises(SpecError, match=words):
+        fxkern.cuda_kernel_op(op_name, scale_spec(), reference=reference, past_limits=past_limits)
+
+
+def refuses_large(x, alpha):
+    """An eager_fn standing in for a launch past the kernel's sizes (it raises before any launch)."""
+    if x.numel() > 8:
+        raise fxkern.SizeLimitError(f"x has {x.numel()} elements, past the kernel's 8")
+    raise KernelInputError("a call the kernel refuses for another reason")
+
+
+def test_calls_past_the_limits_run_the_reference_when_asked(op_name, caplog):
+    """The CUDA impl's fallback, called here on CPU tensors: the reference's result, laid out as the
+    fake impl says (the meta_fn keeps x's transposed layout), with one warning per op; other refusals
+    still raise, and without past_limits the size error itself."""
+    fxkern.cuda_kernel_op(op_name, scale_spec(), reference=lambda x, a: (x * a).contiguous(),
+                          meta_fn=lambda x, a: torch.empty_like(x), eager_fn=refuses_large, past_limits="reference")
+    cuda = fxkern.kernel_op(op_name).cuda_impl
+    x = torch.randn(4, 6).t()
+    with caplog.at_level("WARNING", logger="fxkern"):
+        for _ in range(2):
+            y = cuda(x, 2.0)
+            torch.testing.assert_close(y, x * 2.0)
+            assert y.stride() == x.stride()
+    assert caplog.text.count("Calls this large run the op's reference") == 1 and "past the kernel's 8" in caplog.text
+    with pytest.raises(KernelInputError, match="another reason"):
+        cuda(torch.randn(2), 2.0)
+    fxkern.cuda_kernel_op(op_name + "_raises", scale_spec(), reference=seven_cases.scale_ref, eager_fn=refuses_large)
+    with pytest.raises(fxkern.SizeLimitError, match="past the kernel's 8"):
+        fxkern.kernel_op(op_name + "_raises").cuda_impl(x, 2.0)
+
+
 def test_reference_output_never_aliases_an_input(op_name):
     spec = KernelSpec(seven_cases.SIGMOID, "sigmoid_kernel", inputs=[InputDecl("x")], outputs=[OutputDecl("y", SameAs("x"))],
                       extras=[Numel("x")], geometry=Elementwise(), dtypes=(torch.float32,))

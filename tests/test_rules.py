@@ -18,6 +18,8 @@ def test_replace_registers_the_op_with_the_pattern_as_reference():
     assert rule.op is torch.ops.fxkern.my_gelu_add
     x, b, r = torch.randn(4, 8), torch.randn(8), torch.randn(4, 8)
     torch.testing.assert_close(rule.op(x, b, r), my_gelu_add(x, b, r))  # the CPU impl is the pattern
+    # and CUDA calls past the kernel's 32-bit sizes run it too: the model ran it before the rewrite
+    assert fxkern.kernel_op("fxkern::my_gelu_add").past_limits == "reference"
 
 
 def test_namespace_from_name():

@@ -365,7 +365,7 @@ def register(rules) -> None:
                                   _strided_reference_of(deinterleaved_rotary_embedding), _strided_output,
                                   _STRIDED_SCHEMA)
     op = cuda_kernel_op(_OP, DEINTERLEAVED_ROTARY, reference=deinterleaved_rotary_embedding, meta_fn=_output,
-                        eager_fn=_eager(strided))
+                        eager_fn=_eager(strided), past_limits="reference")
     add_rule(rules, deinterleaved_rotary_embedding_copied, op, "deinterleaved_rotary_embedding_copied",
              filter=copied_operands, irs=COMPILE_FREE_IRS, example_inputs=_COPIED_EXAMPLE)
     add_rule(rules, deinterleaved_rotary_embedding_sliced, op, "deinterleaved_rotary_embedding",
@@ -374,6 +374,6 @@ def register(rules) -> None:
     (strided,) = rotary.launchers(((f"{NAMESPACE}::_chunked_rotary_strided", CHUNKED_ROTARY_STRIDED),),
                                   _strided_reference_of(chunked_rotary_embedding), _strided_output, _STRIDED_SCHEMA)
     op = cuda_kernel_op(_CHUNKED_OP, CHUNKED_ROTARY, reference=chunked_rotary_embedding,
-                        meta_fn=_output_of(_CHUNKED_OP), eager_fn=_eager(strided, _CHUNKED_OP))
+                        meta_fn=_output_of(_CHUNKED_OP), eager_fn=_eager(strided, _CHUNKED_OP), past_limits="reference")
     add_rule(rules, _chunked_pattern, op, "chunked_rotary_embedding", filter=sliced_operands, irs=COMPILE_FREE_IRS,
              example_inputs=_SLICED_EXAMPLE)

@@ -313,7 +313,8 @@ def register(rules) -> None:
     def op(name, spec, reference, output, launch=strided):
         qualname = f"{NAMESPACE}::{name}"
         return cuda_kernel_op(qualname, spec, reference=reference, meta_fn=output,
-                              eager_fn=rotary._eager(qualname, (launch, launch), output, rotated=True))
+                              eager_fn=rotary._eager(qualname, (launch, launch), output, rotated=True),
+                              past_limits="reference")
 
     def rule(pattern, target, accept, example, dtypes=None):
         add_rule(rules, pattern, target, pattern.__name__, filter=accept, irs=COMPILE_FREE_IRS, example_inputs=example,

@@ -552,6 +552,7 @@ def register(rules) -> None:
             (gemma_rms_norm_rotary_embedding, GEMMA_RMS_NORM_ROTARY, True, False)):
         form = _Form(pattern.__name__, gemma, repeat)
         op = cuda_kernel_op(form.qualname, spec, reference=pattern, meta_fn=form.output,
-                            schema=_REPEAT_SCHEMA if repeat else _SCHEMA, eager_fn=_eager(form, strided))
+                            schema=_REPEAT_SCHEMA if repeat else _SCHEMA, eager_fn=_eager(form, strided),
+                            past_limits="reference")
         add_rule(rules, pattern, op, form.name, filter=_operands(form), irs=COMPILE_FREE_IRS,
                  example_inputs=_examples(gemma, repeat))

@@ -60,7 +60,7 @@ import dataclasses
 import torch
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 
-from fxkern.errors import KernelInputError
+from fxkern.errors import KernelInputError, SizeLimitError
 from fxkern.library._rules import (COMPILE_FREE_IRS, DTYPES, NAMESPACE, SIXTEEN_BIT, add_rule, broadcasts_4d,
                                    check_broadcast_4d)
 from fxkern.library.cuda_common import COMMON, EW_BLOCK
@@ -727,7 +727,7 @@ def _check_sizes(op: str, x: torch.Tensor, batch: int, kv_heads: int, n_rep: int
     if n_rep < 1 or heads != kv_heads * n_rep:
         raise KernelInputError(f"{op}: heads = {heads} must be kv_heads * n_rep = {kv_heads} * {n_rep}, with n_rep >= 1")
     if batch * heads * seq * head_dim > INT32_MAX:
-        raise KernelInputError(f"{op}: the output ({batch}, {heads}, {seq}, {head_dim}) has more than 2**31 - 1 "
+        raise SizeLimitError(f"{op}: the output ({batch}, {heads}, {seq}, {head_dim}) has more than 2**31 - 1 "
                                f"elements, more than the kernel indexes; split the batch")
     want = (batch, kv_heads, seq, head_dim)
     # a symbolic axis is left to the check on CUDA, at run time: the rule only matches literal sizes,
@@ -873,7 +873,7 @@ def walked(op: str, x: torch.Tensor, layout):
     x = x.contiguous()
     layout = walk(x)
     if layout is None:
-        raise KernelInputError(f"{op}: x {tuple(x.shape)} has more than 2**31 - 1 elements, more than the "
+        raise SizeLimitError(f"{op}: x {tuple(x.shape)} has more than 2**31 - 1 elements, more than the "
                                f"kernel indexes; split the batch")
     return x, layout
 
@@ -1029,7 +1029,7 @@ def register(rules) -> None:
     def op(name, spec, reference, meta_fn, rotated=True, schema=None):
         qualname = f"{NAMESPACE}::{name}"
         return cuda_kernel_op(qualname, spec, reference=reference, meta_fn=meta_fn, schema=schema,
-                              eager_fn=_eager(qualname, strided, meta_fn, rotated))
+                              eager_fn=_eager(qualname, strided, meta_fn, rotated), past_limits="reference")
 
     partial_repeat = op("partial_rotary_embedding_repeat_kv", PARTIAL_ROTARY_REPEAT_KV,
                         partial_rotary_embedding_repeat_kv, _partial_repeat_output,
@@ -1055,7 +1055,8 @@ def register(rules) -> None:
     qualname = f"{NAMESPACE}::rotary_embedding_float32_tables"
     float32_tables = cuda_kernel_op(
         qualname, ROTARY_FLOAT32_TABLES, reference=rotary_embedding_float32_tables, meta_fn=_float32_tables_output,
-        eager_fn=_eager(qualname, (float32_tables_strided, float32_tables_strided), _float32_tables_output, True))
+        eager_fn=_eager(qualname, (float32_tables_strided, float32_tables_strided), _float32_tables_output, True),
+                                    past_limits="reference")
     add_rule(rules, rotary_embedding_float32_tables, float32_tables, "rotary_embedding_float32_tables",
              filter=float32_table_operands, irs=COMPILE_FREE_IRS, example_inputs=_float32_tables_example,
              dtypes=SIXTEEN_BIT)
