@@ -33,7 +33,13 @@ class KernelInputError(FxkernError, ValueError):
 
 class SizeLimitError(KernelInputError):
     """A call's sizes are past what the kernel indexes (32-bit ints, CUDA's grid), though eager PyTorch
-    would run it. An op registered with ``past_limits="reference"`` runs its reference instead."""
+    would run it. An op registered with ``past_limits="reference"`` runs its reference instead.
+    ``limit`` is the fact without the advice ("extra Numel('x') is 2147483648, past the 32-bit int
+    the kernel takes"), for the warning such an op logs."""
+
+    def __init__(self, message: str, limit: str = ""):
+        super().__init__(message)
+        self.limit = limit or message
 
 
 class LaunchError(FxkernError, RuntimeError):

@@ -350,7 +350,8 @@ def _existing(op_name: str, identity: Any) -> Optional[torch._ops.OpOverloadPack
         entry.retry_failed_compile()  # raises here again, outside a concurrently block, if it still fails
         return entry.op
     raise RegistrationError(
-        f"op {op_name} is already registered with a different spec or override; pick another "
+        f"op {op_name} is already registered with a different spec or override (meta_fn, eager_fn, aot_fn, "
+        f"schema, reference, strided_outputs, past_limits); pick another "
         f"name (the old one stays registered until the process exits)"
     )
 
@@ -485,8 +486,9 @@ def _past_limits(entry: KernelOp) -> Callable[[SizeLimitError, Tuple[Any, ...]],
     def instead(error: SizeLimitError, args: Tuple[Any, ...]) -> Any:
         if not warned:
             warned.append(True)
-            log.warning("fxkern: %s: %s. Calls this large run the op's reference (PyTorch's own kernels) "
-                        "instead: right, at eager speed (said once)", entry.qualname, error)
+            log.warning("fxkern: %s: %s. Calls past its kernel's limits run the op's reference instead "
+                        "(PyTorch's own kernels: the same result, at eager speed); logged once per op",
+                        entry.qualname, error.limit)
         return run(*args)
 
     return instead
@@ -500,7 +502,8 @@ def _reference_past_limits(entry: KernelOp, eager_fn: Callable[..., Any]) -> Cal
         try:
             return eager_fn(*args)
         except SizeLimitError as error:
-            return past_limits(error, args)
+            refused = error.with_traceback(None)  # its frames held what eager_fn made before it refused
+        return past_limits(refused, args)  # outside the except: nothing of the refused call is kept alive
 
     cuda.__name__ = getattr(eager_fn, "__name__", "cuda")
     return cuda
@@ -676,10 +679,14 @@ def _cuda_impl(entry: KernelOp) -> Callable[..., Any]:
         key = signature(args, tensors)
         known = launches.get(key)
         if known is None:
+            refused = None
             try:
                 known, outs = prepare(args, tensors)
-            except SizeLimitError as error:  # before any launch or allocation
-                return past_limits(error, args)
+            except SizeLimitError as error:  # before any launch
+                refused = error.with_traceback(None)  # its frames held the copies and outputs prepare made
+            if refused is not None:
+                tensors.clear()  # and contiguous copies in here: the reference runs without them
+                return past_limits(refused, args)
             launches.remember(key, known)
             copies, _, fn, grid, smem, extras, index, relayout = known
         else:

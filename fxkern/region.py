@@ -90,7 +90,8 @@ def site_count() -> int:
 
 def region(target: Any, *, name: Optional[str] = None, reference: Any = None) -> Any:
     """Mark the code inside the ``with`` block as one call of ``target`` (an op, or a KernelSpec
-    registered as ``fxkern::<name>``; ``reference`` becomes its CPU impl).
+    registered as ``fxkern::<name>``; ``reference`` becomes its CPU impl, and runs CUDA calls past
+    the kernel's 32-bit sizes).
 
     Under dynamo it is ``contextlib.nullcontext()``, which dynamo traces through, graph breaks
     included (a context object of its own made dynamo skip the whole frame at a graph break inside
@@ -150,7 +151,9 @@ class _Region:
             from fxkern.ops import cuda_kernel_op
 
             name = self.name or f"region_{re.sub(r'[^0-9A-Za-z_]', '_', filename.rsplit('/', 1)[-1])}_{line}"
-            return cuda_kernel_op(name if "::" in name else f"fxkern::{name}", self.target, reference=self.reference)
+            # the reference, where given, is the block's own code: it also runs calls past the kernel's sizes
+            return cuda_kernel_op(name if "::" in name else f"fxkern::{name}", self.target, reference=self.reference,
+                                  past_limits="raise" if self.reference is None else "reference")
         return self.target
 
 

@@ -213,7 +213,8 @@ def replace(
 
     ``target`` is a KernelSpec (an op ``fxkern::<name>`` is registered with the
     pattern as its reference, which also runs calls past the kernel's 32-bit sizes; a ``name``
-    with ``::`` picks the namespace) or an existing op. ``noise`` lists what may sit inside a match without breaking it:
+    with ``::`` picks the namespace) or an existing op.
+    ``noise`` lists what may sit inside a match without breaking it:
     ``"views"`` and ``"clones"`` (default) and ``"casts"`` (same-dtype ``to``).
     ``example_inputs`` are the pattern's arguments to trace it with (one trace per IR), or a function
     of the dtype of the graph's candidate outputs returning them (one trace per IR and dtype), for a

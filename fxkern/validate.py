@@ -225,20 +225,16 @@ def _eq(a: Any, b: Any) -> bool:
 def check_int32(op: str, labels: Sequence[str], values: Sequence[int]) -> None:
     for label, v in zip(labels, values):
         if v > INT32_MAX:
-            raise SizeLimitError(
-                f"{op}: {label} is {v}, past the 32-bit int the kernel takes "
-                f"(at most {INT32_MAX}); split the tensor or use a kernel with 64-bit sizes"
-            )
+            limit = f"{label} is {v}, past the 32-bit int the kernel takes (at most {INT32_MAX})"
+            raise SizeLimitError(f"{op}: {limit}; split the tensor or use a kernel with 64-bit sizes", limit)
 
 
 def check_grid(op: str, grid: Sequence[int]) -> None:
     limits = (INT32_MAX, 65535, 65535)
     for axis, (g, limit) in enumerate(zip(grid, limits)):
         if g > limit:
-            raise SizeLimitError(
-                f"{op}: grid {tuple(grid)} is past CUDA's limit of {limit} blocks on axis "
-                f"{'xyz'[axis]}; the input is too large for this launch geometry"
-            )
+            past = f"grid {tuple(grid)} is past CUDA's limit of {limit} blocks on axis {'xyz'[axis]}"
+            raise SizeLimitError(f"{op}: {past}; the input is too large for this launch geometry", past)
 
 
 _WARNED_NO_BACKWARD = []

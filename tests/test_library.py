@@ -1372,9 +1372,15 @@ def test_repeat_ops_check_their_sizes():
         op(x[0], 2, 4, 3, 8, 16, 12)
     with pytest.raises(fxkern.KernelInputError, match=r"rotary_embedding_repeat_kv: half = 4 rotates"):
         fused(x, cos, sin, 4, 2, 4, 3, 8, 16, 12)
-    big = torch.empty(8, 1024, 2048, 128, device="meta")  # repeated twice: 2**32 elements, past int32 indexing
-    with pytest.raises(fxkern.KernelInputError, match=r"more than 2\*\*31 - 1 elements.*split the batch"):
-        op(big, 8, 1024, 2, 2048, 128, 2048)
+    # repeated twice: 2**32 elements. The fake impl takes them, as eager does; the kernel's CUDA path refuses
+    # them (SizeLimitError, on which the op runs its reference), the repeat checked, not just x
+    big = torch.empty(8, 1024, 2048, 128, device="meta")
+    assert op(big, 8, 1024, 2, 2048, 128, 2048).shape == (8, 2048, 2048, 128)
+    tables = (torch.empty(1, 1, 2048, 128, device="meta"),) * 2
+    for name, args in (("repeat_kv", ()), ("rotary_embedding_repeat_kv", (*tables, 64))):
+        on_cuda = fxkern.kernel_op(f"fxkern_lib::{name}").eager_fn
+        with pytest.raises(fxkern.SizeLimitError, match=r"the output \(8, 2048, 2048, 128\) has more than 2\*\*31 - 1"):
+            on_cuda(big, *args, 8, 1024, 2, 2048, 128, 2048)
 
 
 class NormedRotatedHeads(nn.Module):

@@ -128,12 +128,36 @@ def test_calls_past_the_limits_run_the_reference_when_asked(op_name, caplog):
             y = cuda(x, 2.0)
             torch.testing.assert_close(y, x * 2.0)
             assert y.stride() == x.stride()
-    assert caplog.text.count("Calls this large run the op's reference") == 1 and "past the kernel's 8" in caplog.text
+    assert caplog.text.count("run the op's reference instead") == 1 and "past the kernel's 8" in caplog.text
     with pytest.raises(KernelInputError, match="another reason"):
         cuda(torch.randn(2), 2.0)
     fxkern.cuda_kernel_op(op_name + "_raises", scale_spec(), reference=seven_cases.scale_ref, eager_fn=refuses_large)
     with pytest.raises(fxkern.SizeLimitError, match="past the kernel's 8"):
         fxkern.kernel_op(op_name + "_raises").cuda_impl(x, 2.0)
+
+
+def test_the_reference_runs_without_what_the_refused_call_made(op_name):
+    """Run inside the ``except``, the reference kept the refused call's frames alive through the
+    traceback, with the copies and outputs it had made: at 2^31 elements, gigabytes on top of the
+    reference's own (found by a review)."""
+    import gc
+    import weakref
+
+    made = []
+
+    def eager(x, alpha):
+        scratch = torch.empty(1000)  # an output or copy made before the size check
+        made.append(weakref.ref(scratch))
+        raise fxkern.SizeLimitError("past the kernel's sizes")
+
+    def reference(x, alpha):
+        gc.collect()
+        assert made[0]() is None, "the refused call's tensors are still alive"
+        return x * alpha
+
+    fxkern.cuda_kernel_op(op_name, scale_spec(), reference=reference, eager_fn=eager, past_limits="reference")
+    x = torch.randn(4)
+    torch.testing.assert_close(fxkern.kernel_op(op_name).cuda_impl(x, 2.0), x * 2.0)
 
 
 def test_reference_output_never_aliases_an_input(op_name):

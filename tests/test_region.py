@@ -449,6 +449,8 @@ def test_two_kernel_specs_on_one_line_are_two_sites():
     for model, fn in ((gelu, gelu_bias_ref), (relu, add_relu)):
         new = fxkern.apply(torch.export.export(model, (x, b)), RuleSet("empty"), verify=True)
         torch.testing.assert_close(new.module()(x, b), fn(x, b))
+    # the block's reference (its own code) also runs CUDA calls past the kernel's 32-bit sizes
+    assert fxkern.kernel_op("fxkern_test::two_specs_gelu").past_limits == "reference"
     with pytest.raises(fxkern.RegistrationError):  # the same name for another spec: a clear error
         spec_block(spec_like(add_relu), "fxkern_test::two_specs_gelu")(x, b)
 

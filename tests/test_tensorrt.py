@@ -173,6 +173,22 @@ def test_sizes_past_int32_raise_in_the_standin_and_are_declined(example_ops):
     assert converter.refusal(pp, _node(entry.op.default, [torch.empty(8, 8, device="meta")])) == ""
 
 
+def test_outputs_past_int32_are_declined_though_the_inputs_fit():
+    """repeat_kv's eager_fn refuses an output of more than 2**31 - 1 elements (its op then runs the
+    reference); TensorRT never runs the eager_fn, so the validator checks the outputs itself."""
+    import fxkern.library as lib
+
+    lib.rules()
+    entry = fxkern.kernel_op("fxkern_lib::repeat_kv")
+    pp = plugin.plan_plugin(entry)
+    x, sizes = torch.empty(4, 1024, 2048, 128, device="meta"), (4, 1024, 2, 2048, 128, 2048)  # x: 2**30 elements
+    node = _node(entry.op.default, [x], sizes, out=torch.empty(4, 2048, 2048, 128, device="meta"))
+    assert "output 0 (4, 2048, 2048, 128) has more than 2**31 - 1 elements" in converter.refusal(pp, node)
+    small = _node(entry.op.default, [x[:1, :8]], (1, 8, 2, 2048, 128, 16),
+                  out=torch.empty(1, 16, 2048, 128, device="meta"))
+    assert converter.refusal(pp, small) == ""
+
+
 def _node(target, vals, extra_args=(), out=None):
     """A graph node calling ``target`` on placeholders of ``vals``; ``out``: its own val (what the op's
     fake impl gives, as torch.export records it)."""

@@ -468,6 +468,7 @@ def _eager(form: _Form, launchers):
         how = decided.get(key)
         if how is None:
             out = form.output(x, weight, cos, sin, eps, half, *sizes)
+            rotary.check_size(form.qualname, "the output", out.shape)  # a repeat's is n_rep times x's
             heads = form.heads(x)
             n_rep = out.shape[1] // heads.shape[1] if heads.shape[1] else 1
             how = decided.remember(key, (rotary._broadcast_axes(cos, sin), rotary.walk(heads) if x.numel() else None,

@@ -56,6 +56,7 @@ eager PyTorch's to the bit in every dtype; the repeats are copies.
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import torch
 from torch.fx.experimental.symbolic_shapes import statically_known_true
@@ -726,9 +727,6 @@ def _check_sizes(op: str, x: torch.Tensor, batch: int, kv_heads: int, n_rep: int
                                f"attention writes keys and values")
     if n_rep < 1 or heads != kv_heads * n_rep:
         raise KernelInputError(f"{op}: heads = {heads} must be kv_heads * n_rep = {kv_heads} * {n_rep}, with n_rep >= 1")
-    if batch * heads * seq * head_dim > INT32_MAX:
-        raise SizeLimitError(f"{op}: the output ({batch}, {heads}, {seq}, {head_dim}) has more than 2**31 - 1 "
-                               f"elements, more than the kernel indexes; split the batch")
     want = (batch, kv_heads, seq, head_dim)
     # a symbolic axis is left to the check on CUDA, at run time: the rule only matches literal sizes,
     # and TensorRT's shape inference runs this with a free symbol for each of x's axes
@@ -748,7 +746,8 @@ def keeps_layout(x: torch.Tensor) -> bool:
     one stream beside its reads (a contiguous result, its rows written 32 heads apart, was 0.6-1.5%
     slower on an H200: docs/benchmarks.md, "rope_layout_h200"), and attention gets the strides it got
     before."""
-    layout = walk(x)
+    # past 2^31 elements the op runs its reference (eager), whose result has x's order where x has a walk
+    layout = walk(x, within_int32=not statically_known_true(x.numel() > INT32_MAX))
     h, s = x.shape[1], x.shape[2]
     return layout is not None and bool(layout[6]) and statically_known_true(h > 1) and statically_known_true(s > 1)
 
@@ -846,11 +845,12 @@ def _narrow(cos: torch.Tensor, sin: torch.Tensor, axes: tuple[int, ...]) -> tupl
     return cos.contiguous(), sin.contiguous()
 
 
-def walk(x: torch.Tensor) -> tuple[int, int, int, int, int, int, int, int] | None:
+def walk(x: torch.Tensor, within_int32: bool = True) -> tuple[int, int, int, int, int, int, int, int] | None:
     """How ROTARY_STRIDED reads x (B, H, S, D) in place: (B, A1, A2, sB, s1, s2, heads_inner, span), the
     walk's inner axis the one of the smaller stride; None where it cannot (the last axis not
     contiguous, a negative stride, a stride, span or element count past int32: x is then made
-    contiguous first, and refused if that is still too large)."""
+    contiguous first, and refused if that is still too large). ``within_int32=False``: the walk however
+    large (the layout eager's result has)."""
     known = statically_known_true  # on a fake x of symbolic sizes (a meta_fn's), what holds for every size
     b, h, s, d = x.shape
     # an axis of one element has no stride that matters (0 keeps the kernel's 16-byte packs)
@@ -860,9 +860,18 @@ def walk(x: torch.Tensor) -> tuple[int, int, int, int, int, int, int, int] | Non
     span = 1 + (b - 1) * sb + (a1 - 1) * s1 + (a2 - 1) * s2 + (d - 1) * sd
     if not (known(d == 1) or known(sd == 1)) or not all(known(v >= 0) for v in (sb, s1, s2)):
         return None
-    if not all(known(v <= INT32_MAX) for v in (sb, s1, s2, span, x.numel())):
+    if within_int32 and not all(known(v <= INT32_MAX) for v in (sb, s1, s2, span, x.numel())):
         return None
     return b, a1, a2, sb, s1, s2, int(heads_inner), span
+
+
+def check_size(op: str, what: str, shape) -> None:
+    """Refuses (SizeLimitError, so a library op runs its reference) a tensor of more than 2^31 - 1
+    elements, more than the rotary kernels index. On CUDA calls only: the fake impls take any size,
+    as the reference does."""
+    if math.prod(shape) > INT32_MAX:
+        limit = f"{what} {tuple(shape)} has more than 2**31 - 1 elements, more than the kernel indexes"
+        raise SizeLimitError(f"{op}: {limit}; split the batch", limit)
 
 
 def walked(op: str, x: torch.Tensor, layout):
@@ -870,12 +879,9 @@ def walked(op: str, x: torch.Tensor, layout):
     a contiguous copy's; an error naming ``op`` when even that is past int32."""
     if layout is not None:
         return x, layout
+    check_size(op, "x", x.shape)  # before the copy: within int32, a contiguous x always has a walk
     x = x.contiguous()
-    layout = walk(x)
-    if layout is None:
-        raise SizeLimitError(f"{op}: x {tuple(x.shape)} has more than 2**31 - 1 elements, more than the "
-                               f"kernel indexes; split the batch")
-    return x, layout
+    return x, walk(x)
 
 
 def in_walk_order(out: torch.Tensor) -> int:
@@ -899,6 +905,7 @@ def _eager(op: str, strided, check, rotated: bool):
         how = decided.get(key)
         if how is None:
             out = check(x, *args)  # the meta_fn: the call's checks, and its output (B, H * n_rep, S, D)
+            check_size(op, "the output", out.shape)  # a repeat's is n_rep times x's
             half = tables[0].shape[-1] // 2 if rotated else 0  # cos's columns, which the check held half to
             how = decided.remember(key, (_broadcast_axes(*tables) if rotated else (), walk(x) if x.numel() else None,
                                          half, x.shape[-1] - 2 * half, out.shape[1] // x.shape[1] if x.shape[1] else 1,

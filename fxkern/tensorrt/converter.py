@@ -12,6 +12,7 @@ attributes in register order with their exact Python types.
 from __future__ import annotations
 
 import logging
+import math
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
@@ -147,6 +148,10 @@ def _past_int32(pp: PluginPlan, vals: Sequence[torch.Tensor], node: fx.Node) -> 
         if value > limit:
             what = "TensorRT passes it as a 32-bit int" if limit == INT32_MAX else "CUDA launches at most 65535 there"
             return f"{label} reaches {value} at the largest input sizes; {what}"
+    for k, dims in enumerate(outs):  # an eager_fn's own checks (a repeat's output) do not run in TensorRT
+        if math.prod(dims) > INT32_MAX:
+            return (f"output {k} {tuple(dims)} has more than 2**31 - 1 elements at the largest input sizes, more "
+                    f"than a kernel indexing in 32 bits takes")
     return ""
 
 
