@@ -474,13 +474,11 @@ def _reference_impl(entry: KernelOp) -> Callable[..., Any]:
     return run
 
 
-def _past_limits(entry: KernelOp) -> Callable[[SizeLimitError, Tuple[Any, ...]], Any]:
-    """What a CUDA call past the kernel's limits does: raise, or (``past_limits="reference"``) run the
-    reference on the GPU, warning once per op."""
+def _reference_instead(entry: KernelOp) -> Optional[Callable[[SizeLimitError, Tuple[Any, ...]], Any]]:
+    """With ``past_limits="reference"``, what a CUDA call past the kernel's limits runs instead of
+    raising: the reference on the GPU, warning once per op. None where the call raises."""
     if entry.past_limits != "reference":
-        def refuse(error: SizeLimitError, args: Tuple[Any, ...]) -> Any:
-            raise error
-        return refuse
+        return None
     run, warned = _reference_impl(entry), []
 
     def instead(error: SizeLimitError, args: Tuple[Any, ...]) -> Any:
@@ -496,14 +494,14 @@ def _past_limits(entry: KernelOp) -> Callable[[SizeLimitError, Tuple[Any, ...]],
 
 def _reference_past_limits(entry: KernelOp, eager_fn: Callable[..., Any]) -> Callable[..., Any]:
     """``eager_fn``, with calls it refuses as past its kernels' limits run by the reference."""
-    past_limits = _past_limits(entry)
+    instead = _reference_instead(entry)
 
     def cuda(*args: Any) -> Any:
         try:
             return eager_fn(*args)
         except SizeLimitError as error:
             refused = error.with_traceback(None)  # its frames held what eager_fn made before it refused
-        return past_limits(refused, args)  # outside the except: nothing of the refused call is kept alive
+        return instead(refused, args)  # outside the except: nothing of the refused call is kept alive
 
     cuda.__name__ = getattr(eager_fn, "__name__", "cuda")
     return cuda
@@ -599,7 +597,7 @@ def _cuda_impl(entry: KernelOp) -> Callable[..., Any]:
     smem_const = plan.shared_mem.value if isinstance(plan.shared_mem, symbolic.Const) else None
     dtype_from = plan.output_dtype_from
     int32_max = validate.INT32_MAX
-    past_limits = _past_limits(entry)
+    instead = _reference_instead(entry)
 
     grid_const = [g.value if isinstance(g, symbolic.Const) else None for g in plan.grid]
     grid_x = grid_fns[0]
@@ -682,11 +680,13 @@ def _cuda_impl(entry: KernelOp) -> Callable[..., Any]:
             refused = None
             try:
                 known, outs = prepare(args, tensors)
-            except SizeLimitError as error:  # before any launch
+            except SizeLimitError as error:  # raised before any launch
+                if instead is None:
+                    raise
                 refused = error.with_traceback(None)  # its frames held the copies and outputs prepare made
             if refused is not None:
                 tensors.clear()  # and contiguous copies in here: the reference runs without them
-                return past_limits(refused, args)
+                return instead(refused, args)
             launches.remember(key, known)
             copies, _, fn, grid, smem, extras, index, relayout = known
         else:

@@ -1063,7 +1063,7 @@ def register(rules) -> None:
     float32_tables = cuda_kernel_op(
         qualname, ROTARY_FLOAT32_TABLES, reference=rotary_embedding_float32_tables, meta_fn=_float32_tables_output,
         eager_fn=_eager(qualname, (float32_tables_strided, float32_tables_strided), _float32_tables_output, True),
-                                    past_limits="reference")
+        past_limits="reference")
     add_rule(rules, rotary_embedding_float32_tables, float32_tables, "rotary_embedding_float32_tables",
              filter=float32_table_operands, irs=COMPILE_FREE_IRS, example_inputs=_float32_tables_example,
              dtypes=SIXTEEN_BIT)
