@@ -4,8 +4,8 @@
     python benchmarks/hf_models.py --models t5_encoder --profile   # also each variant's kernels by GPU time, and the aten ops behind the rewritten program's
 
 Each model (random weights, no downloads) at hidden size 2048, 16 heads of 128, MLP 5632 (GPT-2,
-GPT-NeoX and BERT: 8192), vocabulary 8192, in bfloat16 with transformers' default attention (SDPA;
-eager for Gemma 2, whose soft-capped scores need it, and for BERT, given a padding mask), on 8x512 tokens: ten
+GPT-NeoX, OPT and BERT: 8192), vocabulary 8192, in bfloat16 with transformers' default attention (SDPA;
+eager for Gemma 2, whose soft-capped scores need it, and for BERT, given a padding mask), on 8x512 tokens: eleven
 decoders (exported with ``use_cache=False``) and three encoders (Flan-T5's, BERT's and ModernBERT's), rewritten
 with ``fxkern.apply(ep, fxkern.library.rules())``, and timed in one run against the alternatives a user has: the model in
 eager, its export run as is, and ``torch.compile(model)`` (inductor, default mode). The eager model
@@ -100,6 +100,11 @@ def configs(layers: int, hidden: int = HIDDEN, heads: int = HEADS, mlp: int = ML
         "gpt_neox": Model("GPTNeoXForCausalLM", "GPTNeoXConfig", dict(
             vocab_size=vocab, hidden_size=hidden, intermediate_size=4 * hidden, num_hidden_layers=layers,
             num_attention_heads=heads, max_position_embeddings=seq, bos_token_id=0, eos_token_id=0)),
+        # OPT: LayerNorms after its residual adds with a reshape to rows, or a view back, between the two
+        # (fxkern.views moves it above the add); a ReLU MLP
+        "opt": Model("OPTForCausalLM", "OPTConfig", dict(
+            vocab_size=vocab, hidden_size=hidden, ffn_dim=4 * hidden, num_hidden_layers=layers, num_attention_heads=heads,
+            max_position_embeddings=seq, word_embed_proj_dim=hidden, pad_token_id=1, bos_token_id=2, eos_token_id=2)),
         # encoders: Flan-T5's (gated gelu_new MLP, T5's RMSNorm) and BERT with its eager attention
         # (scaled, masked softmax), given a padding mask
         "t5_encoder": Model("T5EncoderModel", "T5Config", dict(

@@ -21,7 +21,6 @@ A failed candidate keeps the reason of the deepest point it reached, for
 
 from __future__ import annotations
 
-import contextlib
 import functools
 from collections import Counter
 from dataclasses import dataclass, field
@@ -31,6 +30,7 @@ import torch
 import torch.fx as fx
 from torch.multiprocessing.reductions import StorageWeakRef
 
+from fxkern.graphs import run_on_vals
 from fxkern.patterns import Pattern
 
 aten = torch.ops.aten
@@ -794,17 +794,6 @@ def _same_as_twin(node: fx.Node, found: Dict[fx.Node, Any]) -> Any:
     except Exception:  # noqa: BLE001 - the twin cannot say what it gives: keep the call as written
         return None
     return twin if isinstance(out, torch.Tensor) and out.dtype == val.dtype else None
-
-
-def run_on_vals(fn: Any, node: fx.Node, autocast: bool = True) -> Any:
-    """``fn`` run on ``node``'s arguments' traced values (fake tensors: nothing is computed), to ask
-    what an op would give them; ``autocast=False`` asks it with autocast off. Raises what ``fn`` raises."""
-    as_val = lambda a: _val(a) if isinstance(a, fx.Node) else a  # noqa: E731
-    args, kwargs = torch.utils._pytree.tree_map(as_val, (node.args, node.kwargs))
-    mode = torch._guards.detect_fake_mode(torch.utils._pytree.tree_leaves((args, kwargs)))
-    with mode or torch._subclasses.FakeTensorMode(allow_non_fake_inputs=True), \
-            contextlib.nullcontext() if autocast else torch._C._DisableAutocast():
-        return fn(*args, **kwargs)
 
 
 def _flat(args: Iterable[Any]):

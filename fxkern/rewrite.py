@@ -33,8 +33,10 @@ from typing import Any, Callable, Dict, FrozenSet, Iterable, List, Optional, Seq
 import torch
 import torch.fx as fx
 
+from fxkern import views
 from fxkern.errors import FxkernError
-from fxkern.matcher import Failure, Match, Matcher, index_graph, run_on_vals
+from fxkern.graphs import mutates, run_on_vals, writes_input
+from fxkern.matcher import Failure, Match, Matcher, index_graph
 from fxkern.patterns import is_inert, quiet_fake_errors
 from fxkern.rules import Rule, RuleSet, default_rules, trace_together
 
@@ -143,16 +145,6 @@ def _positions(graph: fx.Graph) -> Dict[fx.Node, float]:
     return {n: float(i) for i, n in enumerate(graph.nodes)}
 
 
-def _writes_input(target: Any) -> bool:
-    schema = getattr(target, "_schema", None)
-    return schema is not None and any(a.alias_info is not None and a.alias_info.is_write for a in schema.arguments)
-
-
-def mutates(node: fx.Node) -> bool:
-    """True for an op that writes one of its inputs in place (``add_``, ``copy_``...)."""
-    return node.op == "call_function" and _writes_input(node.target)
-
-
 @dataclass(frozen=True)
 class HeldOutputs:
     """A graph's outputs whose strides what reads them relies on: a torch.cond branch's (the other
@@ -204,7 +196,7 @@ class _Facts:
                 elif n.op == "call_function" and n.target is torch.amp.autocast_mode._exit_autocast and stack:
                     state = stack.pop()
                 self.autocast[n] = state
-        writers = sorted((n for t, ns in by_target.items() if _writes_input(t) for n in ns), key=self.pos.__getitem__)
+        writers = sorted((n for t, ns in by_target.items() if writes_input(t) for n in ns), key=self.pos.__getitem__)
         self.writers = writers
         self.writer_pos = [self.pos[n] for n in writers]
         self.fake_runs: Dict[Any, Any] = {}
@@ -1291,18 +1283,66 @@ def _collector_paused():
 
 
 
-def _rewritten(gm: fx.GraphModule, rules: Any, irs: Sequence[str],
-               inplace: bool = False) -> Tuple[Optional[fx.GraphModule], Dict[str, str], _Analysis]:
-    """Analyse ``gm`` as it is; when something is replaced, rewrite a copy (or ``gm`` itself when
-    ``inplace``). Returns (new GraphModule or None when nothing matched, renamed outputs, the analysis).
-    """
+@dataclass
+class _Base:
+    """The GraphModule analysed: the one given, or a copy with its views moved, and what each moved
+    view that was an output is now called."""
+
+    gm: fx.GraphModule
+    moved: Dict[str, str] = field(default_factory=dict)
+
+    def rewrite(self, tree: _Analysis, inplace: bool) -> Tuple[fx.GraphModule, Dict[str, str]]:
+        """:func:`_rewrite_tree` of this graph; the renamed outputs counted from the graph given."""
+        gm, renamed = _rewrite_tree(self.gm, tree, inplace)
+        return gm, {**renamed, **{old: renamed.get(new, new) for old, new in self.moved.items()}}
+
+
+def _rewritten(gm: fx.GraphModule, rules: Any, irs: Sequence[str], inplace: bool = False
+               ) -> Tuple[Optional[fx.GraphModule], Dict[str, str], _Analysis, _Base]:
+    """Analyse ``gm`` (with its views moved where :func:`_analysed` moves them: in a copy unless
+    ``inplace``); when something is replaced, rewrite a copy (or ``gm`` itself when ``inplace``).
+    Returns (new GraphModule or None when nothing matched, renamed outputs, the analysis, the
+    GraphModule analysed)."""
     with _collector_paused():
-        tree, _ = _analyse(gm, rules, irs)
+        base, tree, _ = _analysed(gm, rules, irs, inplace)
         replaced = tree.replaced()
         if not replaced:
-            return None, {}, tree
+            if inplace and base.moved:
+                gm.recompile()  # views moved: its code says what its graph does
+            return None, {}, tree, base
         log.info("fxkern: replacing %d subgraphs (%s)", len(replaced), ", ".join(sorted({c.rule.name for c in replaced})))
-        return (*_rewrite_tree(gm, tree, inplace), tree)
+        return (*base.rewrite(tree, inplace or base.gm is not gm), tree, base)
+
+
+def _analysed(gm: fx.GraphModule, rules: Any, irs: Sequence[str], inplace: bool, where: _Where = _Where(),
+              subgraphs: bool = True) -> Tuple[_Base, _Analysis, Report]:
+    """:func:`_analyse` of ``gm``; then, where views outside its matches move above the elementwise op
+    they view (:mod:`fxkern.views`: an add that a reshape kept from its norm), the views moved (in a
+    copy unless ``inplace``) and the graph analysed again. Returns the GraphModule analysed last, the
+    analysis and the report."""
+    tree, report = _analyse(gm, rules, irs, where, subgraphs=subgraphs)
+    taken = {n for c in tree.accepted for n in c.match.nodes}
+    if not views.movable(gm.graph, taken):
+        return _Base(gm), tree, report
+    if not inplace:
+        gm, val_map = _copied(gm)
+        taken = {val_map[n] for n in taken}
+    moved = views.move_views(gm.graph, taken)
+    log.debug("fxkern: moved %d views above the ops they view; matching again", len(moved))
+    tree, report = _analyse(gm, rules, irs, where, subgraphs=subgraphs)
+    return _Base(gm, moved), tree, report
+
+
+def _copied(gm: fx.GraphModule) -> Tuple[fx.GraphModule, Dict[fx.Node, fx.Node]]:
+    """A copy of ``gm``'s graph in a new GraphModule sharing its submodules and parameters, and the
+    map from old nodes to new."""
+    graph = fx.Graph()
+    val_map: Dict[fx.Node, fx.Node] = {}
+    graph.output(graph.graph_copy(gm.graph, val_map))
+    for old, copied in val_map.items():  # the copy renames a placeholder that shadows a builtin ("input")
+        if old.op == "placeholder" and copied.name != old.name:
+            copied.name = old.name
+    return fx.GraphModule(gm, graph), val_map
 
 
 def _rewrite_tree(gm: fx.GraphModule, tree: _Analysis, inplace: bool, recompile: bool = True) -> Tuple[fx.GraphModule, Dict[str, str]]:
@@ -1318,12 +1358,7 @@ def _rewrite_tree(gm: fx.GraphModule, tree: _Analysis, inplace: bool, recompile:
         if recompile:
             gm.recompile()
         return gm, renamed
-    graph = fx.Graph()
-    val_map: Dict[fx.Node, fx.Node] = {}
-    graph.output(graph.graph_copy(gm.graph, val_map))
-    for old, copied in val_map.items():  # the copy renames a placeholder that shadows a builtin ("input")
-        if old.op == "placeholder" and copied.name != old.name:
-            copied.name = old.name
+    new, val_map = _copied(gm)
     tr = lambda v: val_map[v] if isinstance(v, fx.Node) else v  # noqa: E731
     moved = [
         _Candidate(c.rule, Match(tr(c.match.anchor), [tr(n) for n in c.match.nodes], {tr(n) for n in c.match.keep},
@@ -1332,10 +1367,10 @@ def _rewrite_tree(gm: fx.GraphModule, tree: _Analysis, inplace: bool, recompile:
                    c.fake_outputs)
         for c in tree.accepted
     ]
-    renamed = _rewrite(graph, moved, _positions(graph))
-    new = fx.GraphModule(gm, graph)
+    renamed = _rewrite(new.graph, moved, _positions(new.graph))
     for name, sub in subs.items():  # the copy took the original's; swap in the rewritten ones
         setattr(new, name, sub)
+    new.recompile()
     return new, renamed
 
 
@@ -1356,13 +1391,13 @@ def apply(program: Any, rules: Union[RuleSet, Sequence[Rule], None] = None, *, v
     if inplace and not isinstance(program, fx.GraphModule):
         raise TypeError("inplace=True takes an fx.GraphModule; an ExportedProgram is always copied")
     if isinstance(program, torch.export.ExportedProgram):
-        gm, renamed, tree = _rewritten(program.graph_module, rules, irs)
+        gm, renamed, tree, base = _rewritten(program.graph_module, rules, irs)
         if gm is None:
             return program
         new = program._update(gm, _rename_outputs(program.graph_signature, renamed))
         if verify:
             def alone(rule: str) -> Callable:
-                g, r = _rewrite_tree(program.graph_module, tree.only(rule), False)
+                g, r = base.rewrite(tree.only(rule), False)
                 return program._update(g, _rename_outputs(program.graph_signature, r)).module()
             args, kwargs = _program_inputs(program)
             _verify(program.module(), new.module(), args, kwargs, tree, alone,
@@ -1373,12 +1408,12 @@ def apply(program: Any, rules: Union[RuleSet, Sequence[Rule], None] = None, *, v
         if verify and inplace:
             raise TypeError("verify=True compares old and new: it cannot be combined with inplace=True")
         _check_aten(program)
-        gm, _, tree = _rewritten(program, rules, irs, inplace)
+        gm, _, tree, base = _rewritten(program, rules, irs, inplace)
         if gm is None:
             return program
         if verify:
             _verify(program, gm, _graph_module_inputs(program), {}, tree,
-                    lambda rule: _rewrite_tree(program, tree.only(rule), False)[0], _output_names(program))
+                    lambda rule: base.rewrite(tree.only(rule), False)[0], _output_names(program))
         return gm
     raise TypeError(f"apply takes an ExportedProgram or an fx.GraphModule, not {type(program).__name__}")
 
@@ -1394,7 +1429,7 @@ def rewrite_graph(graph: fx.Graph, rules: Union[RuleSet, Sequence[Rule], None], 
         gm = fx.GraphModule(torch.nn.Module(), graph)
     where = _Where(held=held)
     with _collector_paused():
-        tree, report = _analyse(gm, rules, irs, where, subgraphs=subgraphs)
+        _, tree, report = _analysed(gm, rules, irs, True, where, subgraphs=subgraphs)
         if tree.replaced():
             _rewrite_tree(gm, tree, inplace=True, recompile=False)
         del tree  # freed now, not scanned by the collection that re-enabling the collector brings
@@ -1409,7 +1444,7 @@ def explain(program: Any, rules: Union[RuleSet, Sequence[Rule], None] = None, *,
         raise TypeError(f"explain takes an ExportedProgram or an fx.GraphModule, not {type(program).__name__}")
     _check_aten(gm)
     with _collector_paused():
-        _, report, _ = analyse(gm, rules, _irs(ir))
+        _, _, report = _analysed(gm, rules, _irs(ir), inplace=False)
     return report
 
 

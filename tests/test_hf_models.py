@@ -52,6 +52,9 @@ EXPECTED = {
     # and rotates the first quarter of each head (the partial op reads q and k in place, out of the fused
     # QKV projection)
     "gpt_neox": {"add_layer_norm": LAYERS, "partial_rotary_embedding": 2 * LAYERS},
+    # each layer's two adds, a reshape to rows or a view back between each and its norm (moved above
+    # the add before matching), and the embeddings' sum before the first layer's norm
+    "opt": {"add_layer_norm": 2 * LAYERS + 1},
     "t5_encoder": {"add_rms_norm": 2 * LAYERS, "rms_norm": 1, "geglu_new": LAYERS},
     # the embeddings' LayerNorm follows an add of position embeddings broadcast over the batch, which
     # the add + LayerNorm kernel does not read (its filter declines it)
