@@ -6,8 +6,8 @@ Pipeline, one module per stage: :mod:`spec` (the DSL) → :mod:`derive`
 cache, signature check) → :mod:`ops` (torch.library registration) →
 :mod:`launcher` (per-device load, launch on torch's stream). Sizes,
 extras and grids are :mod:`symbolic` expressions evaluated by interpreters.
-Rules: :mod:`patterns` → :mod:`views` (moved where they hide a match) →
-:mod:`matcher` → :mod:`rewrite` (with :mod:`region`);
+Rules: :mod:`patterns` → :mod:`matcher` → :mod:`rewrite` (with :mod:`region`,
+and :mod:`views` moved where they hide a match, then matched again);
 then :mod:`backends` (torch.compile) and :mod:`tensorrt` (Torch-TensorRT).
 """
 

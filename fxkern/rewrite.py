@@ -1336,13 +1336,18 @@ def _analysed(gm: fx.GraphModule, rules: Any, irs: Sequence[str], inplace: bool,
 def _copied(gm: fx.GraphModule) -> Tuple[fx.GraphModule, Dict[fx.Node, fx.Node]]:
     """A copy of ``gm``'s graph in a new GraphModule sharing its submodules and parameters, and the
     map from old nodes to new."""
+    graph, val_map = _graph_copy(gm.graph)
+    return fx.GraphModule(gm, graph), val_map
+
+
+def _graph_copy(old_graph: fx.Graph) -> Tuple[fx.Graph, Dict[fx.Node, fx.Node]]:
     graph = fx.Graph()
     val_map: Dict[fx.Node, fx.Node] = {}
-    graph.output(graph.graph_copy(gm.graph, val_map))
+    graph.output(graph.graph_copy(old_graph, val_map))
     for old, copied in val_map.items():  # the copy renames a placeholder that shadows a builtin ("input")
         if old.op == "placeholder" and copied.name != old.name:
             copied.name = old.name
-    return fx.GraphModule(gm, graph), val_map
+    return graph, val_map
 
 
 def _rewrite_tree(gm: fx.GraphModule, tree: _Analysis, inplace: bool, recompile: bool = True) -> Tuple[fx.GraphModule, Dict[str, str]]:
@@ -1358,7 +1363,7 @@ def _rewrite_tree(gm: fx.GraphModule, tree: _Analysis, inplace: bool, recompile:
         if recompile:
             gm.recompile()
         return gm, renamed
-    new, val_map = _copied(gm)
+    graph, val_map = _graph_copy(gm.graph)
     tr = lambda v: val_map[v] if isinstance(v, fx.Node) else v  # noqa: E731
     moved = [
         _Candidate(c.rule, Match(tr(c.match.anchor), [tr(n) for n in c.match.nodes], {tr(n) for n in c.match.keep},
@@ -1367,10 +1372,10 @@ def _rewrite_tree(gm: fx.GraphModule, tree: _Analysis, inplace: bool, recompile:
                    c.fake_outputs)
         for c in tree.accepted
     ]
-    renamed = _rewrite(new.graph, moved, _positions(new.graph))
+    renamed = _rewrite(graph, moved, _positions(graph))
+    new = fx.GraphModule(gm, graph)
     for name, sub in subs.items():  # the copy took the original's; swap in the rewritten ones
         setattr(new, name, sub)
-    new.recompile()
     return new, renamed
 
 

@@ -1,4 +1,4 @@
-"""Before matching: views moved above the elementwise op whose result they view.
+"""Between two matching passes: views moved above the elementwise op whose result they view.
 
 A model may change a tensor's shape between a residual add and the norm that reads the sum.
 transformers' OPT writes ``(residual + h).view(shape)`` and then the next layer's LayerNorm, and
@@ -15,8 +15,8 @@ add, the view no longer stands between the add and the norm. A view is moved onl
   and strides;
 * nothing between the op and the view writes in place;
 * neither the view nor the op is in a match the graph has as the model wrote it (the rewrite
-  matches first, then moves views, then matches again): GPT-2's Conv1D views each ``gelu_new``'s
-  result, whose last op is a mul, and a moved view would cut that GELU's pattern in two.
+  matches, moves views, and matches again: ``rewrite._analysed``). GPT-2's Conv1D views each
+  ``gelu_new``'s result, whose last op is a mul; a moved view would cut that GELU's pattern in two.
 
 Patterns are not moved so: a user's pattern that views a sum itself matches in the first pass, and
 its nodes then stay where they are.
