@@ -4,7 +4,8 @@ inputs in place, and what an op would give a node's traced values."""
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Dict, Optional, Sequence
+import functools
+from typing import Any, Dict, List, Optional, Sequence
 
 import torch
 import torch.fx as fx
@@ -19,8 +20,26 @@ def writes_input(target: Any) -> bool:
 
 
 def mutates(node: fx.Node) -> bool:
-    """True for an op that writes one of its inputs in place (``add_``, ``copy_``...)."""
-    return node.op == "call_function" and writes_input(node.target)
+    """True for an op that writes one of its inputs in place (``add_``, ``copy_``...), and for a
+    higher-order op (a ``torch.no_grad()`` block, a ``torch.cond``) whose subgraph holds one: its
+    schema says nothing of what the subgraph writes."""
+    if node.op != "call_function":
+        return False
+    if isinstance(node.target, torch._ops.HigherOrderOperator):
+        return any(mutates(n) for sub in subgraphs(node) for n in sub.graph.nodes)
+    return writes_input(node.target)
+
+
+def subgraphs(node: fx.Node) -> List[fx.GraphModule]:
+    """The GraphModules a higher-order op's call runs (its ``get_attr`` arguments)."""
+    owner = node.graph.owning_module
+    found = []
+    for a in node.args:
+        if isinstance(a, fx.Node) and a.op == "get_attr" and owner is not None:
+            sub = functools.reduce(getattr, a.target.split("."), owner)
+            if isinstance(sub, fx.GraphModule):
+                found.append(sub)
+    return found
 
 
 def run_on_vals(fn: Any, node: fx.Node, autocast: bool = True) -> Any:

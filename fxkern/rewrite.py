@@ -196,7 +196,8 @@ class _Facts:
                 elif n.op == "call_function" and n.target is torch.amp.autocast_mode._exit_autocast and stack:
                     state = stack.pop()
                 self.autocast[n] = state
-        writers = sorted((n for t, ns in by_target.items() if writes_input(t) for n in ns), key=self.pos.__getitem__)
+        writers = sorted((n for t, ns in by_target.items() if writes_input(t) or isinstance(t, torch._ops.HigherOrderOperator)
+                          for n in ns if mutates(n)), key=self.pos.__getitem__)
         self.writers = writers
         self.writer_pos = [self.pos[n] for n in writers]
         self.fake_runs: Dict[Any, Any] = {}
@@ -875,7 +876,10 @@ def _rule_candidates(rule: Rule, irs: Sequence[str], matcher: Matcher, facts: _F
 
 
 def _analyse(gm: fx.GraphModule, rules: Union[RuleSet, Sequence[Rule], None], irs: Sequence[str],
-             where: _Where = _Where(), subgraphs: bool = True) -> Tuple[_Analysis, Report]:
+             where: _Where = _Where(), subgraphs: bool = True,
+             kept: Sequence[_Candidate] = ()) -> Tuple[_Analysis, Report]:
+    """Every rule's candidates in ``gm``, the accepted ones, and the report. ``kept``: matches
+    accepted before any rule's (after the regions'): a first pass's, when views moved in between."""
     graph = gm.graph
     by_target, twins = index_graph(graph)
     matcher = Matcher(graph, (by_target, twins))
@@ -894,6 +898,8 @@ def _analyse(gm: fx.GraphModule, rules: Union[RuleSet, Sequence[Rule], None], ir
         _regions(graph, facts, report, regions)
     rank = {r: i for i, r in enumerate(_region_rules(regions))}
     taken.accept(sorted(regions, key=lambda c: (rank[c.rule], -len(c.match.nodes), pos[c.match.anchor])), report)
+    taken.accept(kept, report)
+    again = {(c.rule, frozenset(c.match.nodes)) for c in kept}
     for rule in ordered:
         rr = report.rules.setdefault(rule.name, RuleReport())
         found = _rule_candidates(rule, irs, matcher, facts, sized=False)
@@ -901,6 +907,7 @@ def _analyse(gm: fx.GraphModule, rules: Union[RuleSet, Sequence[Rule], None], ir
             found = _rule_candidates(rule, irs, matcher, facts, sized=True, taken=taken)
         rr.candidates, candidates, misses, rr.closest = found
         rr.near_misses.extend(misses)
+        candidates = [c for c in candidates if (rule, frozenset(c.match.nodes)) not in again]
         taken.accept(sorted(candidates, key=lambda c: (-len(c.match.nodes), pos[c.match.anchor])), report)
     accepted = taken.accepted
     accepted.sort(key=lambda c: pos[c.match.anchor])
@@ -1297,14 +1304,14 @@ class _Base:
         return gm, {**renamed, **{old: renamed.get(new, new) for old, new in self.moved.items()}}
 
 
-def _rewritten(gm: fx.GraphModule, rules: Any, irs: Sequence[str], inplace: bool = False
-               ) -> Tuple[Optional[fx.GraphModule], Dict[str, str], _Analysis, _Base]:
+def _rewritten(gm: fx.GraphModule, rules: Any, irs: Sequence[str], inplace: bool = False,
+               fixed: FrozenSet[str] = frozenset()) -> Tuple[Optional[fx.GraphModule], Dict[str, str], _Analysis, _Base]:
     """Analyse ``gm`` (with its views moved where :func:`_analysed` moves them: in a copy unless
     ``inplace``); when something is replaced, rewrite a copy (or ``gm`` itself when ``inplace``).
     Returns (new GraphModule or None when nothing matched, renamed outputs, the analysis, the
     GraphModule analysed)."""
     with _collector_paused():
-        base, tree, _ = _analysed(gm, rules, irs, inplace)
+        base, tree, _ = _analysed(gm, rules, irs, inplace, fixed=fixed)
         replaced = tree.replaced()
         if not replaced:
             if inplace and base.moved:
@@ -1315,22 +1322,37 @@ def _rewritten(gm: fx.GraphModule, rules: Any, irs: Sequence[str], inplace: bool
 
 
 def _analysed(gm: fx.GraphModule, rules: Any, irs: Sequence[str], inplace: bool, where: _Where = _Where(),
-              subgraphs: bool = True) -> Tuple[_Base, _Analysis, Report]:
+              subgraphs: bool = True, fixed: FrozenSet[str] = frozenset()) -> Tuple[_Base, _Analysis, Report]:
     """:func:`_analyse` of ``gm``; then, where views outside its matches move above the elementwise op
     they view (:mod:`fxkern.views`: an add that a reshape kept from its norm), the views moved (in a
-    copy unless ``inplace``) and the graph analysed again. Returns the GraphModule analysed last, the
-    analysis and the report."""
+    copy unless ``inplace``) and the graph analysed again, the first pass's matches kept. ``fixed``:
+    names of nodes that stay (a preserved module call's inputs and outputs). Returns the
+    GraphModule analysed last, the analysis and the report."""
     tree, report = _analyse(gm, rules, irs, where, subgraphs=subgraphs)
-    taken = {n for c in tree.accepted for n in c.match.nodes}
-    if not views.movable(gm.graph, taken):
+    ordered = set(_ordered_rules(rules))
+    first = [c for c in tree.accepted if c.rule in ordered]  # regions are found again
+    # a match's nodes, and what it reads (a view it binds would be erased under it)
+    taken = {n for c in tree.accepted for n in (*c.match.nodes, *c.match.copies, *c.match.bindings.values())
+             if isinstance(n, fx.Node)} | {n for n in gm.graph.nodes if n.name in fixed}
+    if not ordered or not views.movable(gm.graph, taken):
         return _Base(gm), tree, report
     if not inplace:
         gm, val_map = _copied(gm)
         taken = {val_map[n] for n in taken}
+        first = [_translated(c, val_map) for c in first]
     moved = views.move_views(gm.graph, taken)
     log.debug("fxkern: moved %d views above the ops they view; matching again", len(moved))
-    tree, report = _analyse(gm, rules, irs, where, subgraphs=subgraphs)
+    tree, report = _analyse(gm, rules, irs, where, subgraphs=subgraphs, kept=first)
     return _Base(gm, moved), tree, report
+
+
+def _translated(c: _Candidate, val_map: Dict[fx.Node, fx.Node]) -> _Candidate:
+    """``c`` in a copy of its graph (``val_map``: old node to new)."""
+    tr = lambda v: val_map[v] if isinstance(v, fx.Node) else v  # noqa: E731
+    m = c.match
+    return _Candidate(c.rule, Match(tr(m.anchor), [tr(n) for n in m.nodes], {tr(n) for n in m.keep},
+                                    [tr(n) for n in m.outputs], {k: tr(v) for k, v in m.bindings.items()},
+                                    [tr(n) for n in m.copies]), c.fake_outputs)
 
 
 def _copied(gm: fx.GraphModule) -> Tuple[fx.GraphModule, Dict[fx.Node, fx.Node]]:
@@ -1364,14 +1386,7 @@ def _rewrite_tree(gm: fx.GraphModule, tree: _Analysis, inplace: bool, recompile:
             gm.recompile()
         return gm, renamed
     graph, val_map = _graph_copy(gm.graph)
-    tr = lambda v: val_map[v] if isinstance(v, fx.Node) else v  # noqa: E731
-    moved = [
-        _Candidate(c.rule, Match(tr(c.match.anchor), [tr(n) for n in c.match.nodes], {tr(n) for n in c.match.keep},
-                                 [tr(n) for n in c.match.outputs], {k: tr(v) for k, v in c.match.bindings.items()},
-                                 [tr(n) for n in c.match.copies]),
-                   c.fake_outputs)
-        for c in tree.accepted
-    ]
+    moved = [_translated(c, val_map) for c in tree.accepted]
     renamed = _rewrite(graph, moved, _positions(graph))
     new = fx.GraphModule(gm, graph)
     for name, sub in subs.items():  # the copy took the original's; swap in the rewritten ones
@@ -1396,7 +1411,7 @@ def apply(program: Any, rules: Union[RuleSet, Sequence[Rule], None] = None, *, v
     if inplace and not isinstance(program, fx.GraphModule):
         raise TypeError("inplace=True takes an fx.GraphModule; an ExportedProgram is always copied")
     if isinstance(program, torch.export.ExportedProgram):
-        gm, renamed, tree, base = _rewritten(program.graph_module, rules, irs)
+        gm, renamed, tree, base = _rewritten(program.graph_module, rules, irs, fixed=_module_call_names(program))
         if gm is None:
             return program
         new = program._update(gm, _rename_outputs(program.graph_signature, renamed))
@@ -1444,12 +1459,14 @@ def rewrite_graph(graph: fx.Graph, rules: Union[RuleSet, Sequence[Rule], None], 
 def explain(program: Any, rules: Union[RuleSet, Sequence[Rule], None] = None, *,
             ir: Optional[Union[str, Sequence[str]]] = None) -> Report:
     """What ``apply`` would replace, and every near-miss with its reason."""
-    gm = program.graph_module if isinstance(program, torch.export.ExportedProgram) else program
+    exported = isinstance(program, torch.export.ExportedProgram)
+    gm = program.graph_module if exported else program
     if not isinstance(gm, fx.GraphModule):
         raise TypeError(f"explain takes an ExportedProgram or an fx.GraphModule, not {type(program).__name__}")
     _check_aten(gm)
     with _collector_paused():
-        _, _, report = _analysed(gm, rules, _irs(ir), inplace=False)
+        _, _, report = _analysed(gm, rules, _irs(ir), inplace=False,
+                                 fixed=_module_call_names(program) if exported else frozenset())
     return report
 
 
@@ -1473,6 +1490,13 @@ def _irs(ir: Optional[Union[str, Sequence[str]]]) -> Tuple[str, ...]:
     if ir is None:
         return EXPORT_IRS
     return (ir,) if isinstance(ir, str) else tuple(ir)
+
+
+def _module_call_names(program: torch.export.ExportedProgram) -> FrozenSet[str]:
+    """The values a preserved module call's signature names (``preserve_module_call_signature``):
+    ``unflatten`` finds them by name, so no view moves there."""
+    return frozenset(a.name for entry in program.module_call_graph if entry.signature is not None
+                     for a in (*entry.signature.inputs, *entry.signature.outputs) if hasattr(a, "name"))
 
 
 def _rename_outputs(sig: Any, renamed: Dict[str, str]) -> Any:

@@ -11,8 +11,8 @@ add, the view no longer stands between the add and the norm. A view is moved onl
 * it keeps the last axis, the axis row ops (norms, softmax) reduce: a view that splits or joins
   the last axis is left where the model wrote it;
 * it alone reads the op's result (an op with other readers would then run twice);
-* the operands can be viewed so without a copy, and the moved result has the view's shape, dtype
-  and strides;
+* the operands can be viewed so without a copy, and the moved result has the view's shape and
+  strides (the dtype it keeps: a view changes none);
 * nothing between the op and the view writes in place;
 * neither the view nor the op is in a match the graph has as the model wrote it (the rewrite
   matches, moves views, and matches again: ``rewrite._analysed``). GPT-2's Conv1D views each
@@ -89,8 +89,8 @@ def _movable(view: fx.Node, taken: Collection[fx.Node] = ()) -> Optional[Tuple[D
         moved = run_on(op.target, [viewed.get(a, a) if isinstance(a, fx.Node) else a for a in op.args], op.kwargs)
     except Exception:  # noqa: BLE001 - no view without a copy, or sizes the fake tensors refuse
         return None
-    if moved.dtype != after.dtype or not _same(moved.shape, after.shape) or not _same(moved.stride(), after.stride()):
-        return None
+    if not _same(moved.shape, after.shape) or not _same(moved.stride(), after.stride()):
+        return None  # a transposed operand's sum is laid out as the other operand: its view is not
     return viewed, moved
 
 
@@ -105,8 +105,8 @@ def move_views(graph: fx.Graph, taken: Collection[fx.Node] = ()) -> Dict[str, st
     its value. The new nodes take the view's place in the graph; the moved op keeps the old op's
     source location, for the reports."""
     moved: Dict[str, str] = {}
-    for view in movable(graph, taken):
-        found = _movable(view, taken)  # again: an earlier move may have changed what this view reads
+    for view in [n for n in graph.nodes if n.target in VIEWS]:
+        found = _movable(view, taken)  # one at a time: an earlier move may have changed what it reads
         if found is None:
             continue
         viewed, value = found

@@ -123,16 +123,16 @@ def test_the_moved_views_compute_the_same_values_and_layouts():
         return _norm(g), g
 
     args = (torch.randn(2, 5, D), torch.randn(2, 5, D), torch.randn(2, 5, D))
-    ep = export(_Fn(fn), *args)
-    moved = views.move_views(ep.graph_module.graph)
+    gm = export(_Fn(fn), *args).module()  # a GraphModule of its own: its outputs are positions, not names
+    moved = views.move_views(gm.graph)
     assert len(moved) == 2
-    ep.graph_module.recompile()
-    targets = Counter(str(n.target) for n in ep.graph.nodes)
+    gm.recompile()
+    targets = Counter(str(n.target) for n in gm.graph.nodes)
     # a, b and c each reshaped, the sum and c's reshape each viewed: five views for the two there were
     assert targets["aten.view.default"] + targets["aten.reshape.default"] == 5
     assert targets["aten.add.Tensor"] == 1 and targets["aten.mul.Tensor"] == 1
     want = fn(*args)
-    got = ep.module()(*args)
+    got = gm(*args)
     for w, g in zip(want, got):
         assert g.stride() == w.stride()
         torch.testing.assert_close(g, w, rtol=0, atol=0)
@@ -208,3 +208,132 @@ def test_a_pattern_that_views_a_sum_still_matches(where, rows_rule):
         torch.testing.assert_close(compiled(x, r, w), RowsOfSum()(x, r, w))
     torch._dynamo.reset()
     assert sum(len(rep["rows_of_sum"].matches) for rep in reports) == 1
+
+
+def add_tanh(x, r):
+    h = x + r
+    return torch.tanh(h), h
+
+
+class ViewedSum(torch.nn.Module):
+    def forward(self, a, b):
+        h = (a + b).view(-1, D)
+        return torch.tanh(h), h
+
+
+@pytest.fixture(scope="module")
+def add_tanh_rule():
+    rs = fxkern.RuleSet("add_tanh")
+    return rs, fxkern.replace(add_tanh, spec_like(add_tanh, n_out=2), rules=rs)
+
+
+@pytest.mark.parametrize("where", ["export", "fxkern.backend"])
+def test_a_moved_view_lets_a_rule_match_under_export_and_torch_compile(where, add_tanh_rule):
+    rs, rule = add_tanh_rule
+    a, b = torch.randn(2, 5, D), torch.randn(2, 5, D)
+    want = ViewedSum()(a, b)
+    if where == "export":
+        new = fxkern.apply(export(ViewedSum(), a, b), rs, verify=True)
+        assert sum(1 for n in new.graph.nodes if n.target == rule.op.default) == 1
+        got = new.module()(a, b)
+    else:
+        reports = []
+        compiled = torch.compile(ViewedSum(), backend=fxkern.backend(rs, inner="aot_eager", report=reports.append))
+        with torch.no_grad():
+            got = compiled(a, b)
+        torch._dynamo.reset()
+        assert sum(len(rep["add_tanh"].matches) for rep in reports) == 1
+    for w, g in zip(want, got):
+        assert g.shape == w.shape and g.stride() == w.stride()
+        torch.testing.assert_close(g, w)
+
+
+class WritesBetween(torch.nn.Module):
+    """An operand written in place, inside a ``torch.no_grad()`` block, between the add and the view:
+    the sum was taken before the write, and a moved add would read the written values."""
+
+    def __init__(self):
+        super().__init__()
+        self.ln = torch.nn.LayerNorm(D)
+
+    def forward(self, a, b):
+        h = a + b
+        with torch.no_grad():
+            a.mul_(0)
+        return self.ln(h.view(-1, D))
+
+
+def test_a_write_inside_a_block_between_the_add_and_the_view_keeps_it_where_it_is():
+    a, b = torch.randn(2, 5, D), torch.randn(2, 5, D)
+    ep = export(WritesBetween().eval(), a.clone(), b)
+    assert views.movable(ep.graph) == []
+    new = fxkern.apply(ep, lib.rules(), verify=True)
+    torch.testing.assert_close(new.module()(a.clone(), b), ep.module()(a.clone(), b))
+
+
+def test_a_write_inside_a_block_inside_a_match_refuses_it():
+    """The same write where nothing is viewed: the add + LayerNorm would move the add past it."""
+
+    class M(WritesBetween):
+        def forward(self, a, b):
+            h = a + b
+            with torch.no_grad():
+                a.mul_(0)
+            return self.ln(h)
+
+    a, b = torch.randn(2, 5, D), torch.randn(2, 5, D)
+    ep = export(M().eval(), a.clone(), b)
+    new = fxkern.apply(ep, lib.rules())
+    assert add_layer_norm_calls(new) == 0
+    torch.testing.assert_close(new.module()(a.clone(), b), ep.module()(a.clone(), b))
+
+
+def test_a_view_whose_moved_sum_would_be_laid_out_otherwise_stays():
+    """``a + b`` with b read transposed is laid out as a; viewed to (2, 1, 5, D) its strides are not
+    those of the views' sum, which later code may rely on."""
+    fn = lambda a, bt: _norm((a + bt.transpose(0, 1)).view(2, 1, 5, D))  # noqa: E731
+    assert _moved_in(fn, torch.randn(2, 5, D), torch.randn(5, 2, D)) == []
+
+
+def test_a_preserved_module_calls_values_stay_and_it_unflattens():
+    class Block(torch.nn.Module):
+        def forward(self, a, b):
+            return (a + b).view(-1, D)
+
+    class Outer(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.blk, self.ln = Block(), torch.nn.LayerNorm(D)
+
+        def forward(self, a, b):
+            return self.ln(self.blk(a, b))
+
+    a, b = torch.randn(2, 5, D), torch.randn(2, 5, D)
+    ep = torch.export.export(Outer().eval(), (a, b), preserve_module_call_signature=("blk",))
+    new = fxkern.apply(ep, lib.rules())
+    torch.testing.assert_close(torch.export.unflatten(new)(a, b), Outer().eval()(a, b))
+
+
+def gelu_ish(x, y):
+    t = torch.tanh(x)
+    return (t * y) * 0.5 + t
+
+
+def test_the_first_passes_matches_are_kept():
+    """A view the first pass's match reads stays, and a higher-priority rule the moved view would
+    let match instead does not take that match's nodes."""
+    rs = fxkern.RuleSet("kept")
+    first = fxkern.replace(gelu_ish, spec_like(gelu_ish), rules=rs)
+    fxkern.replace(add_tanh_only, spec_like(add_tanh_only), rules=rs, priority=-1)
+
+    def model(a, b, y):
+        t = torch.tanh((a + b).view(-1, D))
+        return (t * y) * 0.5 + t
+
+    args = (torch.randn(2, 5, D), torch.randn(2, 5, D), torch.randn(10, D))
+    new = fxkern.apply(export(_Fn(model), *args), rs, verify=True)
+    assert [str(n.target) for n in new.graph.nodes if "fxkern" in str(n.target)] == [str(first.op.default)]
+
+
+def add_tanh_only(x, r):
+    return torch.tanh(x + r)
