@@ -13,7 +13,7 @@ import fxkern
 import fxkern.library as lib
 from fxkern import views
 from fxkern.rewrite import rewrite_graph
-from helpers import export, spec_like
+from helpers import Fn, export, spec_like
 
 D = 16
 
@@ -78,16 +78,7 @@ def test_a_view_to_symbolic_sizes_moves_too():
 
 
 def _moved_in(fn, *args):
-    return views.movable(export(_Fn(fn), *args).graph)
-
-
-class _Fn(torch.nn.Module):
-    def __init__(self, fn):
-        super().__init__()
-        self.fn = fn
-
-    def forward(self, *args):
-        return self.fn(*args)
+    return views.movable(export(Fn(fn), *args).graph)
 
 
 def _twice_read(h):
@@ -123,7 +114,7 @@ def test_the_moved_views_compute_the_same_values_and_layouts():
         return _norm(g), g
 
     args = (torch.randn(2, 5, D), torch.randn(2, 5, D), torch.randn(2, 5, D))
-    gm = export(_Fn(fn), *args).module()  # a GraphModule of its own: its outputs are positions, not names
+    gm = export(Fn(fn), *args).module()  # a GraphModule of its own: its outputs are positions, not names
     moved = views.move_views(gm.graph)
     assert len(moved) == 2
     gm.recompile()
@@ -149,7 +140,7 @@ def test_a_view_after_a_match_stays_outside_it():
     """The view reads the GELU's last mul alone, and moving it above that mul would cut the GELU's
     pattern in two: views move only outside the matches the graph has as written."""
     x = torch.randn(2, 5, D)
-    ep = export(_Fn(gelu_new_then_rows), x)
+    ep = export(Fn(gelu_new_then_rows), x)
     assert views.movable(ep.graph), "the view is movable when matches are not counted; this test wants it so"
     new = fxkern.apply(ep, lib.rules(), verify=True)
     assert sum(1 for n in new.graph.nodes if "gelu_new" in str(n.target)) == 1
@@ -157,7 +148,7 @@ def test_a_view_after_a_match_stays_outside_it():
 
 
 def test_a_program_nothing_matches_is_returned_as_it_was():
-    ep = export(_Fn(lambda a, b: torch.tanh((a + b).view(-1, D))), torch.randn(2, 5, D), torch.randn(2, 5, D))
+    ep = export(Fn(lambda a, b: torch.tanh((a + b).view(-1, D))), torch.randn(2, 5, D), torch.randn(2, 5, D))
     assert views.movable(ep.graph)
     assert fxkern.apply(ep, lib.rules()) is ep
 
@@ -331,7 +322,7 @@ def test_the_first_passes_matches_are_kept():
         return (t * y) * 0.5 + t
 
     args = (torch.randn(2, 5, D), torch.randn(2, 5, D), torch.randn(10, D))
-    new = fxkern.apply(export(_Fn(model), *args), rs, verify=True)
+    new = fxkern.apply(export(Fn(model), *args), rs, verify=True)
     assert [str(n.target) for n in new.graph.nodes if "fxkern" in str(n.target)] == [str(first.op.default)]
 
 
