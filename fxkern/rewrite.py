@@ -1364,6 +1364,9 @@ def _copied(gm: fx.GraphModule) -> Tuple[fx.GraphModule, Dict[fx.Node, fx.Node]]
 
 def _graph_copy(old_graph: fx.Graph) -> Tuple[fx.Graph, Dict[fx.Node, fx.Node]]:
     graph = fx.Graph()
+    # the code generator too: ep.module()'s flattens and rebuilds its inputs and outputs (a dict
+    # returned came back a tuple from apply without it; found by a review)
+    graph.set_codegen(old_graph._codegen)
     val_map: Dict[fx.Node, fx.Node] = {}
     graph.output(graph.graph_copy(old_graph, val_map))
     for old, copied in val_map.items():  # the copy renames a placeholder that shadows a builtin ("input")
@@ -1432,7 +1435,7 @@ def apply(program: Any, rules: Union[RuleSet, Sequence[Rule], None] = None, *, v
         if gm is None:
             return program
         if verify:
-            _verify(program, gm, _graph_module_inputs(program), {}, tree,
+            _verify(program, gm, *_graph_module_inputs(program), tree,
                     lambda rule: base.rewrite(tree.only(rule), False)[0], _output_names(program))
         return gm
     raise TypeError(f"apply takes an ExportedProgram or an fx.GraphModule, not {type(program).__name__}")
@@ -1608,11 +1611,17 @@ def _program_inputs(program: torch.export.ExportedProgram) -> Tuple[Tuple, Dict]
     return tuple(_concrete(a) if isinstance(a, torch.Tensor) else a for a in args), kwargs
 
 
-def _graph_module_inputs(gm: fx.GraphModule) -> Tuple:
+def _graph_module_inputs(gm: fx.GraphModule) -> Tuple[Tuple[Any, ...], Dict[str, Any]]:
+    """Random inputs for ``gm``, as it is called: positional, or as the structure its code takes
+    (``ep.module()`` takes the model's own arguments, keywords included, and flattens them)."""
     args = [_concrete(n.meta.get("val")) for n in gm.graph.nodes if n.op == "placeholder"]
     if any(a is None for a in args):
         raise VerificationError("verify=True needs meta['val'] on every placeholder (an exported or fake-traced graph)")
-    return tuple(args)
+    in_spec = getattr(getattr(gm.graph._codegen, "pytree_info", None), "in_spec", None)
+    if in_spec is None:
+        return tuple(args), {}
+    structured = torch.utils._pytree.tree_unflatten(args, in_spec)
+    return tuple(structured[0]), dict(structured[1])
 
 
 def _output_names(gm: fx.GraphModule) -> List[str]:

@@ -879,6 +879,25 @@ def test_graph_module_input(bgr):
     assert isinstance(new, torch.fx.GraphModule) and count_target(new, rule.op) == 1
 
 
+def test_a_graph_module_keeps_its_inputs_and_outputs_structure(bgr):
+    """``ep.module()`` takes and returns what the model did (here a dict, and keyword arguments): the
+    rewritten copy too (it returned a tuple before its code generator was copied)."""
+    rs, rule = bgr
+
+    class Named(torch.nn.Module):
+        def forward(self, x, b, *, r):
+            return {"out": bias_gelu_res(x, b, r), "x": x * 2}
+
+    x, b, r = torch.randn(4, 8), torch.randn(8), torch.randn(4, 8)
+    gm = torch.export.export(Named(), (x, b), {"r": r}).module()
+    new = fxkern.apply(gm, rs, verify=True)
+    assert count_target(new, rule.op) == 1
+    got, want = new(x, b, r=r), Named()(x, b, r=r)
+    assert isinstance(got, dict) and got.keys() == want.keys()
+    for k in want:
+        torch.testing.assert_close(got[k], want[k])
+
+
 def test_verify_catches_a_wrong_rewrite():
     def wrong_reference(x, b, r):
         return F.gelu(x + b, approximate="tanh") - r  # not what the pattern computes
