@@ -877,9 +877,10 @@ def _rule_candidates(rule: Rule, irs: Sequence[str], matcher: Matcher, facts: _F
 
 def _analyse(gm: fx.GraphModule, rules: Union[RuleSet, Sequence[Rule], None], irs: Sequence[str],
              where: _Where = _Where(), subgraphs: bool = True,
-             kept: Sequence[_Candidate] = ()) -> Tuple[_Analysis, Report]:
+             kept: Sequence[_Candidate] = (), fixed: FrozenSet[str] = frozenset()) -> Tuple[_Analysis, Report]:
     """Every rule's candidates in ``gm``, the accepted ones, and the report. ``kept``: matches
-    accepted before any rule's (after the regions'): a first pass's, when views moved in between."""
+    accepted before any rule's (after the regions'): a first pass's, when views moved in between.
+    ``fixed``: names of nodes no match may replace (a preserved module call's inputs and outputs)."""
     graph = gm.graph
     by_target, twins = index_graph(graph)
     matcher = Matcher(graph, (by_target, twins))
@@ -908,6 +909,8 @@ def _analyse(gm: fx.GraphModule, rules: Union[RuleSet, Sequence[Rule], None], ir
         rr.candidates, candidates, misses, rr.closest = found
         rr.near_misses.extend(misses)
         candidates = [c for c in candidates if (rule, frozenset(c.match.nodes)) not in again]
+        if fixed:
+            candidates = _outside(candidates, fixed, rr)
         taken.accept(sorted(candidates, key=lambda c: (-len(c.match.nodes), pos[c.match.anchor])), report)
     accepted = taken.accepted
     accepted.sort(key=lambda c: pos[c.match.anchor])
@@ -920,6 +923,20 @@ def _analyse(gm: fx.GraphModule, rules: Union[RuleSet, Sequence[Rule], None], ir
         report.matches.extend(rr.matches)
         report.near_misses.extend(rr.near_misses)
     return _Analysis(accepted, pos, inner), report
+
+
+def _outside(candidates: List[_Candidate], fixed: FrozenSet[str], rr: RuleReport) -> List[_Candidate]:
+    """The candidates that replace no node named in ``fixed``; the others are near-misses."""
+    kept = []
+    for c in candidates:
+        named = next((n.name for n in c.match.nodes if n.name in fixed), None)
+        if named is None:
+            kept.append(c)
+            continue
+        rr.near_misses.append(NearMiss(c.rule.name, [n.name for n in c.match.nodes],
+                                       f"'{named}' is a value a preserved module call takes or returns "
+                                       f"(preserve_module_call_signature): the match would replace it"))
+    return kept
 
 
 class _Taken:
@@ -1328,7 +1345,7 @@ def _analysed(gm: fx.GraphModule, rules: Any, irs: Sequence[str], inplace: bool,
     copy unless ``inplace``) and the graph analysed again, the first pass's matches kept. ``fixed``:
     names of nodes that stay (a preserved module call's inputs and outputs). Returns the
     GraphModule analysed last, the analysis and the report."""
-    tree, report = _analyse(gm, rules, irs, where, subgraphs=subgraphs)
+    tree, report = _analyse(gm, rules, irs, where, subgraphs=subgraphs, fixed=fixed)
     ordered = set(_ordered_rules(rules))
     first = [c for c in tree.accepted if c.rule in ordered]  # regions are found again
     # a match's nodes, and what it reads (a view it binds would be erased under it)
@@ -1342,7 +1359,7 @@ def _analysed(gm: fx.GraphModule, rules: Any, irs: Sequence[str], inplace: bool,
         first = [_translated(c, val_map) for c in first]
     moved = views.move_views(gm.graph, taken)
     log.debug("fxkern: moved %d views above the ops they view; matching again", len(moved))
-    tree, report = _analyse(gm, rules, irs, where, subgraphs=subgraphs, kept=first)
+    tree, report = _analyse(gm, rules, irs, where, subgraphs=subgraphs, kept=first, fixed=fixed)
     return _Base(gm, moved), tree, report
 
 

@@ -286,10 +286,14 @@ def test_a_view_whose_moved_sum_would_be_laid_out_otherwise_stays():
     assert _moved_in(fn, torch.randn(2, 5, D), torch.randn(5, 2, D)) == []
 
 
-def test_a_preserved_module_calls_values_stay_and_it_unflattens():
+@pytest.mark.parametrize("viewed", [True, False])
+def test_a_preserved_module_calls_values_stay_and_it_unflattens(viewed):
+    """The call's result is the add (or its view), the norm is outside the call: neither a moved view
+    nor an add + LayerNorm may replace what ``unflatten`` finds by name (apply raised on both)."""
+
     class Block(torch.nn.Module):
         def forward(self, a, b):
-            return (a + b).view(-1, D)
+            return (a + b).view(-1, D) if viewed else a + b
 
     class Outer(torch.nn.Module):
         def __init__(self):
@@ -303,6 +307,9 @@ def test_a_preserved_module_calls_values_stay_and_it_unflattens():
     ep = torch.export.export(Outer().eval(), (a, b), preserve_module_call_signature=("blk",))
     new = fxkern.apply(ep, lib.rules())
     torch.testing.assert_close(torch.export.unflatten(new)(a, b), Outer().eval()(a, b))
+    if not viewed:
+        misses = fxkern.explain(ep, lib.rules())["add_layer_norm"].near_misses
+        assert any("preserved module call" in m.reason for m in misses)
 
 
 def gelu_ish(x, y):
