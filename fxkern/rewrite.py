@@ -1514,7 +1514,7 @@ def _irs(ir: Optional[Union[str, Sequence[str]]]) -> Tuple[str, ...]:
 
 def _module_call_names(program: torch.export.ExportedProgram) -> FrozenSet[str]:
     """The values a preserved module call's signature names (``preserve_module_call_signature``):
-    ``unflatten`` finds them by name, so no view moves there."""
+    ``unflatten`` finds them by name, so no match replaces them and no view of them moves."""
     return frozenset(a.name for entry in program.module_call_graph if entry.signature is not None
                      for a in (*entry.signature.inputs, *entry.signature.outputs) if hasattr(a, "name"))
 
