@@ -4,7 +4,8 @@ torch.export, torch.compile and Torch-TensorRT.
 Pipeline, one module per stage: :mod:`spec` (the DSL) → :mod:`derive`
 (plan: calling convention, shapes, geometry) → :mod:`compiler` (NVRTC,
 cache, signature check) → :mod:`ops` (torch.library registration) →
-:mod:`launcher` (per-device load, launch on torch's stream). Sizes,
+:mod:`launcher` (per-device load, launch on torch's stream), with
+:mod:`split` cutting calls past a kernel's 32-bit sizes into launches within them. Sizes,
 extras and grids are :mod:`symbolic` expressions evaluated by interpreters.
 Rules: :mod:`patterns` → :mod:`matcher` → :mod:`rewrite` (with :mod:`region`,
 and :mod:`views` moved where they hide a match, then matched again);

@@ -27,7 +27,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-from fxkern import compiler, launcher, symbolic, validate
+from fxkern import compiler, launcher, split, symbolic, validate
 from fxkern.derive import KernelPlan, plan_kernel
 from fxkern.errors import KernelInputError, RegistrationError, SizeLimitError, SpecError
 from fxkern.spec import Custom, KernelSpec, ScalarInput
@@ -66,7 +66,8 @@ class KernelOp:
     compile_fn: Optional[Callable[[], compiler.CompiledKernel]] = field(repr=False, default=None)
     # the kernel writes each output in the layout meta_fn gives it, not row-major
     strided_outputs: bool = False
-    # "reference": a CUDA call past the kernel's 32-bit sizes runs ``reference`` instead of raising
+    # "reference": a CUDA call past the kernel's 32-bit sizes runs ``reference`` instead of raising;
+    # "split": it runs as several calls within them (``split``), the reference where it cannot be cut
     past_limits: str = "raise"
 
     @property
@@ -195,12 +196,15 @@ def cuda_kernel_op(
     A CUDA call whose sizes are past what the kernel indexes (32-bit ints, CUDA's grid) raises
     :class:`SizeLimitError`; with ``past_limits="reference"`` it runs ``reference`` on the GPU
     instead (PyTorch's own kernels, slower but right), saying so once. The library's ops do: a
-    rewritten model must run every size the original ran.
+    rewritten model must run every size the original ran. ``past_limits="split"`` promises more: the
+    op's outputs are independent problems along every axis but the last (:mod:`fxkern.split`), so
+    such a call runs as several launches of the kernel along its outputs' first longer axis, and
+    the reference only where it cannot be cut (a single row past the limits).
     """
-    if past_limits not in ("raise", "reference"):
-        raise SpecError(f"{op_name}: past_limits= must be 'raise' or 'reference', got {past_limits!r}")
-    if past_limits == "reference" and reference is None:
-        raise SpecError(f"{op_name}: past_limits='reference' needs reference= (the op in PyTorch) to run")
+    if past_limits not in ("raise", "reference", "split"):
+        raise SpecError(f"{op_name}: past_limits= must be 'raise', 'reference' or 'split', got {past_limits!r}")
+    if past_limits != "raise" and reference is None:
+        raise SpecError(f"{op_name}: past_limits={past_limits!r} needs reference= (the op in PyTorch) to run")
     for what, fn in (("meta_fn", meta_fn), ("eager_fn", eager_fn), ("aot_fn", aot_fn), ("reference", reference)):
         if fn is not None and not callable(fn):
             raise SpecError(f"{op_name}: {what}= must be a function of the op's arguments, got {fn!r}")
@@ -228,7 +232,7 @@ def cuda_kernel_op(
     entry.fake_impl = _checked_meta(entry) if meta_fn is not None else _fake_impl(entry)
     if eager_fn is None:
         entry.cuda_impl = _cuda_impl(entry)  # runs the reference past the limits itself, at no cost a call
-    elif past_limits == "reference":
+    elif past_limits != "raise":
         entry.cuda_impl = _reference_past_limits(entry, eager_fn)
     else:
         entry.cuda_impl = eager_fn
@@ -475,15 +479,29 @@ def _reference_impl(entry: KernelOp) -> Callable[..., Any]:
 
 
 def _reference_instead(entry: KernelOp) -> Optional[Callable[[SizeLimitError, Tuple[Any, ...]], Any]]:
-    """With ``past_limits="reference"``, what a CUDA call past the kernel's limits runs instead of
-    raising: the reference on the GPU, warning once per op. None where the call raises."""
-    if entry.past_limits != "reference":
+    """With ``past_limits="reference"`` or ``"split"``, what a CUDA call past the kernel's limits runs
+    instead of raising: the call cut into pieces within them (``"split"``, where it can be cut), else
+    the reference on the GPU; each way logged once per op. None where the call raises."""
+    if entry.past_limits == "raise":
         return None
-    run, warned = _reference_impl(entry), []
+    run, warned = _reference_impl(entry), set()
 
     def instead(error: SizeLimitError, args: Tuple[Any, ...]) -> Any:
-        if not warned:
-            warned.append(True)
+        cut = expected = None
+        if entry.past_limits == "split":
+            whole = entry.fake_impl(*_on_meta(args))
+            expected = _as_tuple(whole)
+            cut = split.plan([tuple(a.shape) if isinstance(a, torch.Tensor) else None for a in args],
+                             [tuple(e.shape) for e in expected])
+        if cut is not None:
+            if "split" not in warned:
+                warned.add("split")
+                log.info("fxkern: %s: %s. Calls past its kernel's limits run as several calls within them "
+                         "(this one as %d along axis %d); logged once per op",
+                         entry.qualname, error.limit, len(cut.pieces), cut.axis)
+            return split.run(entry.cuda_impl, args, cut, expected, single=not isinstance(whole, (tuple, list)))
+        if "reference" not in warned:
+            warned.add("reference")
             log.warning("fxkern: %s: %s. Calls past its kernel's limits run the op's reference instead "
                         "(PyTorch's own kernels: the same result, at eager speed); logged once per op",
                         entry.qualname, error.limit)
@@ -694,6 +712,8 @@ def _cuda_impl(entry: KernelOp) -> Callable[..., Any]:
             for k in copies:
                 tensors[k] = tensors[k].contiguous()
             outs = [alloc(tensors) for alloc in allocs]
+        if not relayout:
+            outs = split.into(outs)  # a piece of a cut call writes its part of the whole call's outputs
         if fn is not None:
             if all_tensors:
                 values = [t.data_ptr() for t in tensors]

@@ -208,6 +208,7 @@ def replace(
     noise: Optional[Sequence[str]] = None,
     irs: Optional[Sequence[str]] = None,
     dtypes: Optional[Sequence[torch.dtype]] = None,
+    past_limits: str = "reference",
 ) -> Rule:
     """Make a rule that replaces every safe occurrence of ``pattern`` by one call of ``target``.
 
@@ -224,7 +225,9 @@ def replace(
     traced in every IR. ``dtypes`` limits it to candidates whose output has one of these dtypes: a
     kernel for 16-bit values only, or a pattern whose float32 trace is another rule's (casts to
     float32 and back vanish there), is then not tried at the others, which costs no walks and
-    leaves no near-misses in the report.
+    leaves no near-misses in the report. ``past_limits`` is the registered op's (``cuda_kernel_op``):
+    ``"split"`` for a kernel whose outputs are independent along every axis but the last (rows,
+    elements), so calls past its 32-bit sizes run as several launches rather than the pattern.
     """
     if not callable(pattern):
         raise SpecError(f"a pattern must be a function, got {pattern!r}")
@@ -246,7 +249,10 @@ def replace(
 
         op_name = name if name and "::" in name else f"fxkern::{rule_name}"
         # past the kernel's 32-bit sizes the pattern runs instead: the model ran it before the rewrite
-        op = cuda_kernel_op(op_name, target, reference=_reference(pattern, target), past_limits="reference")
+        op = cuda_kernel_op(op_name, target, reference=_reference(pattern, target), past_limits=past_limits)
+    elif past_limits != "reference":
+        raise SpecError(f"past_limits= is for a KernelSpec target, whose op replace registers; {target!r} is an "
+                        f"op already: pass past_limits= to cuda_kernel_op where it is registered")
     else:
         op = target
     overload = op.default if hasattr(op, "default") else op

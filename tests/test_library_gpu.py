@@ -769,17 +769,21 @@ def _queries(seq, dtype, transposed=False, tables=None):
 
 
 # Calls with outputs of 2^31 elements, one past the kernels' 32-bit indexing, that eager PyTorch runs,
-# each made by its function with big=True (and a small call of the same op with big=False): attention's
-# scores (a derived launch behind an eager_fn), an MLP's activations (a derived launch alone), a norm's
-# rows (an eager_fn picking a kernel), the queries' rotation (an eager_fn that refuses the size itself;
-# OLMo's, against float32 tables, on attention's transposed view, whose result keeps that layout as
-# eager's does) and the keys' repeat (an input of 2^29 elements, its output four times that). One op a
-# case: each logs its warning once a process.
-PAST_INT32 = {
+# each made by its function with big=True (and a small call of the same op with big=False). Ops whose
+# outputs are independent along every axis but the last run in pieces within the limits
+# (``past_limits="split"``): attention's scores (a derived launch behind an eager_fn, cut along the heads:
+# the batch is 1), an MLP's activations (a derived launch alone), a norm's rows (an eager_fn picking a
+# kernel). The others run their reference: the queries' rotation (an eager_fn that refuses the size
+# itself; OLMo's, against float32 tables, on attention's transposed view, whose result keeps that layout
+# as eager's does) and the keys' repeat (an input of 2^29 elements, its output four times that). One op a
+# case: each logs once a process.
+PAST_INT32_SPLIT = {
     "scaled_masked_softmax": lambda big, dtype: _causal_scores(8192 if big else 256, dtype),
     "swiglu": lambda big, dtype: (rand(1 << 18 if big else 64, 8192, dtype=dtype),
                                   rand(1 << 18 if big else 64, 8192, dtype=dtype)),
     "rms_norm": lambda big, dtype: (rand(1 << 18 if big else 64, 8192, dtype=dtype), rand(8192, dtype=dtype), 1e-6),
+}
+PAST_INT32 = {
     "rotary_embedding": lambda big, dtype: _queries(1 << 19 if big else 64, dtype),
     "rotary_embedding_float32_tables": lambda big, dtype: _queries(1 << 19 if big else 64, dtype, transposed=True,
                                                                   tables=torch.float32),
@@ -788,11 +792,50 @@ PAST_INT32 = {
 }
 
 
+def _halves(args):
+    """``args`` cut in two along the first axis longer than 1 of the first (the output-shaped) tensor,
+    each other tensor cut with it where its axis has that size (a broadcast mask stays whole)."""
+    x = args[0]
+    axis = next(a for a in range(x.dim()) if x.shape[a] > 1)
+    n = x.shape[axis]
+
+    def cut(a, lo, hi):
+        if not isinstance(a, torch.Tensor) or a.dim() != x.dim() or a.shape[axis] != n:
+            return a
+        return a[(slice(None),) * axis + (slice(lo, hi),)]
+
+    return axis, [tuple(cut(a, lo, hi) for a in args) for lo, hi in ((0, n // 2), (n // 2, n))]
+
+
+@pytest.mark.parametrize("name", PAST_INT32_SPLIT)
+def test_calls_past_int32_run_in_pieces(name, caplog):
+    """A call past the kernel's 32-bit sizes runs as two calls of the kernel within them: the result is,
+    to the bit, the kernel's on each half (so each piece ran the kernel, and landed in its place), and as
+    close to the model's own code as the kernel always is; the reference never runs, nothing warns."""
+    torch.manual_seed(14)
+    dtype = torch.bfloat16
+    op, reference = lib.op(name), fxkern.kernel_op(f"fxkern_lib::{name}").reference
+    args = PAST_INT32_SPLIT[name](True, dtype)
+    with caplog.at_level("INFO", logger="fxkern"):
+        got = op(*args)
+    assert got.numel() == 2**31 and got.is_contiguous()
+    axis, halves = _halves(args)
+    for k, half in enumerate(halves):
+        part = got.narrow(axis, k * got.shape[axis] // 2, got.shape[axis] // 2)
+        assert torch.equal(part, op(*half)), (name, k)
+        torch.testing.assert_close(part, reference(*half), rtol=2e-2, atol=2e-2)
+    del args, halves, got, part
+    torch.cuda.empty_cache()
+    torch.cuda.synchronize()
+    assert "run as several calls within them (this one as 2 along axis" in caplog.text
+    assert "run the op's reference instead" not in caplog.text
+
+
 @pytest.mark.parametrize("name", PAST_INT32)
 def test_calls_past_int32_run_the_reference(name, caplog):
     """A rewritten model runs every size the original ran: a library op handed more elements than its
-    kernel indexes runs its pattern (the model's own code) on the GPU and says so once; the next call
-    of a size the kernel takes runs the kernel (no sticky error, no second warning)."""
+    kernel indexes, whose call cannot be cut, runs its pattern (the model's own code) on the GPU and says
+    so once; the next call of a size the kernel takes runs the kernel (no sticky error, no second warning)."""
     torch.manual_seed(14)
     dtype = torch.bfloat16
     op, reference = lib.op(name), fxkern.kernel_op(f"fxkern_lib::{name}").reference

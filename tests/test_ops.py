@@ -100,7 +100,7 @@ def test_reference_is_the_cpu_impl(op_name):
 
 
 @pytest.mark.parametrize("past_limits, reference, words", [
-    ("fallback", seven_cases.scale_ref, "past_limits= must be 'raise' or 'reference'"),
+    ("fallback", seven_cases.scale_ref, "past_limits= must be 'raise', 'reference' or 'split'"),
     ("reference", None, "past_limits='reference' needs reference="),
 ])
 def test_past_limits_is_checked_at_registration(op_name, past_limits, reference, words):

@@ -13,6 +13,7 @@ from fxkern.library.cuda_common import ELEMS_PER_THREAD, EW_BLOCK, ROW_BLOCK
 from fxkern.ops import kernel_op
 from fxkern.patterns import TRACERS
 from fxkern.rules import Rule, RuleSet, replace
+from fxkern.spec import KernelSpec
 from fxkern.symbolic import cdiv
 
 NAMESPACE = "fxkern_lib"
@@ -109,9 +110,12 @@ def add_rule(rules: RuleSet, pattern: Callable[..., Any], target: Any, name: str
              filter: Callable[[Any], bool] | None = None, irs: Sequence[str] | None = None,
              example_inputs: Sequence[Any] | Callable[[torch.dtype], Sequence[Any]] | None = None,
              priority: int | None = None, dtypes: Sequence[torch.dtype] | None = None) -> Rule:
-    """``fxkern.replace`` into the library's rule set, the op named ``fxkern_lib::<name>``."""
+    """``fxkern.replace`` into the library's rule set, the op named ``fxkern_lib::<name>``. A kernel
+    given as a spec is an elementwise or row kernel (GELU, the gates, the residual norms): calls past
+    its 32-bit sizes run in pieces (``past_limits="split"``)."""
     return replace(pattern, target, name=f"{NAMESPACE}::{name}", rules=rules, filter=filter, irs=irs,
-                   example_inputs=example_inputs, priority=priority, dtypes=dtypes)
+                   example_inputs=example_inputs, priority=priority, dtypes=dtypes,
+                   past_limits="split" if isinstance(target, KernelSpec) else "reference")
 
 
 # The anchor dtypes of a pattern that computes in float32 between 16-bit values: in float32 its casts

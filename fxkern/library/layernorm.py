@@ -560,13 +560,13 @@ def register(rules) -> None:
     # In the export IR only (the others decompose aten.layer_norm and lose its [D]). The example
     # inputs make the row length an int literal the pattern captures: 37, no other literal there.
     op = cuda_kernel_op(f"{NAMESPACE}::add_layer_norm", ADD_LAYER_NORM, reference=add_layer_norm, meta_fn=_outputs,
-                        past_limits="reference")
+                        past_limits="split")
     example = (torch.randn(4, 37), torch.randn(4, 37), torch.randn(37), torch.randn(37), 37, SENTINELS[float])
     add_rule(rules, add_layer_norm, op, "add_layer_norm", filter=_layer_norm_operands, example_inputs=example,
              irs=("export",))
     # nn.LayerNorm(bias=False) exports as layer_norm(h, [D], weight, None, eps): a form of its own.
     op = cuda_kernel_op(f"{NAMESPACE}::add_layer_norm_no_bias", ADD_LAYER_NORM_NO_BIAS, reference=add_layer_norm_no_bias,
-                        meta_fn=_outputs_no_bias, past_limits="reference")
+                        meta_fn=_outputs_no_bias, past_limits="split")
     example = (torch.randn(4, 37), torch.randn(4, 37), torch.randn(37), 37, SENTINELS[float])
     add_rule(rules, add_layer_norm_no_bias, op, "add_layer_norm_no_bias", filter=_layer_norm_operands,
              example_inputs=example, irs=("export",))
@@ -574,7 +574,7 @@ def register(rules) -> None:
     # The residual form in every dtype (the add is the win); the plain one in 16 bits, where eager's
     # casts are copies (in float32 it is PyTorch's one LayerNorm kernel, left to it as above).
     op = cuda_kernel_op(f"{NAMESPACE}::add_olmo_layer_norm", ADD_OLMO_LAYER_NORM, reference=add_olmo_layer_norm,
-                        meta_fn=_outputs_olmo, past_limits="reference")
+                        meta_fn=_outputs_olmo, past_limits="split")
     add_rule(rules, add_olmo_layer_norm, op, "add_olmo_layer_norm", filter=_layer_norm_operands, irs=("export",),
              example_inputs=lambda dtype: (torch.randn(4, 37).to(dtype), torch.randn(4, 37).to(dtype), 37,
                                            SENTINELS[float]))
@@ -583,13 +583,13 @@ def register(rules) -> None:
     cuda_kernel_op(rows, OLMO_LAYER_NORM, reference=olmo_layer_norm, meta_fn=_output_olmo)
     two_read = two_read_ops(OLMO_LAYER_NORM, olmo_layer_norm, meta_fn=_output_olmo, table=COHERE_TWO_READ)
     op = cuda_kernel_op(f"{NAMESPACE}::olmo_layer_norm", OLMO_LAYER_NORM, reference=olmo_layer_norm,
-                        meta_fn=_output_olmo, eager_fn=pick_kernel(rows, two_read), past_limits="reference")
+                        meta_fn=_output_olmo, eager_fn=pick_kernel(rows, two_read), past_limits="split")
     add_rule(rules, olmo_layer_norm, op, "olmo_layer_norm", filter=_layer_norm_operands, irs=("export",),
              example_inputs=lambda dtype: (torch.randn(4, 37).to(dtype), 37, SENTINELS[float]), dtypes=SIXTEEN_BIT)
     # Cohere's norm is written out (no aten.layer_norm to lose), so its rules hold in every IR fxkern
     # runs its ops in; the residual form first (the plain one matches inside it).
     op = cuda_kernel_op(f"{NAMESPACE}::add_cohere_layer_norm", ADD_COHERE_LAYER_NORM, reference=add_cohere_layer_norm,
-                        meta_fn=_outputs_cohere, past_limits="reference")
+                        meta_fn=_outputs_cohere, past_limits="split")
     add_rule(rules, add_cohere_layer_norm, op, "add_cohere_layer_norm", filter=_WEIGHT_ROW, irs=COMPILE_FREE_IRS)
     # The plain norm runs one of its kernels per call, as the plain RMSNorms do: rows of 16 KB and more
     # are read twice (COHERE_TWO_READ). The public op's spec is the register-resident kernel's, which
@@ -598,6 +598,6 @@ def register(rules) -> None:
     cuda_kernel_op(rows, COHERE_LAYER_NORM, reference=cohere_layer_norm, meta_fn=_output_cohere)
     two_read = two_read_ops(COHERE_LAYER_NORM, cohere_layer_norm, meta_fn=_output_cohere, table=COHERE_TWO_READ)
     op = cuda_kernel_op(f"{NAMESPACE}::cohere_layer_norm", COHERE_LAYER_NORM, reference=cohere_layer_norm,
-                        meta_fn=_output_cohere, eager_fn=pick_kernel(rows, two_read), past_limits="reference")
+                        meta_fn=_output_cohere, eager_fn=pick_kernel(rows, two_read), past_limits="split")
     add_rule(rules, cohere_layer_norm, op, "cohere_layer_norm", filter=row_param("hidden_states", "weight"),
              irs=COMPILE_FREE_IRS)

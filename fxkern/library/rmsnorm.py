@@ -743,7 +743,7 @@ def register(rules) -> None:
     add_rule(rules, add_meta_rmsnorm, add.op, "add_meta_rms_norm", filter=row_param("x", "weight", same_shape="residual"),
              irs=irs)
     add_litgpt = cuda_kernel_op(f"{NAMESPACE}::add_litgpt_rms_norm", ADD_LITGPT_RMS_NORM, reference=add_litgpt_rmsnorm,
-                                past_limits="reference")
+                                past_limits="split")
     add_rule(rules, add_litgpt_rmsnorm, add_litgpt, "add_litgpt_rms_norm",
              filter=row_param("x", "weight", same_shape="residual"), irs=irs)
     add_rule(rules, add_olmo2_rmsnorm, add_litgpt, "add_olmo2_rms_norm",
@@ -760,7 +760,7 @@ def register(rules) -> None:
         plain[name] = cuda_kernel_op(f"{NAMESPACE}::{name}", spec, reference=pattern,
                                      meta_fn=keeps_row_layout(kernel_op(rows).fake_impl),
                                      eager_fn=rows_in_place(pick_kernel(rows, two_read_ops(spec, pattern))),
-                                     past_limits="reference")
+                                     past_limits="split")
     # F.rms_norm's numbers for the torch forms' eager path: the same kernels in RMS_TORCH
     cuda_kernel_op(TORCH_ROWS, _spec("rms_norm_torch", "x"), reference=_rms_norm_torch)
     cuda_kernel_op(TORCH_NORM, _spec("rms_norm_torch", "x"), reference=_rms_norm_torch,
@@ -777,7 +777,7 @@ def register(rules) -> None:
     # as the plain norms above
     litgpt = cuda_kernel_op(f"{NAMESPACE}::litgpt_rms_norm", LITGPT_RMS_NORM, reference=litgpt_rmsnorm,
                             meta_fn=keeps_row_layout(kernel_op(TORCH_ROWS).fake_impl),
-                            eager_fn=rows_in_place(kernel_op(TORCH_NORM).cuda_impl), past_limits="reference")
+                            eager_fn=rows_in_place(kernel_op(TORCH_NORM).cuda_impl), past_limits="split")
     add_rule(rules, litgpt_rmsnorm, litgpt, "litgpt_rms_norm", filter=row_param("x", "weight"), irs=irs)
     add_rule(rules, olmo2_rmsnorm, litgpt, "olmo2_rms_norm", filter=row_param("hidden_states", "weight"), irs=irs)
     # torch.export keeps nn.RMSNorm one aten.rms_norm node; the other IRs decompose it into ops whose
@@ -792,7 +792,7 @@ def register(rules) -> None:
              (torch_rms_norm_default_eps, TORCH_RMS_NORM_DEFAULT_EPS, _torch_rms_norm_on_cuda, (x, w), None))
     for pattern, spec, eager_fn, tensors, residual in forms:
         name = pattern.__name__
-        op = cuda_kernel_op(f"{NAMESPACE}::{name}", spec, reference=pattern, eager_fn=eager_fn, past_limits="reference")
+        op = cuda_kernel_op(f"{NAMESPACE}::{name}", spec, reference=pattern, eager_fn=eager_fn, past_limits="split")
         example = (*tensors, 8, SENTINELS[float])[:len(spec.inputs)]
         add_rule(rules, pattern, op, name, filter=_row_length("x", "weight", "normalized_size", same_shape=residual),
                  example_inputs=example, irs=("export",))

@@ -1069,21 +1069,21 @@ def register(rules) -> None:
                                 eager_fn=_masked_on_cuda({suffix: kernel_op(SOFTCAPPED_ROWS + suffix).cuda_impl
                                                           for suffix in SOFTCAPPED_MASKED_GRIDS},
                                                          f"{NAMESPACE}::softcapped_masked_softmax"),
-                                past_limits="reference")
+                                past_limits="split")
     scaled = cuda_kernel_op(f"{NAMESPACE}::scaled_masked_softmax", SCALED_MASKED_SOFTMAX, reference=scaled_masked_softmax,
                             meta_fn=_masked_output("scaled_masked_softmax"),
                             eager_fn=_masked_on_cuda(scaled_impls, f"{NAMESPACE}::scaled_masked_softmax"),
-                            past_limits="reference")
+                            past_limits="split")
     divided = cuda_kernel_op(f"{NAMESPACE}::divided_masked_softmax", DIVIDED_MASKED_SOFTMAX,
                              reference=divided_masked_softmax, meta_fn=_masked_output("divided_masked_softmax"),
                              eager_fn=_divided_masked_on_cuda(
                                  _masked_on_cuda(scaled_impls, f"{NAMESPACE}::divided_masked_softmax")),
-                             past_limits="reference")
+                             past_limits="split")
     masked = cuda_kernel_op(f"{NAMESPACE}::masked_softmax", MASKED_SOFTMAX, reference=masked_softmax,
                             meta_fn=_masked_output("masked_softmax"),
                             eager_fn=_unscaled_masked_on_cuda(_masked_on_cuda(scaled_impls,
                                                                               f"{NAMESPACE}::masked_softmax")),
-                            past_limits="reference")
+                            past_limits="split")
     # Each float32 form computes its plain form's numbers (float32 arithmetic, one rounding): the same op.
     # The soft-capped forms first: a scaled, masked softmax matches inside them, capping as its scale;
     # the unscaled forms last: they match inside each of the others, the scaled scores as their x.
@@ -1094,7 +1094,8 @@ def register(rules) -> None:
                           meta_fn=_sink_output,
                           eager_fn=_masked_on_cuda({suffix: kernel_op(SINK_ROWS + suffix).cuda_impl
                                                     for suffix in SINK_MASKED_GRIDS},
-                                                   f"{NAMESPACE}::sink_masked_softmax"), past_limits="reference")
+                                                   f"{NAMESPACE}::sink_masked_softmax"),
+                          past_limits="reference")  # not "split": its batch and queries are the scores' sizes
     add_rule(rules, sink_masked_softmax, sink, "sink_masked_softmax", filter=sink_operands, irs=irs,
              example_inputs=_sink_example)
     for pattern, op in ((softcapped_masked_softmax, softcapped), (softcapped_masked_softmax_float32, softcapped),
@@ -1107,7 +1108,7 @@ def register(rules) -> None:
         cuda_kernel_op(ROWS + suffix, spec, reference=softmax)
     public = cuda_kernel_op(f"{NAMESPACE}::softmax", SOFTMAX, reference=softmax,
                             eager_fn=per_call(grid_for, tuple(ROWS + suffix for suffix in SOFTMAX_GRIDS)),
-                            past_limits="reference")
+                            past_limits="split")
     # T5's form ahead of the plain one, which matches the float32 softmax inside it and leaves its casts
     # to PyTorch. It and HF's float32 form compute the plain form's numbers (float32 arithmetic, one
     # rounding): other ways of finding the same op.

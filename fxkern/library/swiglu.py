@@ -354,12 +354,12 @@ def register(rules) -> None:
                           (geglu_chunked, GEGLU_CHUNKED), (geglu_chunked_gate_first, GEGLU_CHUNKED_GATE_FIRST)):
         name = pattern.__name__
         op = cuda_kernel_op(f"{NAMESPACE}::{name}", spec, meta_fn=_halves_meta, schema="(Tensor x) -> Tensor",
-                            reference=pattern, past_limits="reference")
+                            reference=pattern, past_limits="split")
         add_rule(rules, pattern, op, name, filter=_even_contiguous("x"), irs=("export",))
     # GPT-OSS's gate, ahead of the gelu module's quick_gelu rule (added earlier), which would take its
     # ``gate * sigmoid(gate * 1.702)`` and leave the clamps, the shift and the product to four more kernels.
     op = cuda_kernel_op(f"{NAMESPACE}::clamped_swiglu", CLAMPED_SWIGLU, meta_fn=_pairs_meta, reference=clamped_swiglu,
                         schema="(Tensor gate_up, float alpha, float gate_max, float up_min, float up_max) -> Tensor",
-                        past_limits="reference")
+                        past_limits="split")
     add_rule(rules, clamped_swiglu, op, "clamped_swiglu", filter=_even_contiguous("gate_up"), irs=COMPILE_FREE_IRS,
              priority=-1)
