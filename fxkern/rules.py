@@ -44,6 +44,7 @@ class Rule:
     _compiled: Dict[Tuple[Any, ...], matcher.CompiledPattern] = field(default_factory=dict, repr=False)
     _traced: Dict[Tuple[str, Any], patterns.Pattern] = field(default_factory=dict, repr=False)
     _ops_differ: Dict[Tuple[Any, ...], bool] = field(default_factory=dict, repr=False)
+    _at: Dict[Tuple[Any, ...], matcher.CompiledPattern] = field(default_factory=dict, repr=False)
 
     @property
     def traced_once(self) -> bool:
@@ -108,7 +109,7 @@ class Rule:
                 if traced is None or ops != [n.target for n in patterns._op_nodes(traced.graph)]:
                     at_examples = patterns._trace_quietly(self.pattern, ir, params, examples)
                     differ = at_examples is not None and ops != [n.target for n in at_examples]
-            self._ops_differ[key] = differ
+            _remember(self._ops_differ, key, differ)
         return self._ops_differ[key]
 
     def compiled_at(self, ir: str, inputs: Tuple[Tuple[Tuple[int, ...], torch.dtype], ...],
@@ -118,13 +119,25 @@ class Rule:
         sizes are then literals, those of a match's own inputs. A match's captured widths go with its
         sizes (``x[..., :rotary_dim]`` traced at the match's tables needs the match's rotary_dim)."""
         key = (ir, inputs, scalars)
-        if key not in self._compiled:
+        if key not in self._at:
             given, values = iter(inputs), dict(scalars)
             examples = [_meta(*next(given)) if p.kind == "tensor" else values.get(p.name, v)
                         for p, v in zip(patterns.pattern_params(self.pattern), self.examples(inputs[0][1]))]
             traced = patterns.trace(self.pattern, ir, example_inputs=examples)
-            self._compiled[key] = matcher.compile_pattern(traced, self.noise)
-        return self._compiled[key]
+            _remember(self._at, key, matcher.compile_pattern(traced, self.noise))
+        return self._at[key]
+
+
+# Entries a rule keeps per match sizes (``compiled_at``, ``ops_differ_at``): a model compiled for each new
+# sequence length (torch.compile, static shapes) meets new sizes for as long as it serves, and each
+# entry holds a traced graph. Past the bound the oldest entry goes (retraced if its sizes come back).
+AT_SIZES = 256
+
+
+def _remember(cache: Dict[Any, Any], key: Any, value: Any) -> None:
+    if len(cache) >= AT_SIZES:
+        del cache[next(iter(cache))]  # the oldest: dicts keep their insertion order
+    cache[key] = value
 
 
 def trace_together(rules: Sequence[Rule], ir: str, dtype: torch.dtype) -> None:

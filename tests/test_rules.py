@@ -321,3 +321,23 @@ def test_a_pattern_computing_another_shape_than_its_op_is_refused_at_registratio
     with pytest.raises(SpecError, match=r"returns torch.float32 \(4,\) at its example inputs, where .* returns "
                                         r"torch.float32 \(4, 8\)"):
         fxkern.replace(row_sums, spec_like(triple), rules=RuleSet("sums"))
+
+
+def test_a_rules_traces_per_match_size_are_bounded(monkeypatch):
+    """A model compiled for each new sequence length meets new sizes for as long as it serves: the
+    traces a rule keeps per match size (``compiled_at``) stay under ``AT_SIZES``, the oldest going
+    first, and a size traced again gives a pattern that matches as the first did."""
+    from fxkern import rules as rules_module
+
+    monkeypatch.setattr(rules_module, "AT_SIZES", 3)
+
+    def flat(x):
+        return (x * 2).view(x.shape[0], -1)
+
+    rule = fxkern.replace(flat, spec_like(flat), rules=RuleSet("t"), name="t_bounded_flat")
+    at = [rule.compiled_at("export", (((n, 4, 2), torch.float32),)) for n in range(1, 8)]
+    assert len(rule._at) == 3 and set(rule._at) == {("export", (((n, 4, 2), torch.float32),), ()) for n in (5, 6, 7)}
+    assert rule.compiled_at("export", (((7, 4, 2), torch.float32),)) is at[-1]  # kept: not traced again
+    again = rule.compiled_at("export", (((1, 4, 2), torch.float32),))
+    assert again is not at[0] and again == at[0]  # a dataclass: the same nodes, literals and outputs
+    assert len(rule._at) == 3
