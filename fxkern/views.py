@@ -103,7 +103,8 @@ def move_views(graph: fx.Graph, taken: Collection[fx.Node] = ()) -> Dict[str, st
     """Move each movable view of ``graph`` above the op it views, in place (``taken``: the nodes of
     matches, which stay). Returns each moved view's name and the name of the node that now computes
     its value. The new nodes take the view's place in the graph; the moved op keeps the old op's
-    source location, for the reports."""
+    source location, and the new nodes are named for the two they replace (``add_5_view_3``; an
+    operand's view ``view_3_x``), for the reports: ``explain`` named them ``add_tensor``."""
     moved: Dict[str, str] = {}
     for view in [n for n in graph.nodes if n.target in VIEWS]:
         found = _movable(view, taken)  # one at a time: an earlier move may have changed what it reads
@@ -117,11 +118,13 @@ def move_views(graph: fx.Graph, taken: Collection[fx.Node] = ()) -> Dict[str, st
             for a in op.args:
                 if isinstance(a, fx.Node):
                     if a not in views:
-                        views[a] = graph.call_function(view.target, (a, view.args[1]))
+                        views[a] = graph.create_node("call_function", view.target, (a, view.args[1]),
+                                                     name=f"{view.name}_{a.name}")
                         _meta(views[a], view, viewed[a])
                     a = views[a]
                 new_args.append(a)
-            new = graph.call_function(op.target, tuple(new_args), dict(op.kwargs))
+            new = graph.create_node("call_function", op.target, tuple(new_args), dict(op.kwargs),
+                                    name=f"{op.name}_{view.name}")
             _meta(new, op, value)
         view.replace_all_uses_with(new)
         moved[view.name] = new.name

@@ -38,6 +38,10 @@ class OptBlock(torch.nn.Module):
         return self.next_norm(h), h
 
 
+def names_before(program):
+    return {n.name for n in program.graph.nodes}
+
+
 def add_layer_norm_calls(program):
     return sum(1 for n in program.graph.nodes if "add_layer_norm" in str(n.target))
 
@@ -62,6 +66,11 @@ def test_an_add_then_a_reshape_then_a_layer_norm_is_one_op():
     report = fxkern.explain(ep, lib.rules())
     assert len(report["add_layer_norm"].matches) == 2
     assert str(ep.graph) == before
+    # the report names a moved add for the add and the view it replaced, both in the program's graph
+    views_in = {n.name for n in ep.graph.nodes if n.target in views.VIEWS}
+    adds_in = {n.name for n in ep.graph.nodes if n.target == torch.ops.aten.add.Tensor}
+    named = [n for m in report["add_layer_norm"].matches for n in m.nodes if n not in names_before(ep)]
+    assert named and all(any(n == f"{a}_{v}" for a in adds_in for v in views_in) for n in named), named
 
 
 def test_a_view_to_symbolic_sizes_moves_too():
