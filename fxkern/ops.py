@@ -198,8 +198,8 @@ def cuda_kernel_op(
     instead (PyTorch's own kernels, slower but right), saying so once. The library's ops do: a
     rewritten model must run every size the original ran. ``past_limits="split"`` promises more: the
     op's outputs are independent problems along every axis but the last (:mod:`fxkern.split`), so
-    such a call runs as several launches of the kernel along its outputs' first longer axis, and
-    the reference only where it cannot be cut (a single row past the limits).
+    such a call runs as several launches of the kernel within the limits (:func:`fxkern.split.plan`
+    says where it is cut), and the reference only where it cannot be cut (a single row past the limits).
     """
     if past_limits not in ("raise", "reference", "split"):
         raise SpecError(f"{op_name}: past_limits= must be 'raise', 'reference' or 'split', got {past_limits!r}")
@@ -499,7 +499,8 @@ def _reference_instead(entry: KernelOp) -> Optional[Callable[[SizeLimitError, Tu
                 log.info("fxkern: %s: %s. Calls past its kernel's limits run as several calls within them "
                          "(this one as %d along axis %d); logged once per op",
                          entry.qualname, error.limit, len(cut.pieces), cut.axis)
-            return split.run(entry.cuda_impl, args, cut, expected, single=not isinstance(whole, (tuple, list)))
+            return split.run(entry.cuda_impl, args, cut, expected, single=not isinstance(whole, (tuple, list)),
+                             op=entry.qualname)
         if "reference" not in warned:
             warned.add("reference")
             log.warning("fxkern: %s: %s. Calls past its kernel's limits run the op's reference instead "

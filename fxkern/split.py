@@ -10,16 +10,21 @@ usual launch, where the alternative was PyTorch's own kernels at eager speed.
 
 Each piece's launch writes its part of the whole call's outputs where it can (``into``): copying
 each piece's result into place instead ran the cut calls at 40-60% of a copy's bandwidth on an H200,
-where the kernels on half the call ran at 66-100% (docs/benchmarks.md, ``past_int32``).
+where the kernels on half the call ran at 66-100% (docs/benchmarks.md, ``past_int32``). The launch
+path still allocates a piece's own outputs before it takes the part, and drops them: at its peak a
+cut call holds one piece's outputs more than the call's own.
 """
 from __future__ import annotations
 
 import contextvars
 import dataclasses
+import itertools
 import math
 from typing import Any, Callable, Optional, Sequence, Tuple
 
 import torch
+
+from fxkern.errors import SpecError
 
 # Elements a piece holds at most: half the 32-bit range, so the sizes a kernel computes from it
 # (counts rounded up to whole blocks or packs) stay well inside it, and a piece is still big
@@ -34,64 +39,86 @@ _DESTINATION: contextvars.ContextVar[Optional[list]] = contextvars.ContextVar("f
 
 @dataclasses.dataclass(frozen=True)
 class Split:
-    """Where a call is cut: the outputs' ``axis``, and each piece's (start, length) along it."""
+    """Where a call is cut: along the outputs' ``axis``, each piece ``(at, start, length)`` one index
+    of every axis before it (``at``) and ``length`` indices of ``axis`` from ``start``."""
 
     axis: int
-    pieces: Tuple[Tuple[int, int], ...]
+    pieces: Tuple[Tuple[Tuple[int, ...], int, int], ...]
 
 
 def plan(inputs: Sequence[Optional[Sequence[int]]], outputs: Sequence[Sequence[int]],
          most: int = PIECE) -> Optional[Split]:
     """How to cut a call whose tensor inputs have the shapes ``inputs`` (None for a scalar argument)
-    and whose outputs have ``outputs`` into pieces of at most ``most`` elements each (at least two
-    pieces: the call was refused as it was). The axis is the outputs' first one longer than 1 that is
-    not their last; every output must have the first output's rank and sizes up to it, and every
-    input the same size on it or 1 (or no such axis). None where the call cannot be cut so: the caller
-    runs it another way."""
-    if not outputs:
+    and whose outputs have ``outputs`` into pieces of at most ``most`` elements each (a broadcast input
+    counts whole: every piece reads it), at least two. Axes before the last may be cut where every
+    output has the first output's size and every input that size or 1; the cut is along the first such
+    axis longer than 1 on which one index fits in ``most`` (attention's scores at batch 2: one batch
+    index is 2^31 elements, so each piece is one batch index and half its heads), else the last such
+    axis, one index a piece. None where the call cannot be cut: the caller runs it another way."""
+    if not outputs or len(outputs[0]) < 2:
         return None
     rank, first = len(outputs[0]), tuple(outputs[0])
-    axis = next((a for a in range(rank - 1) if first[a] > 1), None)
-    if axis is None:
+    tensors = [tuple(s) for s in inputs if s is not None]
+    if any(len(o) != rank for o in outputs) or any(len(s) > rank for s in tensors):
         return None
-    if any(len(o) != rank or tuple(o[:axis + 1]) != first[:axis + 1] for o in outputs):
+    cuttable = 0
+    for a in range(rank - 1):
+        if any(o[a] != first[a] for o in outputs) or any(_size(s, rank, a) not in (1, first[a]) for s in tensors):
+            break
+        cuttable = a + 1
+    longer = [a for a in range(cuttable) if first[a] > 1]
+    if not longer:
         return None
-    n = first[axis]
-    for shape in inputs:
-        if shape is None:
-            continue
-        if len(shape) > rank:
-            return None
-        at = axis - (rank - len(shape))
-        if at >= 0 and shape[at] not in (1, n):
-            return None
-    biggest = max(math.prod(s) for s in list(inputs) + list(outputs) if s is not None)
-    count = min(n, max(2, -(-biggest // most)))
-    step = -(-n // count)
-    return Split(axis, tuple((start, min(step, n - start)) for start in range(0, n, step)))
+    shapes = tensors + [tuple(o) for o in outputs]
+
+    def per_index(a: int) -> int:  # the elements a piece holds for each index of axis a it takes
+        return max(math.prod(s) // math.prod(_size(s, rank, b) for b in range(a + 1)) for s in shapes)
+
+    axis = next((a for a in longer if per_index(a) <= most), longer[-1])
+    n, before = first[axis], math.prod(first[:axis])
+    fit = max(1, most // per_index(axis))  # indices of the axis a piece may take
+    count = min(n, max(1 if before > 1 else 2, -(-n // fit)))
+    step = -(-n // count)  # balanced: no more than ``fit``
+    return Split(axis, tuple((at, start, min(step, n - start)) for at in itertools.product(*map(range, first[:axis]))
+                             for start in range(0, n, step)))
 
 
-def run(call: Callable[..., Any], args: Tuple[Any, ...], cut: Split,
-        expected: Tuple[torch.Tensor, ...], single: bool) -> Any:
+def run(call: Callable[..., Any], args: Tuple[Any, ...], cut: Split, expected: Tuple[torch.Tensor, ...],
+        single: bool, op: str = "op") -> Any:
     """``call`` on each piece of ``args`` that ``cut`` gives, its results in outputs laid out as
     ``expected`` (the fake impl's outputs for the whole call) says: written there by the piece's launch
     (``into``), else copied. A piece still past the limits is ``call``'s to handle (it cuts again, or
-    runs the reference)."""
+    runs the reference). ``op`` names the op in errors."""
     device = next(a.device for a in args if isinstance(a, torch.Tensor))
     outs = [torch.empty_strided(e.shape, e.stride(), dtype=e.dtype, device=device) for e in expected]
-    rank = len(expected[0].shape)
-    for start, length in cut.pieces:
-        piece = tuple(_narrow(a, rank, cut.axis, start, length) for a in args)
-        parts = [out.narrow(cut.axis, start, length) for out in outs]
-        token = _DESTINATION.set([parts])
-        try:
-            results = _as_tuple(call(*piece))
-        finally:
-            _DESTINATION.reset(token)
-        for part, result in zip(parts, results):
-            if not _same_memory(part, result):
-                part.copy_(result)
+    for at, start, length in cut.pieces:
+        _run_piece(call, args, outs, cut.axis, at, start, length, op)  # a function: its results die with it
     return outs[0] if single else tuple(outs)
+
+
+def _run_piece(call: Callable[..., Any], args: Tuple[Any, ...], outs: Sequence[torch.Tensor], axis: int,
+               at: Tuple[int, ...], start: int, length: int, op: str) -> None:
+    rank = outs[0].dim()
+    piece = tuple(_narrow(a, rank, axis, at, start, length) for a in args)
+    parts = [_narrow(o, rank, axis, at, start, length) for o in outs]
+    token = _DESTINATION.set([parts])
+    try:
+        results = _as_tuple(call(*piece))
+    finally:
+        _DESTINATION.reset(token)
+    if len(results) != len(parts) or any(not isinstance(r, torch.Tensor) or r.shape != p.shape or r.dtype != p.dtype
+                                         for r, p in zip(results, parts)):
+        got = [f"{r.dtype} {tuple(r.shape)}" if isinstance(r, torch.Tensor) else repr(r) for r in results]
+        raise SpecError(f"{op}: a piece of a call cut past the kernel's limits returned {got}, where its part of the "
+                        f"fake impl's outputs is {[f'{p.dtype} {tuple(p.shape)}' for p in parts]}: the op's CUDA impl "
+                        f"and its fake impl (meta_fn) disagree")
+    # a result in another output's part (outputs returned in another order than launched) is read
+    # before any copy writes over it
+    whole = {o.untyped_storage().data_ptr() for o in outs}
+    pending = [(p, r.clone() if r.untyped_storage().data_ptr() in whole else r)
+               for p, r in zip(parts, results) if not _same_memory(p, r)]
+    for part, result in pending:
+        part.copy_(result)
 
 
 def into(outs: Sequence[torch.Tensor]) -> Sequence[torch.Tensor]:
@@ -119,15 +146,23 @@ def _same_memory(part: torch.Tensor, result: torch.Tensor) -> bool:
             and (result.stride() == part.stride() or (result.is_contiguous() and part.is_contiguous())))
 
 
-def _narrow(arg: Any, rank: int, axis: int, start: int, length: int) -> Any:
-    """``arg``'s part for one piece: a tensor's slice on the axis aligned with the outputs' ``axis``
-    where it has one longer than 1 (a broadcast axis is read whole by every piece); else ``arg``."""
+def _size(shape: Sequence[int], rank: int, axis: int) -> int:
+    """``shape``'s size on the axis aligned with the outputs' ``axis`` (1 where it has none)."""
+    at = axis - (rank - len(shape))
+    return shape[at] if at >= 0 else 1
+
+
+def _narrow(arg: Any, rank: int, axis: int, at: Tuple[int, ...], start: int, length: int) -> Any:
+    """``arg``'s part for one piece: a tensor sliced to index ``at[b]`` of each axis aligned with an
+    axis b before the outputs' ``axis``, and to ``length`` from ``start`` on the one aligned with it,
+    where it has those axes longer than 1 (a broadcast axis is read whole by every piece); else ``arg``."""
     if not isinstance(arg, torch.Tensor):
         return arg
-    at = axis - (rank - arg.dim())
-    if at < 0 or arg.shape[at] == 1:
-        return arg
-    return arg.narrow(at, start, length)
+    offset = rank - arg.dim()
+    for b, (lo, n) in enumerate([(i, 1) for i in at] + [(start, length)]):
+        if b - offset >= 0 and arg.shape[b - offset] > 1:
+            arg = arg.narrow(b - offset, lo, n)
+    return arg
 
 
 def _as_tuple(result: Any) -> Tuple[Any, ...]:

@@ -1,5 +1,8 @@
 """Calls past a kernel's 32-bit limits cut into calls within them (fxkern.split, past_limits="split")."""
 
+import itertools
+import math
+
 import pytest
 import torch
 
@@ -16,22 +19,49 @@ def test_attention_scores_at_8192_keys_are_cut_along_the_heads():
     cut, and the (1, 1, q, k) mask is read whole by both halves."""
     scores = (1, 32, 8192, 8192)
     cut = split.plan([scores, (1, 1, 8192, 8192), None], [scores])
-    assert cut == split.Split(axis=1, pieces=((0, 16), (16, 16)))
+    assert cut == split.Split(axis=1, pieces=(((0,), 0, 16), ((0,), 16, 16)))
+
+
+def test_at_batch_2_each_piece_is_one_batch_index_and_half_its_heads():
+    """One batch index of these scores is 2^31 elements itself: cut along the batch alone, each piece
+    would be refused again and cut again through a second, whole-piece output."""
+    scores = (2, 32, 8192, 8192)
+    cut = split.plan([scores, (2, 1, 8192, 8192), None], [scores])
+    assert cut.axis == 1
+    assert cut.pieces == (((0,), 0, 16), ((0,), 16, 16), ((1,), 0, 16), ((1,), 16, 16))
+
+
+@pytest.mark.parametrize("inputs, outputs", [
+    ([(7, 2**27 + 2**26)], [(7, 2**27 + 2**26)]),  # 7 rows of 0.75 GiB: one row a piece
+    ([(2, 32, 8192, 8192), (2, 1, 8192, 8192)], [(2, 32, 8192, 8192)]),
+    ([(3, 5, 2**26)], [(3, 5, 2**26)]),
+    ([(2, 6, 8), (8,)], [(2, 6, 8), (2, 6, 8)]),
+])
+def test_no_piece_holds_more_than_it_may(inputs, outputs):
+    most = 10 if inputs[0] == (2, 6, 8) else split.PIECE
+    cut = split.plan(inputs, outputs, most=most)
+    rank = len(outputs[0])
+    sizes = {(a, b) for _, a, b in cut.pieces}
+    biggest = max(math.prod(split._size(s, rank, x) for x in range(cut.axis + 1, rank)) * n
+                  for s in inputs + outputs for _, n in sizes if split._size(s, rank, cut.axis) > 1)
+    assert biggest <= max(most, math.prod(outputs[0][cut.axis + 1:])), cut
+    covered = [(*at, i) for at, start, n in cut.pieces for i in range(start, start + n)]
+    assert sorted(covered) == list(itertools.product(*map(range, outputs[0][:cut.axis + 1])))  # each index once
 
 
 def test_rows_are_cut_into_pieces_of_at_most_a_gib_of_elements():
     rows = (3 * 2**17 + 5, 8192)  # 3.0x 2^30 elements: four pieces
     cut = split.plan([rows, (8192,), None], [rows, rows])
     assert cut.axis == 0 and len(cut.pieces) == 4
-    assert sum(n for _, n in cut.pieces) == rows[0]
-    assert [s for s, _ in cut.pieces] == [0, *(s + n for s, n in cut.pieces[:-1])]
-    assert max(n for _, n in cut.pieces) * 8192 <= GiB_ELEMENTS
+    assert sum(n for _, _, n in cut.pieces) == rows[0]
+    assert [s for _, s, _ in cut.pieces] == [0, *(s + n for _, s, n in cut.pieces[:-1])]
+    assert max(n for _, _, n in cut.pieces) * 8192 <= GiB_ELEMENTS
 
 
 def test_a_call_refused_at_a_small_size_is_still_cut_in_two():
     """A call within a GiB may be refused for another limit (a grid axis): it is halved."""
-    assert split.plan([(6, 4)], [(6, 4)]) == split.Split(axis=0, pieces=((0, 3), (3, 3)))
-    assert split.plan([(7, 4)], [(7, 4)]).pieces == ((0, 4), (4, 3))
+    assert split.plan([(6, 4)], [(6, 4)]) == split.Split(axis=0, pieces=(((), 0, 3), ((), 3, 3)))
+    assert split.plan([(7, 4)], [(7, 4)]).pieces == (((), 0, 4), ((), 4, 3))
 
 
 @pytest.mark.parametrize("inputs, outputs, why", [
@@ -114,6 +144,51 @@ def test_a_destination_of_another_layout_is_not_taken():
     assert taken == [False, False] and torch.equal(y, x * 3) and y.stride() == (1, 8)
 
 
+def test_run_cuts_a_masked_softmax_by_batch_index_and_heads():
+    """Transformers' scores at batch 2 with a (b, 1, q, k) mask, through the library op's reference, cut
+    as a call past the limits is: one batch index and a few heads a piece, the mask's batch index
+    sliced, its head axis read whole."""
+    from fxkern.library import softmax
+
+    torch.manual_seed(0)
+    x, mask = torch.randn(2, 6, 5, 8), torch.randn(2, 1, 5, 8)
+    want = softmax.scaled_masked_softmax(x, mask, 0.5)
+    cut = split.plan([(2, 6, 5, 8), (2, 1, 5, 8), None], [(2, 6, 5, 8)], most=2 * 5 * 8)  # two heads a piece
+    assert cut.axis == 1 and len(cut.pieces) == 6
+    seen = []
+
+    def call(x, mask, scale):
+        seen.append((tuple(x.shape), tuple(mask.shape)))
+        return softmax.scaled_masked_softmax(x, mask, scale)
+
+    got = split.run(call, (x, mask, 0.5), cut, (torch.empty(2, 6, 5, 8),), single=True)
+    assert seen == [((1, 2, 5, 8), (1, 1, 5, 8))] * 6
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+def test_outputs_returned_in_another_order_than_launched_are_still_right():
+    """An eager_fn whose one launch writes (y, h) and which returns (h, y): the launch took the piece's
+    parts in its own order, so each result lies in the other's part; both are read before either copy."""
+    x = torch.randn(4, 3)
+
+    def call(x):
+        y, h = split.into([torch.empty_like(x), torch.empty_like(x)])
+        y.copy_(x * 2)
+        h.copy_(x + 1)
+        return h, y
+
+    h, y = split.run(call, (x,), split.plan([(4, 3)], [(4, 3), (4, 3)]), (torch.empty(4, 3), torch.empty(4, 3)),
+                     single=False)
+    assert torch.equal(h, x + 1) and torch.equal(y, x * 2)
+
+
+@pytest.mark.parametrize("returned", [lambda x: x[:, :2] * 2, lambda x: (x, x), lambda x: x.double()])
+def test_a_piece_that_returns_other_than_its_part_is_an_error(returned):
+    x = torch.randn(4, 3)
+    with pytest.raises(fxkern.SpecError, match="its CUDA impl and its fake impl|CUDA impl and its fake impl"):
+        split.run(returned, (x,), split.plan([(4, 3)], [(4, 3)]), (torch.empty(4, 3),), single=True, op="t::op")
+
+
 def _op_args(rule, dtype):
     """The rule's op arguments in its own order, from the rule's example inputs with random values."""
     examples = [torch.randn(a.shape, dtype=a.dtype) if isinstance(a, torch.Tensor) and a.dtype.is_floating_point else a
@@ -168,6 +243,7 @@ def test_the_library_ops_that_cannot_be_cut_do_not_promise_it():
         args = _op_args(rule, torch.float32)
         entry = kernel_op(qualname)
         cut, outs, single = _cut_and_whole(entry, args)
+        assert cut is not None, f"{rule.name}: its example inputs cannot be cut"
         if "repeat_kv" in qualname:
             repeating.add(qualname)
         try:
