@@ -897,6 +897,8 @@ def _analyse(gm: fx.GraphModule, rules: Union[RuleSet, Sequence[Rule], None], ir
     regions: List[_Candidate] = []
     if where.top:
         _regions(graph, facts, report, regions)
+    if fixed:  # a region too: apply raised on a preserved call's output that a region replaced
+        regions = _outside(regions, fixed, report)
     rank = {r: i for i, r in enumerate(_region_rules(regions))}
     taken.accept(sorted(regions, key=lambda c: (rank[c.rule], -len(c.match.nodes), pos[c.match.anchor])), report)
     taken.accept(kept, report)
@@ -910,7 +912,7 @@ def _analyse(gm: fx.GraphModule, rules: Union[RuleSet, Sequence[Rule], None], ir
         rr.near_misses.extend(misses)
         candidates = [c for c in candidates if (rule, frozenset(c.match.nodes)) not in again]
         if fixed:
-            candidates = _outside(candidates, fixed, rr)
+            candidates = _outside(candidates, fixed, report)
         taken.accept(sorted(candidates, key=lambda c: (-len(c.match.nodes), pos[c.match.anchor])), report)
     accepted = taken.accepted
     accepted.sort(key=lambda c: pos[c.match.anchor])
@@ -925,15 +927,16 @@ def _analyse(gm: fx.GraphModule, rules: Union[RuleSet, Sequence[Rule], None], ir
     return _Analysis(accepted, pos, inner), report
 
 
-def _outside(candidates: List[_Candidate], fixed: FrozenSet[str], rr: RuleReport) -> List[_Candidate]:
-    """The candidates that replace no node named in ``fixed``; the others are near-misses."""
+def _outside(candidates: List[_Candidate], fixed: FrozenSet[str], report: Report) -> List[_Candidate]:
+    """The candidates that replace no node named in ``fixed``; the others are near-misses of their
+    rule (or region) in ``report``."""
     kept = []
     for c in candidates:
         named = next((n.name for n in c.match.nodes if n.name in fixed), None)
         if named is None:
             kept.append(c)
             continue
-        rr.near_misses.append(NearMiss(c.rule.name, [n.name for n in c.match.nodes],
+        report.rules[c.rule.name].near_misses.append(NearMiss(c.rule.name, [n.name for n in c.match.nodes],
                                        f"'{named}' is a value a preserved module call takes or returns "
                                        f"(preserve_module_call_signature): the match would replace it"))
     return kept

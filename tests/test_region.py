@@ -904,3 +904,40 @@ def test_a_no_op_cast_the_compiler_drops_leaves_the_input_order_alone(inner):
     got, want, reports = compiled_reports(model, x, inner=inner)
     torch.testing.assert_close(got, want)
     assert [m for r in reports for m in r.matches if m.rule.startswith("region@")], [str(r) for r in reports]
+
+
+class _Gelu(torch.nn.Module):
+    """A block whose region's result is its own result (``then_double=False``) or is doubled first."""
+
+    def __init__(self, then_double):
+        super().__init__()
+        self.b, self.then_double = torch.nn.Parameter(torch.randn(8)), then_double
+
+    def forward(self, h):
+        with fxkern.region(GELU_BIAS):
+            y = F.gelu(h + self.b, approximate="tanh")
+        return y * 2 if self.then_double else y
+
+
+class _Calls(torch.nn.Module):
+    def __init__(self, then_double):
+        super().__init__()
+        self.lin, self.blk = torch.nn.Linear(8, 8), _Gelu(then_double)
+
+    def forward(self, x):
+        return self.blk(self.lin(x)) * 3
+
+
+@pytest.mark.parametrize("then_double", [False, True], ids=["region returns the call's result", "region inside"])
+def test_a_region_and_a_preserved_module_call(then_double):
+    """A region whose result a preserved module call returns (``preserve_module_call_signature``) stays,
+    a near-miss naming that value: ``unflatten`` finds the call's result by name, and apply raised
+    SpecViolationError renaming it. A region inside the call, its result not the call's, is replaced."""
+    model = _Calls(then_double).eval()
+    x = torch.randn(4, 8)
+    ep = torch.export.export(model, (x,), preserve_module_call_signature=("blk",))
+    new = fxkern.apply(ep, RuleSet("empty"))
+    assert count_target(new, GELU_BIAS) == (1 if then_double else 0)
+    torch.testing.assert_close(torch.export.unflatten(new)(x), model(x))
+    misses = fxkern.explain(ep, RuleSet("empty")).near_misses
+    assert any("preserved module call" in m.reason for m in misses) != then_double
