@@ -110,7 +110,7 @@ class Rule:
                     at_examples = patterns._trace_quietly(self.pattern, ir, params, examples)
                     differ = at_examples is not None and ops != [n.target for n in at_examples]
             _remember(self._ops_differ, key, differ)
-        return self._ops_differ[key]
+        return _recent(self._ops_differ, key)
 
     def compiled_at(self, ir: str, inputs: Tuple[Tuple[Tuple[int, ...], torch.dtype], ...],
                     scalars: Tuple[Tuple[str, Any], ...] = ()) -> matcher.CompiledPattern:
@@ -125,19 +125,26 @@ class Rule:
                         for p, v in zip(patterns.pattern_params(self.pattern), self.examples(inputs[0][1]))]
             traced = patterns.trace(self.pattern, ir, example_inputs=examples)
             _remember(self._at, key, matcher.compile_pattern(traced, self.noise))
-        return self._at[key]
+        return _recent(self._at, key)
 
 
 # Entries a rule keeps per match sizes (``compiled_at``, ``ops_differ_at``): a model compiled for each new
 # sequence length (torch.compile, static shapes) meets new sizes for as long as it serves, and each
-# entry holds a traced graph. Past the bound the oldest entry goes (retraced if its sizes come back).
+# entry holds a traced graph. Past the bound the least recently used entry goes (retraced if its
+# sizes come back).
 AT_SIZES = 256
 
 
 def _remember(cache: Dict[Any, Any], key: Any, value: Any) -> None:
     if len(cache) >= AT_SIZES:
-        del cache[next(iter(cache))]  # the oldest: dicts keep their insertion order
+        del cache[next(iter(cache))]  # the least recently used: dicts keep their insertion order
     cache[key] = value
+
+
+def _recent(cache: Dict[Any, Any], key: Any) -> Any:
+    """``cache[key]``, moved to the end of the cache's order: the most recently used."""
+    cache[key] = value = cache.pop(key)
+    return value
 
 
 def trace_together(rules: Sequence[Rule], ir: str, dtype: torch.dtype) -> None:

@@ -325,8 +325,8 @@ def test_a_pattern_computing_another_shape_than_its_op_is_refused_at_registratio
 
 def test_a_rules_traces_per_match_size_are_bounded(monkeypatch):
     """A model compiled for each new sequence length meets new sizes for as long as it serves: the
-    traces a rule keeps per match size (``compiled_at``) stay under ``AT_SIZES``, the oldest going
-    first, and a size traced again gives a pattern that matches as the first did."""
+    traces a rule keeps per match size (``compiled_at``) stay under ``AT_SIZES``, the least recently
+    used going first, and a size traced again gives a pattern that matches as the first did."""
     from fxkern import rules as rules_module
 
     monkeypatch.setattr(rules_module, "AT_SIZES", 3)
@@ -337,7 +337,7 @@ def test_a_rules_traces_per_match_size_are_bounded(monkeypatch):
     rule = fxkern.replace(flat, spec_like(flat), rules=RuleSet("t"), name="t_bounded_flat")
     at = [rule.compiled_at("export", (((n, 4, 2), torch.float32),)) for n in range(1, 8)]
     assert len(rule._at) == 3 and set(rule._at) == {("export", (((n, 4, 2), torch.float32),), ()) for n in (5, 6, 7)}
-    assert rule.compiled_at("export", (((7, 4, 2), torch.float32),)) is at[-1]  # kept: not traced again
+    assert rule.compiled_at("export", (((5, 4, 2), torch.float32),)) is at[4]  # kept: not traced again
     again = rule.compiled_at("export", (((1, 4, 2), torch.float32),))
     assert again is not at[0] and again == at[0]  # a dataclass: the same nodes, literals and outputs
-    assert len(rule._at) == 3
+    assert len(rule._at) == 3 and ("export", (((5, 4, 2), torch.float32),), ()) in rule._at  # 6 went: used least
