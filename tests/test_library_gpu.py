@@ -20,6 +20,7 @@ import torch
 
 import fxkern
 import fxkern.library as lib
+from fxkern import split
 from fxkern.library import (deinterleaved_rotary, gelu, interleaved_rotary, layernorm, norm_rotary, rmsnorm, rotary,
                             softmax, swiglu)
 
@@ -755,10 +756,11 @@ def test_add_layer_norm_of_one_row_of_2_31_elements():
     torch.cuda.empty_cache()
 
 
-def _causal_scores(tokens, dtype):
-    """Eager attention's scores (32 heads) and causal mask; 2^31 elements at 8192 tokens."""
+def _causal_scores(tokens, dtype, batch=1, scalars=(0.125,)):
+    """Eager attention's scores (32 heads) and causal mask (b, 1, q, k); 2^31 elements a batch index at
+    8192 tokens."""
     mask = torch.full((tokens, tokens), torch.finfo(dtype).min, device="cuda", dtype=dtype).triu(1)
-    return rand(1, 32, tokens, tokens, dtype=dtype, scale=4.0), mask[None, None], 0.125
+    return rand(batch, 32, tokens, tokens, dtype=dtype, scale=4.0), mask.expand(batch, 1, tokens, tokens).contiguous(), *scalars
 
 
 def _queries(seq, dtype, transposed=False, tables=None):
@@ -777,11 +779,15 @@ def _queries(seq, dtype, transposed=False, tables=None):
 # itself; OLMo's, against float32 tables, on attention's transposed view, whose result keeps that layout
 # as eager's does) and the keys' repeat (an input of 2^29 elements, its output four times that). One op a
 # case: each logs once a process.
-PAST_INT32_SPLIT = {
-    "scaled_masked_softmax": lambda big, dtype: _causal_scores(8192 if big else 256, dtype),
-    "swiglu": lambda big, dtype: (rand(1 << 18 if big else 64, 8192, dtype=dtype),
-                                  rand(1 << 18 if big else 64, 8192, dtype=dtype)),
-    "rms_norm": lambda big, dtype: (rand(1 << 18 if big else 64, 8192, dtype=dtype), rand(8192, dtype=dtype), 1e-6),
+PAST_INT32_SPLIT = {  # name: (the call, big or not; the pieces and the axis a call past the limits is cut in)
+    "scaled_masked_softmax": (lambda big, dtype: _causal_scores(8192 if big else 256, dtype), (2, 1)),
+    "swiglu": (lambda big, dtype: (rand(1 << 18 if big else 64, 8192, dtype=dtype),
+                                   rand(1 << 18 if big else 64, 8192, dtype=dtype)), (2, 0)),
+    "rms_norm": (lambda big, dtype: (rand(1 << 18 if big else 64, 8192, dtype=dtype), rand(8192, dtype=dtype), 1e-6),
+                 (2, 0)),
+    # batch 2: one batch index is 2^31 elements itself, so each piece is one batch index and 16 heads
+    "softcapped_masked_softmax": (lambda big, dtype: _causal_scores(8192 if big else 256, dtype, batch=2 if big else 1,
+                                                                    scalars=(0.0625, 50.0)), (4, 1)),
 }
 PAST_INT32 = {
     "rotary_embedding": lambda big, dtype: _queries(1 << 19 if big else 64, dtype),
@@ -792,42 +798,31 @@ PAST_INT32 = {
 }
 
 
-def _halves(args):
-    """``args`` cut in two along the first axis longer than 1 of the first (the output-shaped) tensor,
-    each other tensor cut with it where its axis has that size (a broadcast mask stays whole)."""
-    x = args[0]
-    axis = next(a for a in range(x.dim()) if x.shape[a] > 1)
-    n = x.shape[axis]
-
-    def cut(a, lo, hi):
-        if not isinstance(a, torch.Tensor) or a.dim() != x.dim() or a.shape[axis] != n:
-            return a
-        return a[(slice(None),) * axis + (slice(lo, hi),)]
-
-    return axis, [tuple(cut(a, lo, hi) for a in args) for lo, hi in ((0, n // 2), (n // 2, n))]
-
-
 @pytest.mark.parametrize("name", PAST_INT32_SPLIT)
 def test_calls_past_int32_run_in_pieces(name, caplog):
-    """A call past the kernel's 32-bit sizes runs as two calls of the kernel within them: the result is,
-    to the bit, the kernel's on each half (so each piece ran the kernel, and landed in its place), and as
+    """A call past the kernel's 32-bit sizes runs as calls of the kernel within them: the result is, to
+    the bit, the kernel's on each piece (so each piece ran the kernel, and landed in its place), and as
     close to the model's own code as the kernel always is; the reference never runs, nothing warns."""
     torch.manual_seed(14)
     dtype = torch.bfloat16
     op, reference = lib.op(name), fxkern.kernel_op(f"fxkern_lib::{name}").reference
-    args = PAST_INT32_SPLIT[name](True, dtype)
+    make, (count, axis) = PAST_INT32_SPLIT[name]
+    args = make(True, dtype)
     with caplog.at_level("INFO", logger="fxkern"):
         got = op(*args)
-    assert got.numel() == 2**31 and got.is_contiguous()
-    axis, halves = _halves(args)
-    for k, half in enumerate(halves):
-        part = got.narrow(axis, k * got.shape[axis] // 2, got.shape[axis] // 2)
-        assert torch.equal(part, op(*half)), (name, k)
-        torch.testing.assert_close(part, reference(*half), rtol=2e-2, atol=2e-2)
-    del args, halves, got, part
+    assert got.numel() >= 2**31 and got.is_contiguous()
+    cut = split.plan([tuple(a.shape) if isinstance(a, torch.Tensor) else None for a in args], [tuple(got.shape)])
+    assert (len(cut.pieces), cut.axis) == (count, axis)
+    for at, start, length in cut.pieces:
+        piece = tuple(split._narrow(a, got.dim(), axis, at, start, length) for a in args)
+        part = split._narrow(got, got.dim(), axis, at, start, length)
+        assert part.numel() * count == got.numel()
+        assert torch.equal(part, op(*piece)), (name, at, start)
+        torch.testing.assert_close(part, reference(*piece), rtol=2e-2, atol=2e-2)
+    del args, got, part, piece
     torch.cuda.empty_cache()
     torch.cuda.synchronize()
-    assert "run as several calls within them (this one as 2 along axis" in caplog.text
+    assert f"run as several calls within them (this one as {count} along axis {axis})" in caplog.text
     assert "run the op's reference instead" not in caplog.text
 
 
