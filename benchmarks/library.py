@@ -145,6 +145,10 @@ def cases():
          softmax.scaled_masked_softmax_float32, lambda dt: attention(8, 32, 512, dt)),
         ("HF attention scaled masked softmax, 2x16x2048x2048", "scaled_masked_softmax_float32",
          softmax.scaled_masked_softmax_float32, lambda dt: attention(2, 16, 2048, dt)),
+        # a long context: 8192 keys a row (half of Llama's 32 heads at batch 1: the whole is 2^31 elements, the
+        # call fxkern.split cuts in two of these)
+        ("HF attention scaled masked softmax, 1x16x8192x8192", "scaled_masked_softmax_float32",
+         softmax.scaled_masked_softmax_float32, lambda dt: attention(1, 16, 8192, dt)),
         # GPT-OSS's eager attention (its default): the scaled, masked scores with one sink logit a head
         # concatenated, the max subtracted, a softmax in the scores' dtype, the sinks' column dropped
         ("GPT-OSS attention with sinks, 8x32x512x512", "sink_masked_softmax", softmax.sink_masked_softmax,
@@ -156,6 +160,9 @@ def cases():
         ("Gemma 2 soft-capped masked softmax, 8x32x512x512", "softcapped_masked_softmax_float32",
          softmax.softcapped_masked_softmax_float32,
          lambda dt: (t(8, 32, 512, 512, dtype=dt, scale=800.0), *attention(8, 32, 512, dt)[1:2], 0.0625, 50.0)),
+        ("Gemma 2 soft-capped masked softmax, 1x16x8192x8192", "softcapped_masked_softmax_float32",
+         softmax.softcapped_masked_softmax_float32,
+         lambda dt: (t(1, 16, 8192, 8192, dtype=dt, scale=800.0), *attention(1, 16, 8192, dt)[1:2], 0.0625, 50.0)),
         # T5's attention: unscaled scores plus its relative position bias, one (1, h, q, k) tensor shared by the
         # batch, and plus a (b, 1, q, k) mask (T5 4.x adds the two before; a padded batch's mask), float32 softmax
         ("T5 attention masked softmax, 8x32x512x512, (1, 32, 512, 512) position bias", "t5_masked_softmax",
