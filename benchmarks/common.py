@@ -53,9 +53,12 @@ def pick(variants: dict, args: argparse.Namespace) -> list[tuple[int, str, objec
 
 
 def command(script: str, args: argparse.Namespace) -> str:
-    """The command line a tuning section names: ``script`` with its ``--rounds``, ``--only`` and ``--scale``."""
+    """The command line a tuning section names: ``script`` with its ``--rounds``, ``--only``, ``--scale`` and
+    ``--shape``."""
     scale = f" --scale {args.scale!r}" if getattr(args, "scale", 0.125) != 0.125 else ""
-    return f"python benchmarks/{script} --rounds {args.rounds}" + "".join(f" --only {t!r}" for t in args.only) + scale
+    shapes = "".join(f" --shape {','.join(map(str, s))}" for s in getattr(args, "shape", None) or ())
+    return (f"python benchmarks/{script} --rounds {args.rounds}" + "".join(f" --only {t!r}" for t in args.only)
+            + scale + shapes)
 
 
 def bandwidth_rows(runners: dict[str, Callable[..., object]], cases: list[tuple[tuple, int]],

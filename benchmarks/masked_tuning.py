@@ -690,10 +690,21 @@ def registers(names) -> str:
     return ", ".join(f"{suffix or 'rows'} {of(name)}" for suffix, name in names.items())
 
 
+def shape_option(parser) -> None:
+    """``--shape B,H,S`` (repeatable): time these scores' shapes instead of ``SHAPES`` (long rows:
+    ``--shape 1,16,8192``, the pieces of a call past 2^31 elements that ``fxkern.split`` cuts)."""
+    parser.add_argument("--shape", action="append", default=[], metavar="B,H,S",
+                        type=lambda v: tuple(int(n) for n in v.split(",")),
+                        help="scores (B, H, S, S) to time, repeatable (default: %s)" % (SHAPES,))
+
+
 def main(argv=None) -> None:
-    args = common.tuning_args("masked_tuning", "Masked softmax tuning", __doc__, argv, extra=lambda p: p.add_argument(
-        "--scale", type=float, default=0.125,
-        help="the scores' scale (default 0.125, 1 / sqrt(64); Llama's 1 / sqrt(128) is not a power of two)"))
+    def extra(p):
+        p.add_argument("--scale", type=float, default=0.125,
+                       help="the scores' scale (default 0.125, 1 / sqrt(64); Llama's 1 / sqrt(128) is not a power of two)")
+        shape_option(p)
+
+    args = common.tuning_args("masked_tuning", "Masked softmax tuning", __doc__, argv, extra=extra)
     if args is None:
         return
     from fxkern.library import softmax
@@ -718,7 +729,7 @@ def compare_variants(variants: dict, base, pattern, scalars: tuple, x_scale: flo
     fns = {label: make_op(label, v, i, base, prefix) for i, label, v in common.pick(variants, args)}
     compiled = common.inductor(pattern)
     cases = []
-    for b, h, s in SHAPES:
+    for b, h, s in getattr(args, "shape", None) or SHAPES:
         for dt in DTYPES:
             x = (torch.randn(b, h, s, s, device="cuda") * x_scale).to(dt)
             mask = torch.full((s, s), torch.finfo(dt).min, device="cuda", dtype=dt).triu(1).expand(b, 1, s, s).contiguous()
@@ -737,6 +748,8 @@ def compare_variants(variants: dict, base, pattern, scalars: tuple, x_scale: flo
         runners, [((x, mask, *scalars), 2 * x.numel() * x.element_size() + mask.numel() * mask.element_size())
                   for _, x, mask in cases], args.rounds)
     regs = {label: registers(names) for label, (_, names) in fns.items()}
+    if getattr(args, "shape", None):  # other shapes: a section of their own, the default shapes' kept
+        section += "".join(f"_{b}x{h}x{s}" for b, h, s in args.shape)
     body = common.variant_section(title, script, args, doc, [name for name, _, _ in cases], table,
                                   extra=("registers", regs))
     common.emit(section, body, args.section_out)

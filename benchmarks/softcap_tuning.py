@@ -19,7 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import common  # noqa: E402
 from masked_tuning import (BARRIERS_TOO, BULK_VARIANTS, EXP2F, EXP_ONCE, FMA_EXP, FUSED_WRITE, NARROW,  # noqa: E402
-                           compare_variants, small_packs, staged)
+                           compare_variants, shape_option, small_packs, staged)
 
 SCALE, CAP = 0.0625, 50.0
 
@@ -144,7 +144,7 @@ VARIANTS: dict[str, dict] = {
 
 
 def main(argv=None) -> None:
-    args = common.tuning_args("softcap_tuning", "Soft-capped masked softmax tuning", __doc__, argv)
+    args = common.tuning_args("softcap_tuning", "Soft-capped masked softmax tuning", __doc__, argv, extra=shape_option)
     if args is None:
         return
     from fxkern.library import softmax
