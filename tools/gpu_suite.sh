@@ -71,6 +71,7 @@ if [[ $parts == *bench* ]]; then
   python3 benchmarks/ew_tuning.py --section-out "$OUT/ew_tuning.md" 2>&1 | tee "$OUT/ew_tuning.log" || status=1
   python3 benchmarks/kernel_ops.py --section-out "$OUT/kernel_ops.md" 2>&1 | tee "$OUT/bench.log" || status=1
   python3 benchmarks/compile_backend.py --section-out "$OUT/compile_backend.md" 2>&1 | tee -a "$OUT/bench.log" || status=1
+  python3 benchmarks/past_int32.py --section-out "$OUT/past_int32.md" 2>&1 | tee -a "$OUT/bench.log" || status=1
 fi
 echo "gpu suite exit status: $status"
 exit $status
