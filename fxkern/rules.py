@@ -142,8 +142,12 @@ def _remember(cache: Dict[Any, Any], key: Any, value: Any) -> None:
 
 
 def _recent(cache: Dict[Any, Any], key: Any) -> Any:
-    """``cache[key]``, moved to the end of the cache's order: the most recently used."""
-    cache[key] = value = cache.pop(key)
+    """``cache[key]``, moved to the end of the cache's order: the most recently used. Two threads may
+    move one key at once: the second finds it gone from its place, and puts it back (a pop that raised
+    KeyError there was found by a review)."""
+    value = cache[key]
+    cache.pop(key, None)
+    cache[key] = value
     return value
 
 

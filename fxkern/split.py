@@ -76,7 +76,7 @@ def plan(inputs: Sequence[Optional[Sequence[int]]], outputs: Sequence[Sequence[i
 
     axis = next((a for a in longer if per_index(a) <= most), longer[-1])
     n, before = first[axis], math.prod(first[:axis])
-    fit = max(1, most // per_index(axis))  # indices of the axis a piece may take
+    fit = max(1, most // max(1, per_index(axis)))  # indices of the axis a piece may take (an empty call: all)
     count = min(n, max(1 if before > 1 else 2, -(-n // fit)))
     step = -(-n // count)  # balanced: no more than ``fit``
     return Split(axis, tuple((at, start, min(step, n - start)) for at in itertools.product(*map(range, first[:axis]))

@@ -770,24 +770,22 @@ def _queries(seq, dtype, transposed=False, tables=None):
     return (q, *rope_tables(1, seq, 128, tables or dtype), 64)
 
 
-# Calls with outputs of 2^31 elements, one past the kernels' 32-bit indexing, that eager PyTorch runs,
-# each made by its function with big=True (and a small call of the same op with big=False). Ops whose
-# outputs are independent along every axis but the last run in pieces within the limits
-# (``past_limits="split"``): attention's scores (a derived launch behind an eager_fn, cut along the heads:
-# the batch is 1), an MLP's activations (a derived launch alone), a norm's rows (an eager_fn picking a
-# kernel). The others run their reference: the queries' rotation (an eager_fn that refuses the size
+# Calls with outputs of 2^31 elements or more, past the kernels' 32-bit indexing, that eager PyTorch
+# runs, each made by its function with big=True (the reference cases also make a small call of the same
+# op with big=False). Ops whose outputs are independent along every axis but the last run in pieces
+# within the limits (``past_limits="split"``): attention's scores (a derived launch behind an eager_fn;
+# at batch 1 cut along the heads, at batch 2 into one batch index and 16 heads a piece), an MLP's
+# activations (a derived launch alone), a norm's rows (an eager_fn picking a kernel). The others run
+# their reference: the queries' rotation (an eager_fn that refuses the size
 # itself; OLMo's, against float32 tables, on attention's transposed view, whose result keeps that layout
 # as eager's does) and the keys' repeat (an input of 2^29 elements, its output four times that). One op a
 # case: each logs once a process.
-PAST_INT32_SPLIT = {  # name: (the call, big or not; the pieces and the axis a call past the limits is cut in)
-    "scaled_masked_softmax": (lambda big, dtype: _causal_scores(8192 if big else 256, dtype), (2, 1)),
-    "swiglu": (lambda big, dtype: (rand(1 << 18 if big else 64, 8192, dtype=dtype),
-                                   rand(1 << 18 if big else 64, 8192, dtype=dtype)), (2, 0)),
-    "rms_norm": (lambda big, dtype: (rand(1 << 18 if big else 64, 8192, dtype=dtype), rand(8192, dtype=dtype), 1e-6),
-                 (2, 0)),
+PAST_INT32_SPLIT = {  # name: (the call; the pieces and the axis a call past the limits is cut in)
+    "scaled_masked_softmax": (lambda dtype: _causal_scores(8192, dtype), (2, 1)),
+    "swiglu": (lambda dtype: (rand(1 << 18, 8192, dtype=dtype), rand(1 << 18, 8192, dtype=dtype)), (2, 0)),
+    "rms_norm": (lambda dtype: (rand(1 << 18, 8192, dtype=dtype), rand(8192, dtype=dtype), 1e-6), (2, 0)),
     # batch 2: one batch index is 2^31 elements itself, so each piece is one batch index and 16 heads
-    "softcapped_masked_softmax": (lambda big, dtype: _causal_scores(8192 if big else 256, dtype, batch=2 if big else 1,
-                                                                    scalars=(0.0625, 50.0)), (4, 1)),
+    "softcapped_masked_softmax": (lambda dtype: _causal_scores(8192, dtype, batch=2, scalars=(0.0625, 50.0)), (4, 1)),
 }
 PAST_INT32 = {
     "rotary_embedding": lambda big, dtype: _queries(1 << 19 if big else 64, dtype),
@@ -807,7 +805,7 @@ def test_calls_past_int32_run_in_pieces(name, caplog):
     dtype = torch.bfloat16
     op, reference = lib.op(name), fxkern.kernel_op(f"fxkern_lib::{name}").reference
     make, (count, axis) = PAST_INT32_SPLIT[name]
-    args = make(True, dtype)
+    args = make(dtype)
     with caplog.at_level("INFO", logger="fxkern"):
         got = op(*args)
     assert got.numel() >= 2**31 and got.is_contiguous()
