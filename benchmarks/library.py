@@ -155,6 +155,8 @@ def cases():
          lambda dt: (*attention(8, 32, 512, dt)[:2], t(32, dtype=dt), 0.125, 8, 512)),
         ("GPT-OSS attention with sinks, 2x16x2048x2048", "sink_masked_softmax", softmax.sink_masked_softmax,
          lambda dt: (*attention(2, 16, 2048, dt)[:2], t(16, dtype=dt), 0.125, 2, 2048)),
+        ("GPT-OSS attention with sinks, 1x16x8192x8192", "sink_masked_softmax", softmax.sink_masked_softmax,
+         lambda dt: (*attention(1, 16, 8192, dt)[:2], t(16, dtype=dt), 0.125, 1, 8192)),
         # Gemma 2's eager attention: scaling 1/16, scores soft-capped at 50 (scores drawn so x * scaling / cap
         # spreads over tanh's curve), causal mask
         ("Gemma 2 soft-capped masked softmax, 8x32x512x512", "softcapped_masked_softmax_float32",

@@ -31,10 +31,17 @@ DTYPES = (torch.float32, torch.bfloat16)
 NARROW = ("_short_4packs", "_4packs_2048", "_4packs_2048_32bit")
 
 
+def softmax_tuning(key: str):
+    """softmax.MASKED_TUNING's ``key``: the tuning before long rows were fetched first."""
+    from fxkern.library import softmax
+
+    return softmax.MASKED_TUNING[key]
+
+
 def _variant(edits=(), **tuning) -> dict:
     from fxkern.library import softmax
 
-    return {"tuning": {**softmax.MASKED_TUNING, **tuning}, "edits": edits}
+    return {"tuning": {**softmax.MASKED_LONG_TUNING, **tuning}, "edits": edits}
 
 
 # Loads with cache eviction hints, as rmsnorm's two-read kernel makes them: the scores streamed
@@ -414,17 +421,50 @@ BULK_VARIANTS = {
 }
 
 
+SMALL_GRIDS = ("_short", "_32bit", "_short_32bit")
+
+
 def small_packs(packs: int, blocks: int, fetch_first: bool = True, threads: int = 32, size: int = 2,
-                longer_than: int = 0) -> dict:
+                longer_than: int = 0, grids: tuple[str, ...] = SMALL_GRIDS, steps: int = 1) -> dict:
     """Rows of ``size``-byte elements, longer than ``longer_than`` and of up to threads * packs * 16 / size
-    elements, in blocks of ``threads`` holding ``packs`` packs a thread, ``blocks`` an SM; other calls
-    run the library's grids."""
+    elements, that the library runs in one of ``grids``, in blocks of ``threads`` holding ``packs`` packs
+    a thread, ``blocks`` an SM, a block per ``steps`` register-fulls; other calls run the library's grids."""
     return {"small_packs": {"packs": packs, "blocks": blocks, "fetch_first": fetch_first, "threads": threads,
-                            "size": size, "longer_than": longer_than}, "edits": ()}
+                            "size": size, "longer_than": longer_than, "grids": grids, "steps": steps}, "edits": ()}
+
+
+# 16-bit rows of 8192 keys (the pieces fxkern.split cuts attention's scores past 2^31 elements into,
+# timed with --shape 1,16,8192) run in the library's 16384-element grid: 128 threads a row of 8 packs,
+# two rows a 256-thread block, 4 blocks an SM, values made as loads arrive. These hold a row in a
+# block of 256 threads of 4 packs (one row a block), or fetch first.
+LONG_VARIANTS = {
+    "16-bit rows of 8192 in 256-thread blocks of 4 packs, 4 an SM": small_packs(
+        4, 4, fetch_first=False, threads=256, longer_than=2048, grids=("",)),
+    "16-bit rows of 8192 in 256-thread blocks of 4 packs, 5 an SM": small_packs(
+        4, 5, fetch_first=False, threads=256, longer_than=2048, grids=("",)),
+    "16-bit rows of 8192 in 256-thread blocks of 4 packs, 4 an SM, 2 rows a block": small_packs(
+        4, 4, fetch_first=False, threads=256, longer_than=2048, grids=("",), steps=2),
+    "16-bit rows of 8192 in 256-thread blocks of 4 packs, 4 an SM, fetched first": small_packs(
+        4, 4, threads=256, longer_than=2048, grids=("",)),
+    "16-bit rows of 8192 in 512-thread blocks of 2 packs, 3 an SM": small_packs(
+        2, 3, fetch_first=False, threads=512, longer_than=2048, grids=("",)),
+    "16-bit long rows, 3 blocks an SM": small_packs(8, 3, fetch_first=False, threads=256, longer_than=2048,
+                                                    grids=("",)),
+    "16-bit long rows fetched first, 2 blocks an SM": small_packs(8, 2, threads=256, longer_than=2048, grids=("",)),
+    "16-bit long rows fetched first, 3 blocks an SM": small_packs(8, 3, threads=256, longer_than=2048, grids=("",)),
+}
+# 2026-11-28 10:35 UTC, H200, 1x16x8192x8192, GB/s float32 / bfloat16: the grids then shipped 2664 / 2892
+# (inductor 2913 / 1921); float32 long rows fetched first 3589 (312 B local), at 4 an SM 2924; 16-bit rows
+# of 8192 in 256-thread blocks of 4 packs 2598 at 4 an SM, 2858 at 5, 2674 two rows a block, 2926 fetched
+# first (40 B local), 512-thread blocks 2015 (spilling); 8 packs at 3 an SM 2876, fetched first at 2 an SM
+# 3099. The two fetched-first ones shipped at 11:00 UTC (softmax.MASKED_LONG_TUNING).
+# softcap_tuning.py, the same run: shipped 2268 / 2816, none faster (fetched first at 2 an SM 2580).
 
 
 VARIANTS: dict[str, dict] = {
     "shipped": _variant(),
+    "long rows made as loads arrive, 16-bit ones 4 an SM (shipped until 2026-11-28)": _variant(
+        fetch_first=softmax_tuning("fetch_first"), blocks_half=None),
     "the softmax's grids, values made as loads arrive (shipped before 2026-11-25)": _variant(
         blocks_short_32bit=16, blocks_short=32, blocks_f32=None, fetch_first=()),
     "16-bit values made as loads arrive": _variant(fetch_first=()),
@@ -556,6 +596,7 @@ VARIANTS: dict[str, dict] = {
     "staged through shared memory, 4 stages, 2 warps a block": staged(stages=4, threads=64),
     "staged through shared memory, 2 stages, 2 warps a block": staged(stages=2, threads=64),
     **BULK_VARIANTS,
+    **LONG_VARIANTS,
     # diagnostics, not candidates: what eager's second rounding and finding the mask row cost
     "(one rounding: x * scale + mask in float32)": _variant(edits=(
         ("        to_floats(from_floats<T, V>(f), f);  // rounded to T, as eager's multiplication stores it\n", ""),)),
@@ -650,15 +691,15 @@ def small_packs_op(label: str, v: dict, index: int, base, prefix: str):
     from fxkern.library import softmax
     from fxkern.symbolic import cdiv
 
-    packs, blocks, fetch, threads, size, longer = (v["small_packs"][k] for k in (
-        "packs", "blocks", "fetch_first", "threads", "size", "longer_than"))
+    packs, blocks, fetch, threads, size, longer, grids, steps = (v["small_packs"][k] for k in (
+        "packs", "blocks", "fetch_first", "threads", "size", "longer_than", "grids", "steps"))
     elements = threads * packs * 16 // size
     kind = "F32" if size == 4 else "HALF"
     macros = (f"#define ROW_THREADS {threads}\n#define FXK_ROW_PACKS_{kind} {packs}\n#define FXK_ROW_BLOCKS_{kind} {blocks}\n"
               + ("#define FXK_MASK_FETCH_FIRST 1\n" if fetch else ""))
 
     def geometry(inputs, outputs):
-        return (cdiv(inputs[0].numel(), elements),), (threads,)
+        return (cdiv(inputs[0].numel(), elements * steps),), (threads,)
 
     spec = dataclasses.replace(base, kernel_source=macros + base.kernel_source, geometry=fxkern.Custom(geometry))
     name = f"fxkern_tune::{prefix}_{index}_small"
@@ -668,7 +709,7 @@ def small_packs_op(label: str, v: dict, index: int, base, prefix: str):
 
     def run(x, mask, *scalars):
         if (x.element_size() == size and longer < x.shape[-1] <= elements
-                and softmax._grid(x, mask) in ("_short", "_32bit", "_short_32bit")):
+                and softmax._grid(x, mask) in grids):
             return small(x, mask, *scalars)
         return shipped(x, mask, *scalars)
 

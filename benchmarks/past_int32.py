@@ -6,14 +6,13 @@ A rewritten model meets sizes past what a 32-bit index reaches where the origina
 attention's scores at batch 1, 32 heads and 8192 keys (Llama-style models with eager attention, Gemma 2
 27B at its full context) hold 2^31 elements. Such a call used to run the op's reference, the model's
 own code at eager speed; an op that promises its rows are independent (``fxkern.split``) now runs as
-launches of at most 2^30 elements each, their results copied into one output.
+launches of at most 2^30 elements each, every launch writing its part of one output.
 
 bfloat16. Each row times the op on the call past the limit, the same pattern in eager PyTorch (what
 the op ran there before) and under inductor (``torch.compile``, default mode, static shapes), and the
-op on one piece of the call. GB/s of useful bytes (each input read
-once, the output written once), CUDA events around 3 back-to-back calls, the GPU kept busy by an
-untimed call before each sample, median of 10, then the median over rounds (the order rotated each
-round); "one piece" is the op on the first piece of the call alone (the kernel's own speed, within the
+op on one piece of the call. GB/s of useful bytes (each input read once, the output written once),
+CUDA events around 3 back-to-back calls, the GPU kept busy by an untimed call before each sample,
+median of 10, then the median over rounds (the order rotated each round); "one piece" is the op on the first piece of the call alone (the kernel's own speed, within the
 limit); "copy" is a device-to-device copy of 2^31 elements, and "of copy" the op's share of it.
 """
 

@@ -18,8 +18,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import common  # noqa: E402
-from masked_tuning import (BARRIERS_TOO, BULK_VARIANTS, EXP2F, EXP_ONCE, FMA_EXP, FUSED_WRITE, NARROW,  # noqa: E402
-                           compare_variants, shape_option, small_packs, staged)
+from masked_tuning import (BARRIERS_TOO, BULK_VARIANTS, EXP2F, EXP_ONCE, FMA_EXP, FUSED_WRITE, LONG_VARIANTS,  # noqa: E402
+                           NARROW, compare_variants, shape_option, small_packs, staged)
 
 SCALE, CAP = 0.0625, 50.0
 
@@ -133,6 +133,8 @@ VARIANTS: dict[str, dict] = {
     # masked_tuning.BULK: rows brought into shared memory by bulk copies
     **BULK_VARIANTS,
     "staged through shared memory, 2 stages, 2 warps a block": staged(stages=2, threads=64),
+    # masked_tuning.LONG_VARIANTS: 16-bit rows of 8192 keys (--shape 1,16,8192) in other blocks
+    **{label: {**_variant(), **v} for label, v in LONG_VARIANTS.items()},
     # diagnostics: what tanhf would cost bfloat16, and what rounding each step to bfloat16, as eager does, costs
     "(tanhf in bfloat16 too)": _variant(edits=(("tanh_<IsBf16<T>::value>(", "tanh_<false>("),)),
     "(one rounding: the capped, masked score computed in float32)": _variant(edits=(_FLOAT_PROLOGUE,) + tuple(

@@ -687,7 +687,8 @@ def _cuda_impl(entry: KernelOp) -> Callable[..., Any]:
         if grid[0] and grid[1] and grid[2]:  # an empty input launches nothing (and may size nothing)
             smem = smem_const if smem_const is not None else smem_fn(env)
             fn = loaded.get((index, dtype)) or load(index, dtype)
-        return (copies, allocs, fn, grid, smem, extras, index, relayout), outs
+        described = split.describe(outs) if not relayout else None
+        return (copies, allocs, fn, grid, smem, extras, index, relayout, described), outs
 
     def cuda(*args: Any) -> Any:
         tensors = list(args) if all_tensors else [args[i] for i in positions]
@@ -707,14 +708,15 @@ def _cuda_impl(entry: KernelOp) -> Callable[..., Any]:
                 tensors.clear()  # and contiguous copies in here: the reference runs without them
                 return instead(refused, args)
             launches.remember(key, known)
-            copies, _, fn, grid, smem, extras, index, relayout = known
+            copies, _, fn, grid, smem, extras, index, relayout, _ = known
+            if not relayout:
+                outs = split.into(outs)  # a piece of a cut call writes its part of the whole call's outputs
         else:
-            copies, allocs, fn, grid, smem, extras, index, relayout = known
+            copies, allocs, fn, grid, smem, extras, index, relayout, described = known
             for k in copies:
                 tensors[k] = tensors[k].contiguous()
-            outs = [alloc(tensors) for alloc in allocs]
-        if not relayout:
-            outs = split.into(outs)  # a piece of a cut call writes its part of the whole call's outputs
+            # a piece of a cut call writes its part of the whole call's outputs, allocating none
+            outs = (described is not None and split.take(described)) or [alloc(tensors) for alloc in allocs]
         if fn is not None:
             if all_tensors:
                 values = [t.data_ptr() for t in tensors]

@@ -10,9 +10,9 @@ usual launch, where the alternative was PyTorch's own kernels at eager speed.
 
 Each piece's launch writes its part of the whole call's outputs where it can (``into``): copying
 each piece's result into place instead ran the cut calls at 40-60% of a copy's bandwidth on an H200,
-where the kernels on half the call ran at 66-100% (docs/benchmarks.md, ``past_int32``). The launch
-path still allocates a piece's own outputs before it takes the part, and drops them: at its peak a
-cut call holds one piece's outputs more than the call's own.
+where the kernels on half the call ran at 66-100% (docs/benchmarks.md, ``past_int32``). A launch
+whose signature it has seen before takes the part before allocating anything (``take``); the first
+launch of a signature works out its outputs, and so allocates a piece's outputs once, then drops them.
 """
 from __future__ import annotations
 
@@ -126,19 +126,32 @@ def into(outs: Sequence[torch.Tensor]) -> Sequence[torch.Tensor]:
     whole call's outputs, where they match ``outs`` (shapes, dtypes, devices, and layouts the kernel
     writes alike); else ``outs``. Taken once a piece: an eager_fn's later launches get their own. A
     launch that took them for an intermediate is still right: ``run`` copies the piece's result over."""
+    parts = take(describe(outs))
+    return outs if parts is None else parts
+
+
+def describe(outs: Sequence[torch.Tensor]) -> Tuple[Tuple[Any, ...], ...]:
+    """What ``take`` compares of a launch's outputs: each one's shape, dtype, device and layout."""
+    return tuple((o.shape, o.dtype, o.device, o.stride(), o.is_contiguous()) for o in outs)
+
+
+def take(described: Tuple[Tuple[Any, ...], ...]) -> Optional[list]:
+    """``into`` for a launch that knows its outputs (``describe``) before allocating them: the piece's
+    parts, or None outside a piece or where they do not match (the launch allocates its own then)."""
     held = _DESTINATION.get()
     if not held:
-        return outs
+        return None
     parts = held[0]
-    if len(parts) != len(outs) or not all(_alike(p, o) for p, o in zip(parts, outs)):
-        return outs
+    if len(parts) != len(described) or not all(_alike(p, d) for p, d in zip(parts, described)):
+        return None
     held.clear()
     return list(parts)
 
 
-def _alike(part: torch.Tensor, out: torch.Tensor) -> bool:
-    return (part.shape == out.shape and part.dtype == out.dtype and part.device == out.device
-            and ((part.is_contiguous() and out.is_contiguous()) or part.stride() == out.stride()))
+def _alike(part: torch.Tensor, described: Tuple[Any, ...]) -> bool:
+    shape, dtype, device, stride, contiguous = described
+    return (part.shape == shape and part.dtype == dtype and part.device == device
+            and ((part.is_contiguous() and contiguous) or part.stride() == stride))
 
 
 def _same_memory(part: torch.Tensor, result: torch.Tensor) -> bool:

@@ -1068,6 +1068,32 @@ def test_masked_softmax_op_checks_its_shapes_and_reads_expanded_masks_in_place(r
     assert "_short_4packs" not in sm.SOFTMAX_GRIDS
 
 
+def test_masked_softmaxes_fetch_long_rows_first_and_the_soft_capped_one_keeps_its_grid():
+    """The scaled, masked kernel's rows past 2048 keys (the "" and "_32bit" grids, 8192 keys in the
+    pieces fxkern.split cuts) fetch a row's scores and mask before making their values, 16-bit ones at 2
+    blocks an SM, and so do the sink kernel's; the soft-capped kernel's "" grid stays its spec's own
+    source, and every "" grid keeps its spec's geometry, which TensorRT plugins carry."""
+    from fxkern.library import softmax as sm
+
+    def prefix(grid, spec):
+        assert grid.kernel_source.endswith(spec.kernel_source)
+        return set(grid.kernel_source[:len(grid.kernel_source) - len(spec.kernel_source)].splitlines())
+
+    masked = sm.SCALED_MASKED_GRIDS
+    for grids, spec in ((masked, sm.SCALED_MASKED_SOFTMAX), (sm.SINK_MASKED_GRIDS, sm.SINK_MASKED_SOFTMAX)):
+        assert prefix(grids[""], spec) == {"#define FXK_MASK_FETCH_FIRST 1", "#define FXK_ROW_BLOCKS_HALF 2"}
+        assert prefix(grids["_32bit"], spec) == {"#define FXK_MASK_FETCH_FIRST 1", "#define FXK_ROW_BLOCKS_F32 2"}
+    assert prefix(sm.SOFTCAPPED_MASKED_GRIDS[""], sm.SOFTCAPPED_MASKED_SOFTMAX) == set()
+    for grids, spec in ((masked, sm.SCALED_MASKED_SOFTMAX), (sm.SOFTCAPPED_MASKED_GRIDS, sm.SOFTCAPPED_MASKED_SOFTMAX),
+                        (sm.SINK_MASKED_GRIDS, sm.SINK_MASKED_SOFTMAX), (sm.SOFTMAX_GRIDS, sm.SOFTMAX)):
+        assert grids[""].geometry == spec.geometry and grids[""].kernel_name == spec.kernel_name
+    # the 8192-key pieces take those grids: 16-bit rows the "" one, float32 ones "_32bit"
+    narrow = tuple(sm.NARROW_GRIDS)
+    scores, mask = torch.zeros(1, 2, 3, 8192, dtype=torch.bfloat16), torch.zeros(1, 1, 3, 8192, dtype=torch.bfloat16)
+    assert sm._grid(scores, mask, narrow=narrow) == ""
+    assert sm._grid(scores.float(), mask.float(), narrow=narrow) == "_32bit"
+
+
 
 def test_masked_ops_check_a_mask_before_narrowing_its_broadcast_axes():
     """An expanded mask is narrowed to the (mB, mH, mQ, D) tensor the kernel broadcasts, but only one

@@ -800,7 +800,8 @@ PAST_INT32 = {
 def test_calls_past_int32_run_in_pieces(name, caplog):
     """A call past the kernel's 32-bit sizes runs as calls of the kernel within them: the result is, to
     the bit, the kernel's on each piece (so each piece ran the kernel, and landed in its place), and as
-    close to the model's own code as the kernel always is; the reference never runs, nothing warns."""
+    close to the model's own code as the kernel always is; the reference never runs, nothing warns. A
+    repeated call holds no piece's outputs beside the whole call's (each launch writes its part)."""
     torch.manual_seed(14)
     dtype = torch.bfloat16
     op, reference = lib.op(name), fxkern.kernel_op(f"fxkern_lib::{name}").reference
@@ -817,7 +818,16 @@ def test_calls_past_int32_run_in_pieces(name, caplog):
         assert part.numel() * count == got.numel()
         assert torch.equal(part, op(*piece)), (name, at, start)
         torch.testing.assert_close(part, reference(*piece), rtol=2e-2, atol=2e-2)
-    del args, got, part, piece
+    del part, piece
+    # called again (its pieces' launches known), it allocates the whole output and no piece's own
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    again = op(*args)
+    grew, whole = torch.cuda.max_memory_allocated() - before, again.numel() * again.element_size()
+    assert whole <= grew < whole + whole // (2 * count), (name, grew, whole)
+    assert torch.equal(again, got)
+    del args, got, again
     torch.cuda.empty_cache()
     torch.cuda.synchronize()
     assert f"run as several calls within them (this one as {count} along axis {axis})" in caplog.text

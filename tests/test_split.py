@@ -114,6 +114,27 @@ def test_a_pieces_launch_writes_its_part_of_the_outputs_in_place():
     assert split.into([torch.empty(4, 4)])[0].data_ptr() not in wrote  # outside a piece: its own outputs
 
 
+def test_a_launch_that_knows_its_outputs_takes_its_part_before_allocating_any():
+    """The launch path's repeated signatures describe their outputs (``split.describe``) and take the
+    piece's part with ``split.take``, allocating nothing; outside a piece, or where the description
+    does not match, ``take`` gives None and the launch allocates its own."""
+    x = torch.randn(8, 4)
+    described = split.describe([torch.empty(4, 4)])
+    assert split.take(described) is None  # outside a piece
+    took = []
+
+    def call(x):
+        assert split.take(split.describe([torch.empty(4, 4, dtype=torch.float64)])) is None  # another dtype
+        assert split.take(split.describe([torch.empty(4, 4).t()])) is None  # another layout
+        (out,) = split.take(described)
+        assert split.take(described) is None  # taken once a piece
+        took.append(out.data_ptr())
+        return out.copy_(x * 2)
+
+    y = split.run(call, (x,), split.plan([(8, 4)], [(8, 4)]), (torch.empty(8, 4),), single=True)
+    assert torch.equal(y, x * 2) and took == [y.data_ptr(), y[4:].data_ptr()]
+
+
 def test_a_destination_taken_by_an_intermediate_launch_still_gives_the_right_result():
     """An eager_fn whose first launch makes an intermediate of the output's shape takes the piece's
     slice for it; its second launch gets its own output, and the piece's result is copied over."""

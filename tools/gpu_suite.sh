@@ -2,7 +2,7 @@
 # The whole GPU suite in one device call: tests (CPU and GPU), the examples on CUDA,
 # and the benchmarks. Run from the repository root on the GPU machine:
 #   bash tools/gpu_suite.sh            (results under $OUT, or ./gpu-out without it)
-#   FXKERN_SUITE="tests" bash tools/gpu_suite.sh    (only some parts: tests examples demo bench multi;
+#   FXKERN_SUITE="tests" bash tools/gpu_suite.sh    (only some parts: tests examples demo bench multi long-rows;
 #                                                    tests-gpu and tests-rest split the tests in two calls;
 #                                                    three with tests-models and FXKERN_SPLIT_MODELS=1 on tests-rest)
 # "multi" needs two GPUs (the nvidia-h200-x2 kind): torchrun over the demo's rewritten model.
@@ -72,6 +72,16 @@ if [[ $parts == *bench* ]]; then
   python3 benchmarks/kernel_ops.py --section-out "$OUT/kernel_ops.md" 2>&1 | tee "$OUT/bench.log" || status=1
   python3 benchmarks/compile_backend.py --section-out "$OUT/compile_backend.md" 2>&1 | tee -a "$OUT/bench.log" || status=1
   python3 benchmarks/past_int32.py --section-out "$OUT/past_int32.md" 2>&1 | tee -a "$OUT/bench.log" || status=1
+fi
+if [[ $parts == *long-rows* ]]; then
+  # rows past 2048 keys: the scaled, masked kernel's long-row grids against the ones shipped before,
+  # at the 8192-key pieces fxkern.split cuts a 1x32x8192x8192 call into and at 4096 and 16384 keys;
+  # the library's 8192-key rows; the calls past 2^31 elements themselves. Each bounded in time.
+  timeout 200 python3 benchmarks/masked_tuning.py --rounds 2 --shape 2,16,4096 --shape 1,16,8192 --shape 1,4,16384 \
+    --only "until 2026-11-28" --section-out "$OUT/masked_long.md" > "$OUT/masked_long.log" 2>&1 || status=1
+  timeout 150 python3 benchmarks/library.py --rounds 3 --only 8192 --section-out "$OUT/library_8192.md" \
+    > "$OUT/library_8192.log" 2>&1 || status=1
+  timeout 120 python3 benchmarks/past_int32.py --rounds 3 --section-out "$OUT/past_int32.md" > "$OUT/past_int32.log" 2>&1 || status=1
 fi
 echo "gpu suite exit status: $status"
 exit $status

@@ -732,12 +732,13 @@ def _small_blocks(spec: KernelSpec, element_size: int, blocks: int, packs: int |
 
 def _grids(spec: KernelSpec, blocks_short_32bit: int = 16, blocks_short: int = 32, blocks_f32: int | None = None,
            fetch_first: tuple[str, ...] = (), blocks_narrow: int | None = None,
-           narrow: Collection[str] = tuple(NARROW_GRIDS), steps: dict[str, int] | None = None
-           ) -> dict[str, KernelSpec]:
+           narrow: Collection[str] = tuple(NARROW_GRIDS), steps: dict[str, int] | None = None,
+           blocks_half: int | None = None) -> dict[str, KernelSpec]:
     """The grids a softmax kernel runs in, by the suffix of their private ops' names.
 
-    ``""``: ``spec``'s own, a 256-thread block per 16384 elements (TensorRT plugins carry it; a
-    16-bit block's register-full). ``"_32bit"``: a block per 8192, a float32 block's register-full,
+    ``""``: ``spec``'s geometry, a 256-thread block per 16384 elements (TensorRT plugins carry
+    ``spec``; a 16-bit block's register-full), ``blocks_half`` of them an SM for 16-bit rows (default:
+    the source's). ``"_32bit"``: a block per 8192, a float32 block's register-full,
     ``blocks_f32`` of them an SM (default: the source's), for float32 rows that fit (longer ones keep
     ``spec``'s grid, one block a row up to 16384 elements rather than blocks left without a row).
     ``"_short_32bit"`` and ``"_short"``: the small blocks (``SHORT_BLOCKS``) for float32 and 16-bit
@@ -750,7 +751,8 @@ def _grids(spec: KernelSpec, blocks_short_32bit: int = 16, blocks_short: int = 3
     never picks it then). ``steps``: register-fulls a block of those grids takes, one after another, by
     suffix (default 1)."""
     blocks = f"#define FXK_ROW_BLOCKS_F32 {blocks_f32}\n" if blocks_f32 else ""
-    grids = {"": spec, "_32bit": dataclasses.replace(spec, geometry=Custom(row_geometry_8k),
+    long_half = f"#define FXK_ROW_BLOCKS_HALF {blocks_half}\n" if blocks_half else ""
+    grids = {"": dataclasses.replace(spec, kernel_source=long_half + spec.kernel_source), "_32bit": dataclasses.replace(spec, geometry=Custom(row_geometry_8k),
                                                      kernel_source=blocks + spec.kernel_source),
              "_short_32bit": _small_blocks(spec, 4, blocks_short_32bit)}
     built = [suffix for suffix in NARROW_GRIDS if suffix in narrow] if blocks_narrow else []
@@ -788,9 +790,19 @@ def _grids(spec: KernelSpec, blocks_short_32bit: int = 16, blocks_short: int = 3
 MASKED_TUNING = {"blocks_short_32bit": 12, "blocks_short": 16, "blocks_f32": 2,
                  "fetch_first": ("_short", *NARROW_GRIDS, "_short_32bit"), "blocks_narrow": 28,
                  "steps": {"_4packs_2048": 2}}
+# Rows past 2048 keys (the 256-thread grids) fetched first too, 16-bit ones at 2 blocks an SM (128
+# registers a thread, where made as loads arrived they had 64). H200, 2026-11-28, GB/s float32 /
+# bfloat16 against the grids before (benchmarks/masked_tuning.py --shape ..., "masked_long" in
+# docs/benchmarks.md): 2x16x4096x4096 3666 / 3113 against 2712 / 2903; 1x16x8192x8192 (the pieces
+# fxkern.split cuts a 1x32x8192x8192 call into) 3550 / 3089 against 2664 / 2885 (inductor 2942 / 1938);
+# 1x4x16384x16384 bfloat16 3272 against 2968 (float32 rows that long are read twice: level). The sink
+# kernel takes it too (the same rows, one logit more). The soft-capped one keeps its own: its 16-bit
+# rows fetched first ran 2580 against 2816 at 8192 keys (softcap_tuning.py).
+MASKED_LONG_TUNING = {**MASKED_TUNING, "fetch_first": (*MASKED_TUNING["fetch_first"], "", "_32bit"),
+                      "blocks_half": 2}
 
 
-SOFTMAX_GRIDS, SCALED_MASKED_GRIDS = _grids(SOFTMAX), _grids(SCALED_MASKED_SOFTMAX, **MASKED_TUNING)
+SOFTMAX_GRIDS, SCALED_MASKED_GRIDS = _grids(SOFTMAX), _grids(SCALED_MASKED_SOFTMAX, **MASKED_LONG_TUNING)
 # The soft-capped kernel's: float32 rows of up to 8192 fetched before their values are made too, since
 # tanhf's branches otherwise kept a thread's loads apart, and float32 small blocks 16 an SM, where
 # they keep 32 bytes in local memory and are still the fastest (benchmarks/softcap_tuning.py: float32
@@ -798,7 +810,7 @@ SOFTMAX_GRIDS, SCALED_MASKED_GRIDS = _grids(SOFTMAX), _grids(SCALED_MASKED_SOFTM
 SOFTCAP_TUNING = {**MASKED_TUNING, "blocks_short_32bit": 16,
                   "fetch_first": ("_short", *NARROW_GRIDS, "_32bit", "_short_32bit")}
 SOFTCAPPED_MASKED_GRIDS = _grids(SOFTCAPPED_MASKED_SOFTMAX, **SOFTCAP_TUNING)
-SINK_MASKED_GRIDS = _grids(SINK_MASKED_SOFTMAX, **MASKED_TUNING)
+SINK_MASKED_GRIDS = _grids(SINK_MASKED_SOFTMAX, **MASKED_LONG_TUNING)
 SOFTMAX_32BIT, SOFTMAX_SHORT_32BIT, SOFTMAX_SHORT = (SOFTMAX_GRIDS[k] for k in ("_32bit", "_short_32bit", "_short"))
 ROWS, ROWS_32BIT = f"{NAMESPACE}::_softmax_rows", f"{NAMESPACE}::_softmax_rows_32bit"
 ROWS_SHORT, ROWS_SHORT_32BIT = f"{NAMESPACE}::_softmax_rows_short", f"{NAMESPACE}::_softmax_rows_short_32bit"
