@@ -1068,11 +1068,11 @@ def test_masked_softmax_op_checks_its_shapes_and_reads_expanded_masks_in_place(r
     assert "_short_4packs" not in sm.SOFTMAX_GRIDS
 
 
-def test_masked_softmaxes_fetch_long_rows_first_and_the_soft_capped_one_keeps_its_grid():
+def test_masked_softmax_fetches_long_rows_first_and_the_others_keep_their_grids():
     """The scaled, masked kernel's rows past 2048 keys (the "" and "_32bit" grids, 8192 keys in the
     pieces fxkern.split cuts) fetch a row's scores and mask before making their values, 16-bit ones at 2
-    blocks an SM, and so do the sink kernel's; the soft-capped kernel's "" grid stays its spec's own
-    source, and every "" grid keeps its spec's geometry, which TensorRT plugins carry."""
+    blocks an SM; the soft-capped and sink kernels' "" grids stay their specs' own source (the ones
+    timed), and every "" grid keeps its spec's geometry, which TensorRT plugins carry."""
     from fxkern.library import softmax as sm
 
     def prefix(grid, spec):
@@ -1080,10 +1080,13 @@ def test_masked_softmaxes_fetch_long_rows_first_and_the_soft_capped_one_keeps_it
         return set(grid.kernel_source[:len(grid.kernel_source) - len(spec.kernel_source)].splitlines())
 
     masked = sm.SCALED_MASKED_GRIDS
-    for grids, spec in ((masked, sm.SCALED_MASKED_SOFTMAX), (sm.SINK_MASKED_GRIDS, sm.SINK_MASKED_SOFTMAX)):
-        assert prefix(grids[""], spec) == {"#define FXK_MASK_FETCH_FIRST 1", "#define FXK_ROW_BLOCKS_HALF 2"}
-        assert prefix(grids["_32bit"], spec) == {"#define FXK_MASK_FETCH_FIRST 1", "#define FXK_ROW_BLOCKS_F32 2"}
+    assert prefix(masked[""], sm.SCALED_MASKED_SOFTMAX) == {"#define FXK_MASK_FETCH_FIRST 1",
+                                                           "#define FXK_ROW_BLOCKS_HALF 2"}
+    assert prefix(masked["_32bit"], sm.SCALED_MASKED_SOFTMAX) == {"#define FXK_MASK_FETCH_FIRST 1",
+                                                                 "#define FXK_ROW_BLOCKS_F32 2"}
     assert prefix(sm.SOFTCAPPED_MASKED_GRIDS[""], sm.SOFTCAPPED_MASKED_SOFTMAX) == set()
+    assert prefix(sm.SINK_MASKED_GRIDS[""], sm.SINK_MASKED_SOFTMAX) == set()
+    assert prefix(sm.SINK_MASKED_GRIDS["_32bit"], sm.SINK_MASKED_SOFTMAX) == {"#define FXK_ROW_BLOCKS_F32 2"}
     for grids, spec in ((masked, sm.SCALED_MASKED_SOFTMAX), (sm.SOFTCAPPED_MASKED_GRIDS, sm.SOFTCAPPED_MASKED_SOFTMAX),
                         (sm.SINK_MASKED_GRIDS, sm.SINK_MASKED_SOFTMAX), (sm.SOFTMAX_GRIDS, sm.SOFTMAX)):
         assert grids[""].geometry == spec.geometry and grids[""].kernel_name == spec.kernel_name
