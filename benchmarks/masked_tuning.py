@@ -31,17 +31,16 @@ DTYPES = (torch.float32, torch.bfloat16)
 NARROW = ("_short_4packs", "_4packs_2048", "_4packs_2048_32bit")
 
 
-def softmax_tuning(key: str):
-    """softmax.MASKED_TUNING's ``key``: the tuning before long rows were fetched first."""
+def _variant(edits=(), long_rows=True, **tuning) -> dict:
+    """The shipped grids with ``tuning``'s changes and ``edits`` to the source. ``long_rows``: rows past
+    2048 keys as shipped (softmax.MASKED_LONG_TUNING, whatever ``fetch_first`` says of the shorter rows'
+    grids), else as before 2026-11-28 (softmax.MASKED_TUNING: no LONG grid, nothing past 2048 fetched first)."""
     from fxkern.library import softmax
 
-    return softmax.MASKED_TUNING[key]
-
-
-def _variant(edits=(), **tuning) -> dict:
-    from fxkern.library import softmax
-
-    return {"tuning": {**softmax.MASKED_LONG_TUNING, **tuning}, "edits": edits}
+    tuning = {**(softmax.MASKED_LONG_TUNING if long_rows else softmax.MASKED_TUNING), **tuning}
+    if long_rows:
+        tuning["fetch_first"] = (*tuning["fetch_first"], *softmax.LONG_FETCH_FIRST)
+    return {"tuning": tuning, "edits": edits}
 
 
 # Loads with cache eviction hints, as rmsnorm's two-read kernel makes them: the scores streamed
@@ -463,8 +462,7 @@ LONG_VARIANTS = {
 
 VARIANTS: dict[str, dict] = {
     "shipped": _variant(),
-    "long rows made as loads arrive, 16-bit ones 4 an SM (shipped until 2026-11-28)": _variant(
-        fetch_first=softmax_tuning("fetch_first"), blocks_half=None),
+    "long rows made as loads arrive, 16-bit ones 4 an SM (shipped until 2026-11-28)": _variant(long_rows=False),
     "the softmax's grids, values made as loads arrive (shipped before 2026-11-25)": _variant(
         blocks_short_32bit=16, blocks_short=32, blocks_f32=None, fetch_first=()),
     "16-bit values made as loads arrive": _variant(fetch_first=()),
@@ -636,7 +634,7 @@ def variant_op(label: str, v: dict, index: int, base=None, prefix: str = "masked
     grids = softmax._grids(base, **v["tuning"])
     names = {suffix: f"fxkern_tune::{prefix}_{index}{suffix}" for suffix in grids}
     ops = {suffix: variant_kernel_op(names[suffix], spec, base) for suffix, spec in grids.items()}
-    narrow = tuple(suffix for suffix in ops if suffix in softmax.NARROW_GRIDS)
+    narrow = softmax._extra_grids(ops)
     return lambda x, mask, *scalars: ops[softmax._grid(x, mask, narrow=narrow)](x, mask, *scalars), names
 
 

@@ -1030,7 +1030,8 @@ def test_masked_softmax_op_checks_its_shapes_and_reads_expanded_masks_in_place(r
     assert sm._grid(torch.zeros(2 * 2048 + 1)[1:].view(1, 1, 2, 2048), narrow=every) == "_32bit"  # misaligned
     assert sm._grid(half) == "_short" and sm.grid_for(half) == sm.ROWS + "_short"
     # the 4-pack grids hold every 16-bit row the one-warp 8-pack blocks took, so the masked ops leave those out
-    assert set(sm.SCALED_MASKED_GRIDS) == set(sm.SOFTCAPPED_MASKED_GRIDS) == {"", "_32bit", "_short_32bit", *every}
+    assert set(sm.SOFTCAPPED_MASKED_GRIDS) == {"", "_32bit", "_short_32bit", *every}
+    assert set(sm.SCALED_MASKED_GRIDS) == {"", "_32bit", "_short_32bit", sm.LONG, *every}
     assert "_short" in sm._grids(sm.SCALED_MASKED_SOFTMAX, blocks_narrow=28, narrow=("_short_4packs",))
     assert "_short" in sm._grids(sm.SCALED_MASKED_SOFTMAX) and "_short_4packs" not in sm._grids(sm.SCALED_MASKED_SOFTMAX)
     with pytest.raises(ValueError, match="multiple of 4"):
@@ -1069,10 +1070,11 @@ def test_masked_softmax_op_checks_its_shapes_and_reads_expanded_masks_in_place(r
 
 
 def test_masked_softmax_fetches_long_rows_first_and_the_others_keep_their_grids():
-    """The scaled, masked kernel's rows past 2048 keys (the "" and "_32bit" grids, 8192 keys in the
-    pieces fxkern.split cuts) fetch a row's scores and mask before making their values, 16-bit ones at 2
-    blocks an SM; the soft-capped and sink kernels' "" grids stay their specs' own source (the ones
-    timed), and every "" grid keeps its spec's geometry, which TensorRT plugins carry."""
+    """The scaled, masked kernel's rows past 2048 keys (8192 keys in the pieces fxkern.split cuts)
+    fetch a row's scores and mask before making their values: 16-bit ones in whole packs in their own
+    grid (LONG) at 2 blocks an SM, float32 ones in "_32bit". 16-bit rows not in whole packs (an odd
+    length) keep the "" grid, the spec's own (TensorRT plugins carry it), as do the soft-capped and
+    sink kernels; those ops never pick LONG."""
     from fxkern.library import softmax as sm
 
     def prefix(grid, spec):
@@ -1080,21 +1082,33 @@ def test_masked_softmax_fetches_long_rows_first_and_the_others_keep_their_grids(
         return set(grid.kernel_source[:len(grid.kernel_source) - len(spec.kernel_source)].splitlines())
 
     masked = sm.SCALED_MASKED_GRIDS
-    assert prefix(masked[""], sm.SCALED_MASKED_SOFTMAX) == {"#define FXK_MASK_FETCH_FIRST 1",
-                                                           "#define FXK_ROW_BLOCKS_HALF 2"}
+    assert prefix(masked[sm.LONG], sm.SCALED_MASKED_SOFTMAX) == {"#define FXK_MASK_FETCH_FIRST 1",
+                                                                "#define FXK_ROW_BLOCKS_HALF 2"}
+    assert masked[sm.LONG].geometry == sm.SCALED_MASKED_SOFTMAX.geometry
     assert prefix(masked["_32bit"], sm.SCALED_MASKED_SOFTMAX) == {"#define FXK_MASK_FETCH_FIRST 1",
                                                                  "#define FXK_ROW_BLOCKS_F32 2"}
-    assert prefix(sm.SOFTCAPPED_MASKED_GRIDS[""], sm.SOFTCAPPED_MASKED_SOFTMAX) == set()
-    assert prefix(sm.SINK_MASKED_GRIDS[""], sm.SINK_MASKED_SOFTMAX) == set()
-    assert prefix(sm.SINK_MASKED_GRIDS["_32bit"], sm.SINK_MASKED_SOFTMAX) == {"#define FXK_ROW_BLOCKS_F32 2"}
     for grids, spec in ((masked, sm.SCALED_MASKED_SOFTMAX), (sm.SOFTCAPPED_MASKED_GRIDS, sm.SOFTCAPPED_MASKED_SOFTMAX),
                         (sm.SINK_MASKED_GRIDS, sm.SINK_MASKED_SOFTMAX), (sm.SOFTMAX_GRIDS, sm.SOFTMAX)):
-        assert grids[""].geometry == spec.geometry and grids[""].kernel_name == spec.kernel_name
-    # the 8192-key pieces take those grids: 16-bit rows the "" one, float32 ones "_32bit"
-    narrow = tuple(sm.NARROW_GRIDS)
-    scores, mask = torch.zeros(1, 2, 3, 8192, dtype=torch.bfloat16), torch.zeros(1, 1, 3, 8192, dtype=torch.bfloat16)
-    assert sm._grid(scores, mask, narrow=narrow) == ""
-    assert sm._grid(scores.float(), mask.float(), narrow=narrow) == "_32bit"
+        assert grids[""] is spec
+    assert sm.LONG not in sm.SOFTCAPPED_MASKED_GRIDS and sm.LONG not in sm.SINK_MASKED_GRIDS
+    assert prefix(sm.SINK_MASKED_GRIDS["_32bit"], sm.SINK_MASKED_SOFTMAX) == {"#define FXK_ROW_BLOCKS_F32 2"}
+
+    extra = sm._extra_grids(masked)
+    assert set(extra) == {*sm.NARROW_GRIDS, sm.LONG} and sm.LONG not in sm._extra_grids(sm.SOFTCAPPED_MASKED_GRIDS)
+    bf16 = dict(dtype=torch.bfloat16)
+    for d, want in ((8192, sm.LONG), (2056, sm.LONG), (16384, sm.LONG), (40000, sm.LONG), (2048, "_4packs_2048"),
+                    (8190, ""), (2049, "")):  # not whole packs: ""
+        assert sm._grid(torch.zeros(1, 2, 3, d, **bf16), torch.zeros(1, 1, 3, d, **bf16), narrow=extra) == want, d
+    misaligned = torch.zeros(3 * 8192 + 1, **bf16)[1:].view(1, 1, 3, 8192)
+    assert sm._grid(torch.zeros(1, 2, 3, 8192, **bf16), misaligned, narrow=extra) == ""
+    assert sm._grid(torch.zeros(1, 2, 3, 8192, **bf16), narrow=tuple(sm.NARROW_GRIDS)) == ""  # an op without it
+    assert sm._grid(torch.zeros(1, 2, 3, 8192), torch.zeros(1, 1, 3, 8192), narrow=extra) == "_32bit"
+    # the op's CUDA path hands a long 16-bit row to LONG, an odd one to ""
+    picked = []
+    on_cuda = sm._masked_on_cuda({s: (lambda s: lambda *a: picked.append(s))(s) for s in masked}, "op")
+    for d in (8192, 8191):
+        on_cuda(torch.zeros(1, 2, 3, d, **bf16), torch.zeros(1, 1, 3, d, **bf16), 0.5)
+    assert picked == [sm.LONG, ""]
 
 
 

@@ -708,6 +708,7 @@ SHORT_ROWS = {size: threads * packs * 16 // size for size, (threads, packs) in S
 # - "_4packs_2048_32bit": float32 at 2048 keys, masked 3419 against 3305 (+3.4%, +3.6% in a first run;
 #   on an H100 0.4% slower), soft-capped 2809 against 2621 (8-16 bytes spilled; 6 an SM, no spill, 2682).
 NARROW_PACKS = 4
+LONG = "_long"  # the masked kernel's 16-bit rows past those, in whole packs (_grids' blocks_long)
 NARROW_GRIDS = {"_short_4packs": (2, 1024, 32), "_4packs_2048": (2, 2048, 64), "_4packs_2048_32bit": (4, 2048, 128)}
 _SMALL_ROWS = max(*SHORT_ROWS.values(), *(longest for _, longest, _ in NARROW_GRIDS.values()))
 
@@ -733,12 +734,13 @@ def _small_blocks(spec: KernelSpec, element_size: int, blocks: int, packs: int |
 def _grids(spec: KernelSpec, blocks_short_32bit: int = 16, blocks_short: int = 32, blocks_f32: int | None = None,
            fetch_first: tuple[str, ...] = (), blocks_narrow: int | None = None,
            narrow: Collection[str] = tuple(NARROW_GRIDS), steps: dict[str, int] | None = None,
-           blocks_half: int | None = None) -> dict[str, KernelSpec]:
+           blocks_long: int | None = None) -> dict[str, KernelSpec]:
     """The grids a softmax kernel runs in, by the suffix of their private ops' names.
 
-    ``""``: ``spec``'s geometry, a 256-thread block per 16384 elements (TensorRT plugins carry
-    ``spec``; a 16-bit block's register-full), ``blocks_half`` of them an SM for 16-bit rows (default:
-    the source's). ``"_32bit"``: a block per 8192, a float32 block's register-full,
+    ``""``: ``spec``'s own, a 256-thread block per 16384 elements (TensorRT plugins carry it; a
+    16-bit block's register-full). ``blocks_long``: adds ``LONG``, that grid at ``blocks_long`` blocks
+    an SM, for 16-bit rows past the small grids' in whole, aligned packs (``_grid``; rows that are
+    not, such as prompts of an odd length, keep ``""``). ``"_32bit"``: a block per 8192, a float32 block's register-full,
     ``blocks_f32`` of them an SM (default: the source's), for float32 rows that fit (longer ones keep
     ``spec``'s grid, one block a row up to 16384 elements rather than blocks left without a row).
     ``"_short_32bit"`` and ``"_short"``: the small blocks (``SHORT_BLOCKS``) for float32 and 16-bit
@@ -751,10 +753,12 @@ def _grids(spec: KernelSpec, blocks_short_32bit: int = 16, blocks_short: int = 3
     never picks it then). ``steps``: register-fulls a block of those grids takes, one after another, by
     suffix (default 1)."""
     blocks = f"#define FXK_ROW_BLOCKS_F32 {blocks_f32}\n" if blocks_f32 else ""
-    long_half = f"#define FXK_ROW_BLOCKS_HALF {blocks_half}\n" if blocks_half else ""
-    grids = {"": dataclasses.replace(spec, kernel_source=long_half + spec.kernel_source), "_32bit": dataclasses.replace(spec, geometry=Custom(row_geometry_8k),
+    grids = {"": spec, "_32bit": dataclasses.replace(spec, geometry=Custom(row_geometry_8k),
                                                      kernel_source=blocks + spec.kernel_source),
              "_short_32bit": _small_blocks(spec, 4, blocks_short_32bit)}
+    if blocks_long:
+        grids[LONG] = dataclasses.replace(spec, kernel_source=f"#define FXK_ROW_BLOCKS_HALF {blocks_long}\n"
+                                          + spec.kernel_source)
     built = [suffix for suffix in NARROW_GRIDS if suffix in narrow] if blocks_narrow else []
     if max((NARROW_GRIDS[s][1] for s in built if NARROW_GRIDS[s][0] == 2), default=0) < SHORT_ROWS[2]:
         grids["_short"] = _small_blocks(spec, 2, blocks_short)
@@ -790,17 +794,21 @@ def _grids(spec: KernelSpec, blocks_short_32bit: int = 16, blocks_short: int = 3
 MASKED_TUNING = {"blocks_short_32bit": 12, "blocks_short": 16, "blocks_f32": 2,
                  "fetch_first": ("_short", *NARROW_GRIDS, "_short_32bit"), "blocks_narrow": 28,
                  "steps": {"_4packs_2048": 2}}
-# Rows past 2048 keys (the 256-thread grids) fetched first too, 16-bit ones at 2 blocks an SM (128
-# registers a thread, where made as loads arrived they had 64). H200, 2026-11-28, GB/s float32 /
-# bfloat16 against the grids before (benchmarks/masked_tuning.py --shape ..., "masked_long" in
-# docs/benchmarks.md): 2x16x4096x4096 3666 / 3113 against 2712 / 2903; 1x16x8192x8192 (the pieces
+# Rows past 2048 keys fetched first too: 16-bit ones in whole packs in LONG, at 2 blocks an SM (128
+# registers a thread and 40 bytes of local memory, where "" made values as loads arrived in 62-64 and
+# none), float32 ones in "_32bit" (96 registers, against 71, at the 2 blocks an SM it had; its float32
+# rows not in whole packs, which it also takes, fetch first too). 16-bit rows not in whole packs (a
+# prompt of odd length) keep "" at 4 blocks an SM: 2 was not timed there. H200, 2026-11-28, GB/s float32 /
+# bfloat16 against the grids before (benchmarks/masked_tuning.py --shape ..., section
+# masked_tuning_2x16x4096_1x16x8192_1x4x16384 of docs/benchmarks.md): 2x16x4096x4096 3666 / 3113 against 2712 / 2903; 1x16x8192x8192 (the pieces
 # fxkern.split cuts a 1x32x8192x8192 call into) 3550 / 3089 against 2664 / 2885 (inductor 2942 / 1938);
 # 1x4x16384x16384 bfloat16 3272 against 2968 (float32 rows that long are read twice: level). The sink
 # kernel keeps MASKED_TUNING: its long rows were timed only on it (1x16x8192x8192, 2780 / 2852 GB/s,
 # benchmarks/library.py), not fetched first. The soft-capped one keeps its own: its 16-bit rows fetched
 # first ran 2580 against 2816 at 8192 keys (softcap_tuning.py).
-MASKED_LONG_TUNING = {**MASKED_TUNING, "fetch_first": (*MASKED_TUNING["fetch_first"], "", "_32bit"),
-                      "blocks_half": 2}
+LONG_FETCH_FIRST = (LONG, "_32bit")
+MASKED_LONG_TUNING = {**MASKED_TUNING, "fetch_first": (*MASKED_TUNING["fetch_first"], *LONG_FETCH_FIRST),
+                      "blocks_long": 2}
 
 
 SOFTMAX_GRIDS, SCALED_MASKED_GRIDS = _grids(SOFTMAX), _grids(SCALED_MASKED_SOFTMAX, **MASKED_LONG_TUNING)
@@ -823,9 +831,10 @@ SINK_ROWS = f"{NAMESPACE}::_sink_masked_softmax_rows"
 def _grid(x: torch.Tensor, *others: torch.Tensor, narrow: Collection[str] = ()) -> str:
     """The suffix of the grid a call on ``x`` runs in (``_grids``), for rows in whole, aligned 16-byte
     packs (``others``, read alongside ``x``, aligned too): float32 rows of up to 1024 elements, the
-    small blocks; then the first of ``NARROW_GRIDS`` in ``narrow`` (the ones the op has) that holds
-    the row; 16-bit rows of up to 2048, the small blocks. Else the 8192-element grid for float32 rows
-    of up to 8192 elements, and 16384 for the rest."""
+    small blocks; then the first of ``NARROW_GRIDS`` in ``narrow`` (the extra grids the op has,
+    ``_extra_grids``) that holds the row; 16-bit rows of up to 2048, the small blocks; longer 16-bit
+    ones ``LONG`` where ``narrow`` has it. Else the 8192-element grid for float32 rows of up to 8192
+    elements, and 16384 for the rest."""
     if x.dim() == 0 or not x.dtype.is_floating_point:
         return ""  # the op's own checks refuse these
     d, size = x.shape[-1], x.element_size()
@@ -839,7 +848,15 @@ def _grid(x: torch.Tensor, *others: torch.Tensor, narrow: Collection[str] = ()) 
                 return suffix
     if whole and d <= SHORT_ROWS.get(size, 0):
         return "_short"
+    if (LONG in narrow and size == 2 and d > _SMALL_ROWS and d % 8 == 0 and aligned_at_launch(x)
+            and all(aligned_at_launch(t) for t in others)):
+        return LONG
     return "_32bit" if size == 4 and d <= 8192 else ""
+
+
+def _extra_grids(suffixes: Collection[str]) -> tuple[str, ...]:
+    """Of an op's grids (``suffixes``), those ``_grid`` picks only when told the op has them."""
+    return tuple(suffix for suffix in suffixes if suffix in NARROW_GRIDS or suffix == LONG)
 
 
 def grid_for(x: torch.Tensor) -> str:
@@ -901,7 +918,7 @@ def _masked_on_cuda(impls, op: str):
     """A masked op's CUDA implementation: the shapes checked (``op`` names it in the errors), the mask
     compacted, the grid picked per call (``_grid``)."""
 
-    narrow = tuple(suffix for suffix in impls if suffix in NARROW_GRIDS)
+    narrow = _extra_grids(impls)
 
     def on_cuda(x, mask, *scalars):
         _check_masked(x, mask, op)  # before _compact narrows a stride-0 axis that would not broadcast
