@@ -145,6 +145,9 @@ def cases():
          softmax.scaled_masked_softmax_float32, lambda dt: attention(8, 32, 512, dt)),
         ("HF attention scaled masked softmax, 2x16x2048x2048", "scaled_masked_softmax_float32",
          softmax.scaled_masked_softmax_float32, lambda dt: attention(2, 16, 2048, dt)),
+        # a prompt of odd length: its rows are not whole 16-byte packs, so they take the kernels' scalar path
+        ("HF attention scaled masked softmax, 4x32x1001x1001 (odd length)", "scaled_masked_softmax_float32",
+         softmax.scaled_masked_softmax_float32, lambda dt: attention(4, 32, 1001, dt)),
         # a long context: 8192 keys a row (half of Llama's 32 heads at batch 1: the whole is 2^31 elements, the
         # call fxkern.split cuts in two of these)
         ("HF attention scaled masked softmax, 1x16x8192x8192", "scaled_masked_softmax_float32",
