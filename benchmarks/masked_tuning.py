@@ -452,12 +452,25 @@ LONG_VARIANTS = {
     "16-bit long rows fetched first, 2 blocks an SM": small_packs(8, 2, threads=256, longer_than=2048, grids=("",)),
     "16-bit long rows fetched first, 3 blocks an SM": small_packs(8, 3, threads=256, longer_than=2048, grids=("",)),
 }
+
 # 2026-11-28 10:35 UTC, H200, 1x16x8192x8192, GB/s float32 / bfloat16: the grids then shipped 2664 / 2892
 # (inductor 2913 / 1921); float32 long rows fetched first 3589 (312 B local), at 4 an SM 2924; 16-bit rows
 # of 8192 in 256-thread blocks of 4 packs 2598 at 4 an SM, 2858 at 5, 2674 two rows a block, 2926 fetched
 # first (40 B local), 512-thread blocks 2015 (spilling); 8 packs at 3 an SM 2876, fetched first at 2 an SM
 # 3099. The two fetched-first ones shipped at 11:00 UTC (softmax.MASKED_LONG_TUNING).
 # softcap_tuning.py, the same run: shipped 2268 / 2816, none faster (fetched first at 2 an SM 2580).
+
+# Rows not in whole 16-byte packs (a prompt of odd length: --shape 4,32,1001 --shape 1,32,4001) take the
+# kernel's scalar path, FXK_ROW_SCALARS elements a thread: 4, so a 256-thread block holds rows of up to
+# 1024 and longer ones are read twice (online max and sum, then the write). These hold more a thread.
+def _scalars(n: int) -> tuple:
+    return (("#ifndef FXK_ROW_SCALARS", f"#define FXK_ROW_SCALARS {n}\n#ifndef FXK_ROW_SCALARS"),)
+
+
+ODD_VARIANTS = {
+    "rows not in whole packs: 8 scalars a thread": _variant(edits=_scalars(8)),
+    "rows not in whole packs: 16 scalars a thread": _variant(edits=_scalars(16)),
+}
 
 
 VARIANTS: dict[str, dict] = {
@@ -595,6 +608,7 @@ VARIANTS: dict[str, dict] = {
     "staged through shared memory, 2 stages, 2 warps a block": staged(stages=2, threads=64),
     **BULK_VARIANTS,
     **LONG_VARIANTS,
+    **ODD_VARIANTS,
     # diagnostics, not candidates: what eager's second rounding and finding the mask row cost
     "(one rounding: x * scale + mask in float32)": _variant(edits=(
         ("        to_floats(from_floats<T, V>(f), f);  // rounded to T, as eager's multiplication stores it\n", ""),)),

@@ -2,7 +2,7 @@
 # The whole GPU suite in one device call: tests (CPU and GPU), the examples on CUDA,
 # and the benchmarks. Run from the repository root on the GPU machine:
 #   bash tools/gpu_suite.sh            (results under $OUT, or ./gpu-out without it)
-#   FXKERN_SUITE="tests" bash tools/gpu_suite.sh    (only some parts: tests examples demo bench multi long-rows;
+#   FXKERN_SUITE="tests" bash tools/gpu_suite.sh    (only some parts: tests examples demo bench multi long-rows odd-rows;
 #                                                    tests-gpu and tests-rest split the tests in two calls;
 #                                                    three with tests-models and FXKERN_SPLIT_MODELS=1 on tests-rest)
 # "multi" needs two GPUs (the nvidia-h200-x2 kind): torchrun over the demo's rewritten model.
@@ -82,6 +82,14 @@ if [[ $parts == *long-rows* ]]; then
   timeout 150 python3 benchmarks/library.py --rounds 3 --only 8192 --section-out "$OUT/library_8192.md" \
     > "$OUT/library_8192.log" 2>&1 || status=1
   timeout 120 python3 benchmarks/past_int32.py --rounds 3 --section-out "$OUT/past_int32.md" > "$OUT/past_int32.log" 2>&1 || status=1
+fi
+if [[ $parts == *odd-rows* ]]; then
+  # attention rows of an odd length (not whole 16-byte packs: the kernels' scalar path), never timed
+  # before 2026-11-28: more scalars a thread against the shipped 4, and the library's odd-length row
+  timeout 200 python3 benchmarks/masked_tuning.py --rounds 2 --shape 4,32,1001 --shape 1,32,4001 \
+    --only "rows not in whole packs" --section-out "$OUT/masked_odd.md" > "$OUT/masked_odd.log" 2>&1 || status=1
+  timeout 150 python3 benchmarks/library.py --rounds 3 --only "odd length" --section-out "$OUT/library_odd.md" \
+    > "$OUT/library_odd.log" 2>&1 || status=1
 fi
 echo "gpu suite exit status: $status"
 exit $status
