@@ -37,10 +37,10 @@ def _variant(edits=(), long_rows=True, **tuning) -> dict:
     grids), else as before 2026-11-28 (softmax.MASKED_TUNING: no LONG grid, nothing past 2048 fetched first)."""
     from fxkern.library import softmax
 
-    tuning = {**(softmax.MASKED_LONG_TUNING if long_rows else softmax.MASKED_TUNING), **tuning}
-    if long_rows:
-        tuning["fetch_first"] = (*tuning["fetch_first"], *softmax.LONG_FETCH_FIRST)
-    return {"tuning": tuning, "edits": edits}
+    merged = {**(softmax.MASKED_LONG_TUNING if long_rows else softmax.MASKED_TUNING), **tuning}
+    if long_rows and "fetch_first" in tuning:  # a change to the shorter rows' grids keeps the long ones'
+        merged["fetch_first"] = (*tuning["fetch_first"], *softmax.LONG_FETCH_FIRST)
+    return {"tuning": merged, "edits": edits}
 
 
 # Loads with cache eviction hints, as rmsnorm's two-read kernel makes them: the scores streamed
