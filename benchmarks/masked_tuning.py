@@ -460,16 +460,27 @@ LONG_VARIANTS = {
 # 3099. The two fetched-first ones shipped at 11:00 UTC (softmax.MASKED_LONG_TUNING).
 # softcap_tuning.py, the same run: shipped 2268 / 2816, none faster (fetched first at 2 an SM 2580).
 
-# Rows not in whole 16-byte packs (a prompt of odd length: --shape 4,32,1001 --shape 1,32,4001) take the
-# kernel's scalar path, FXK_ROW_SCALARS elements a thread: 4, so a 256-thread block holds rows of up to
-# 1024 and longer ones are read twice (online max and sum, then the write). These hold more a thread.
+# Rows not in whole 16-byte packs (a prompt of odd length: --shape 4,32,1001 --shape 1,32,4001) took the
+# kernel's scalar path until 2026-11-28, FXK_ROW_SCALARS elements a thread: 4, so a 256-thread block held
+# rows of up to 1024 and longer ones were read twice (online max and sum, then the write). H200,
+# 2026-11-28 13:21 UTC, GB/s 4x32x1001x1001 float32 / bfloat16, 1x32x4001x4001 float32 / bfloat16: the
+# scalar path 1015 / 639, 1248 / 1057; 8 scalars a thread 1615 / 778, 1247 / 1061; 16 scalars 2139 / 804,
+# 2060 / 856; inductor 2191 / 1128, 2068 / 1017. Since then they run the EDGES kernels (softmax.EDGES: the
+# row read in the aligned packs around it).
 def _scalars(n: int) -> tuple:
     return (("#ifndef FXK_ROW_SCALARS", f"#define FXK_ROW_SCALARS {n}\n#ifndef FXK_ROW_SCALARS"),)
 
 
+# The EDGES kernels' first version, H200, 2026-11-28 14:02-14:20 UTC, GB/s as above: 3437 / 1267, 2487 / 1002.
+# Diagnostics (wrong answers, for their cost): the mask read as one pack, unshifted, 3575 / 1262, 3169 / 1009;
+# no -inf past a row's ends 3526 / 1234, 3079 / 1005; every pack stored whole 3312 / 1778, 2547 / 1682. nvcc
+# had merged the whole pack's store with the edge elements' into 2- and 4-byte stores: store_row now
+# writes it with one st.global.v4.
 ODD_VARIANTS = {
-    "rows not in whole packs: 8 scalars a thread": _variant(edits=_scalars(8)),
-    "rows not in whole packs: 16 scalars a thread": _variant(edits=_scalars(16)),
+    "rows not in whole packs: the scalar path, 4 scalars a thread (shipped until 2026-11-28)": _variant(edges=False),
+    "rows not in whole packs: the scalar path, 16 scalars a thread": _variant(edges=False, edits=_scalars(16)),
+    "rows not in whole packs: 16-bit values made as loads arrive": _variant(fetch_first=("_short_32bit",
+                                                                                 "_4packs_2048_32bit")),
 }
 
 

@@ -410,12 +410,14 @@ def test_softmax_picks_its_grid_by_row_length_dtype_and_alignment(rules):
     for dtype in (torch.bfloat16, torch.float16):
         assert grid_for(torch.randn(3, 2048, dtype=dtype)) == sm.ROWS_SHORT == grid_for(torch.randn(3, 8, dtype=dtype))
         assert grid_for(torch.randn(3, 2056, dtype=dtype)) == coarse  # a 16-bit block holds 16384 elements
-        assert grid_for(torch.randn(3, 1020, dtype=dtype)) == coarse  # not whole packs: the scalar path
+        # not whole packs: the grid for a pack less one element more, its EDGES kernel
+        assert grid_for(torch.randn(3, 1020, dtype=dtype)) == sm.ROWS_SHORT + sm.EDGES
+        assert grid_for(torch.randn(3, 2042, dtype=dtype)) == coarse + sm.EDGES
     # Longer float32 rows a 256-thread block holds: the block per 8192 elements.
     assert grid_for(torch.randn(3, 1028)) == fine and grid_for(torch.randn(2, 4, 8192)) == fine
-    assert grid_for(torch.randn(3, 1022)) == fine  # not whole packs: a small block would hold 256 elements
+    assert grid_for(torch.randn(3, 1022)) == fine + sm.EDGES  # not whole packs: 1025 elements span 257 packs
     shifted = torch.randn(3 * 512 + 1)[1:].view(3, 512)  # 4 bytes past a 16-byte boundary
-    assert shifted.data_ptr() % 16 and grid_for(shifted) == fine
+    assert shifted.data_ptr() % 16 and grid_for(shifted) == fine  # the scalar path
     assert grid_for(torch.randn(512, 3).t()) == sm.ROWS_SHORT_32BIT  # copied to an aligned buffer first
     assert grid_for(torch.randn(3, 8193)) == coarse  # longer rows: a block a row, not blocks without one
     assert grid_for(torch.tensor(1.0)) == coarse  # the op's own check refuses it
@@ -1030,8 +1032,9 @@ def test_masked_softmax_op_checks_its_shapes_and_reads_expanded_masks_in_place(r
     assert sm._grid(torch.zeros(2 * 2048 + 1)[1:].view(1, 1, 2, 2048), narrow=every) == "_32bit"  # misaligned
     assert sm._grid(half) == "_short" and sm.grid_for(half) == sm.ROWS + "_short"
     # the 4-pack grids hold every 16-bit row the one-warp 8-pack blocks took, so the masked ops leave those out
-    assert set(sm.SOFTCAPPED_MASKED_GRIDS) == {"", "_32bit", "_short_32bit", *every}
-    assert set(sm.SCALED_MASKED_GRIDS) == {"", "_32bit", "_short_32bit", sm.LONG, *every}
+    base = {"", "_32bit", "_short_32bit", *every}
+    assert set(sm.SOFTCAPPED_MASKED_GRIDS) == base | {s + sm.EDGES for s in base}
+    assert set(sm.SCALED_MASKED_GRIDS) == base | {s + sm.EDGES for s in base} | {sm.LONG}
     assert "_short" in sm._grids(sm.SCALED_MASKED_SOFTMAX, blocks_narrow=28, narrow=("_short_4packs",))
     assert "_short" in sm._grids(sm.SCALED_MASKED_SOFTMAX) and "_short_4packs" not in sm._grids(sm.SCALED_MASKED_SOFTMAX)
     with pytest.raises(ValueError, match="multiple of 4"):
@@ -1073,8 +1076,8 @@ def test_masked_softmax_fetches_long_rows_first_and_the_others_keep_their_grids(
     """The scaled, masked kernel's rows past 2048 keys (8192 keys in the pieces fxkern.split cuts)
     fetch a row's scores and mask before making their values: 16-bit ones in whole packs in their own
     grid (LONG) at 2 blocks an SM, float32 ones in "_32bit". 16-bit rows not in whole packs (an odd
-    length) keep the "" grid, the spec's own (TensorRT plugins carry it), as do the soft-capped and
-    sink kernels; those ops never pick LONG."""
+    length) take the EDGES kernel of the "" grid, not LONG; the "" grid stays the spec's own (TensorRT
+    plugins carry it). The soft-capped and sink kernels keep their grids; those ops never pick LONG."""
     from fxkern.library import softmax as sm
 
     def prefix(grid, spec):
@@ -1094,22 +1097,74 @@ def test_masked_softmax_fetches_long_rows_first_and_the_others_keep_their_grids(
     assert prefix(sm.SINK_MASKED_GRIDS["_32bit"], sm.SINK_MASKED_SOFTMAX) == {"#define FXK_ROW_BLOCKS_F32 2"}
 
     extra = sm._extra_grids(masked)
-    assert set(extra) == {*sm.NARROW_GRIDS, sm.LONG} and sm.LONG not in sm._extra_grids(sm.SOFTCAPPED_MASKED_GRIDS)
+    assert set(extra) == {*sm.NARROW_GRIDS, sm.LONG} | {s for s in masked if s.endswith(sm.EDGES)}
+    assert sm.LONG not in sm._extra_grids(sm.SOFTCAPPED_MASKED_GRIDS)
     bf16 = dict(dtype=torch.bfloat16)
     for d, want in ((8192, sm.LONG), (2056, sm.LONG), (16384, sm.LONG), (40000, sm.LONG), (2048, "_4packs_2048"),
-                    (8190, ""), (2049, "")):  # not whole packs: ""
+                    (8190, sm.EDGES), (2049, sm.EDGES)):  # not whole packs: ""'s EDGES kernel
         assert sm._grid(torch.zeros(1, 2, 3, d, **bf16), torch.zeros(1, 1, 3, d, **bf16), narrow=extra) == want, d
     misaligned = torch.zeros(3 * 8192 + 1, **bf16)[1:].view(1, 1, 3, 8192)
-    assert sm._grid(torch.zeros(1, 2, 3, 8192, **bf16), misaligned, narrow=extra) == ""
+    assert sm._grid(torch.zeros(1, 2, 3, 8192, **bf16), misaligned, narrow=extra) == sm.EDGES  # its mask shifted
     assert sm._grid(torch.zeros(1, 2, 3, 8192, **bf16), narrow=tuple(sm.NARROW_GRIDS)) == ""  # an op without it
     assert sm._grid(torch.zeros(1, 2, 3, 8192), torch.zeros(1, 1, 3, 8192), narrow=extra) == "_32bit"
-    # the op's CUDA path hands a long 16-bit row to LONG, an odd one to ""
+    # the op's CUDA path hands a long 16-bit row to LONG, an odd one to ""'s EDGES kernel
     picked = []
     on_cuda = sm._masked_on_cuda({s: (lambda s: lambda *a: picked.append(s))(s) for s in masked}, "op")
     for d in (8192, 8191):
         on_cuda(torch.zeros(1, 2, 3, d, **bf16), torch.zeros(1, 1, 3, d, **bf16), 0.5)
-    assert picked == [sm.LONG, ""]
+    assert picked == [sm.LONG, sm.EDGES]
 
+
+
+def test_rows_not_in_whole_packs_take_the_edges_kernels():
+    """Rows of an odd length (a prompt of 1001 tokens) or a mask off a 16-byte boundary run in each grid's
+    EDGES kernel: the grid's own source and geometry with FXK_EDGES, which reads a row in the aligned packs
+    around it. _grid picks it by the row's span (a pack less one element more) where the op has it and the
+    row fits; scores off a 16-byte boundary (whose output, allocated aligned, would not share their phase),
+    rows too long for registers and ops without EDGES grids keep the scalar path in "" or "_32bit"."""
+    from fxkern.library import softmax as sm
+
+    for grids in (sm.SCALED_MASKED_GRIDS, sm.SOFTCAPPED_MASKED_GRIDS, sm.SINK_MASKED_GRIDS, sm.SOFTMAX_GRIDS):
+        assert sm.LONG + sm.EDGES not in grids
+        for suffix, grid in grids.items():
+            if suffix == sm.LONG or suffix.endswith(sm.EDGES):
+                continue
+            edges = grids[suffix + sm.EDGES]
+            assert edges.kernel_source == "#define FXK_EDGES 1\n" + grid.kernel_source, suffix
+            assert edges.geometry == grid.geometry and edges.kernel_name == grid.kernel_name, suffix
+    assert all("FXK_EDGES 1" not in g.kernel_source for s, g in sm.SCALED_MASKED_GRIDS.items() if not s.endswith(sm.EDGES))
+
+    extra = sm._extra_grids(sm.SCALED_MASKED_GRIDS)
+    f32, bf16 = dict(dtype=torch.float32), dict(dtype=torch.bfloat16)
+    cases = [(f32, 1001, "_short_32bit"), (f32, 1021, "_short_32bit"), (f32, 1022, "_4packs_2048_32bit"),
+             (f32, 2045, "_4packs_2048_32bit"), (f32, 2046, "_32bit"), (f32, 4001, "_32bit"), (f32, 8189, "_32bit"),
+             (bf16, 7, "_short_4packs"), (bf16, 1001, "_short_4packs"), (bf16, 1017, "_short_4packs"),
+             (bf16, 1018, "_4packs_2048"), (bf16, 2041, "_4packs_2048"), (bf16, 2042, ""), (bf16, 4001, ""),
+             (bf16, 16377, "")]
+    for dtype, d, base in cases:
+        x, mask = torch.zeros(1, 2, 3, d, **dtype), torch.zeros(1, 1, 3, d, **dtype)
+        assert sm._grid(x, mask, narrow=extra) == base + sm.EDGES, (dtype, d)
+        assert sm._grid(x, mask, narrow=tuple(sm.NARROW_GRIDS)) == ("_32bit" if x.element_size() == 4 else ""), d
+    # too long for a block's registers: the scalar path's grids
+    assert sm._grid(torch.zeros(1, 1, 1, 8190), narrow=extra) == "_32bit"
+    assert sm._grid(torch.zeros(1, 1, 1, 16378, **bf16), narrow=extra) == ""
+    # scores off a 16-byte boundary: the scalar path
+    shifted = torch.zeros(3 * 1001 + 1, **bf16)[1:].view(1, 1, 3, 1001)
+    assert sm._grid(shifted, torch.zeros(1, 1, 3, 1001, **bf16), narrow=extra) == ""
+    # rows in whole packs and a mask off a boundary: the grid for their span, its mask shifted in registers
+    mask = torch.zeros(3 * 1024 + 1, **bf16)[1:].view(1, 1, 3, 1024)
+    assert sm._grid(torch.zeros(1, 2, 3, 1024, **bf16), mask, narrow=extra) == "_4packs_2048" + sm.EDGES
+    # the plain softmax: its own small blocks
+    assert sm.grid_for(torch.zeros(4, 1001, **bf16)) == sm.ROWS + "_short" + sm.EDGES
+    assert sm.grid_for(torch.zeros(4, 1001)) == sm.ROWS + "_short_32bit" + sm.EDGES
+    assert sm.grid_for(torch.zeros(4, 5001)) == sm.ROWS + "_32bit" + sm.EDGES
+    assert sm.grid_for(torch.zeros(4, 1024, **bf16)) == sm.ROWS + "_short"
+    # every op's CUDA path reaches them
+    for grids in (sm.SCALED_MASKED_GRIDS, sm.SOFTCAPPED_MASKED_GRIDS, sm.SINK_MASKED_GRIDS):
+        picked = []
+        on_cuda = sm._masked_on_cuda({s: (lambda s: lambda *a: picked.append(s))(s) for s in grids}, "op")
+        on_cuda(torch.zeros(1, 2, 3, 1001, **bf16), torch.zeros(1, 1, 3, 1001, **bf16), 0.5)
+        assert picked == ["_short_4packs" + sm.EDGES]
 
 
 def test_masked_ops_check_a_mask_before_narrowing_its_broadcast_axes():

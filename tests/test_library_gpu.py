@@ -394,7 +394,7 @@ def test_special_values_follow_pytorch():
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).removeprefix("torch."))
-@pytest.mark.parametrize("d", [64, 512, 1536, 2048, 4096, 20000])
+@pytest.mark.parametrize("d", [64, 512, 1001, 1536, 2048, 4001, 4096, 20000])
 def test_softmax_rows_with_special_values_on_every_grid(dtype, d):
     """A NaN anywhere in a row makes the row NaN, as eager's does, though the max skips it (fmaxf, and
     __hmax2 for 16-bit rows: FXK_PAIR_MAX); +inf makes the row NaN, -inf and finfo.min elements weigh
@@ -642,6 +642,64 @@ def test_softcapped_masked_softmax_on_every_grid_and_mask(dtype, scale, cap, spr
             if dtype == torch.float32:
                 rel = float((public(x, mask, scale, cap).double() - exact).nan_to_num().norm() / exact.nan_to_num().norm())
                 assert rel < 1e-5, f"x{tuple(x.shape)} mask{tuple(mask.shape)}: rel. error vs float64 {rel:.2e}"
+
+
+def off_boundary(t: torch.Tensor, elements: int) -> torch.Tensor:
+    """``t``'s values in a contiguous tensor ``elements`` past a 16-byte boundary."""
+    flat = torch.cat([t.new_zeros(elements), t.flatten()])
+    return flat[elements:].view(t.shape)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).removeprefix("torch."))
+def test_rows_not_in_whole_packs_on_every_edges_kernel(dtype):
+    """Rows of an odd length (a prompt of 1001 tokens) and masks off a 16-byte boundary run in the EDGES
+    kernels, which read a row in the aligned packs around it: its first and last packs hold the rows
+    beside it, which must count for nothing and not be written, and the mask's packs are shifted to the
+    scores' phase in registers. Every EDGES grid of the scaled, soft-capped, sink and plain softmax, on
+    rows each grid holds and ones it does not (the scalar path then), every phase of a row's start
+    (consecutive rows of an odd length) and of the mask's, against eager; and the public ops, which pick
+    them (poisoned memory shows a write past a row's end)."""
+    torch.manual_seed(28)
+    pack = 16 // torch.empty((), dtype=dtype).element_size()
+    ops = torch.ops.fxkern_lib
+
+    def edges(base, grids):
+        return {s: getattr(ops, (base + s).split("::")[1]) for s in grids if s.endswith(softmax.EDGES)}
+
+    masked, capped = edges(softmax.MASKED_ROWS, softmax.SCALED_MASKED_GRIDS), edges(softmax.SOFTCAPPED_ROWS,
+                                                                                    softmax.SOFTCAPPED_MASKED_GRIDS)
+    sink, plain = edges(softmax.SINK_ROWS, softmax.SINK_MASKED_GRIDS), edges(softmax.ROWS, softmax.SOFTMAX_GRIDS)
+    assert masked and capped and sink and plain
+    sinks = torch.tensor([-3.0, 0.5, 40.0], device="cuda").to(dtype)
+    for q, d in ((3, 5), (5, pack + 1), (7, 77), (5, 1001), (3, 1024 - pack + 1), (3, 2048 - pack + 1), (2, 4001),
+                 (2, 1024)):
+        x = rand(2, 3, q, d, dtype=dtype, scale=8.0)
+        x[1, 2, -1, :] = float("nan")  # a NaN row beside others: theirs stay numbers
+        x[0, 1, 0, ::7] = float("-inf")
+        for mask in (*masks_for(q, d, dtype), off_boundary(rand(2, 1, q, d, dtype=dtype, scale=2.0), 1),
+                     off_boundary(rand(1, 3, 1, d, dtype=dtype, scale=2.0), pack - 1)):
+            where = f"{dtype} x{tuple(x.shape)} mask{tuple(mask.shape)} at {mask.data_ptr() % 16}"
+            for name, reference, ops_, scalars in (
+                    ("scaled", softmax.scaled_masked_softmax, {**masked, "public": lib.op("scaled_masked_softmax")},
+                     (0.125,)),
+                    ("soft-capped", softmax.softcapped_masked_softmax,
+                     {**capped, "public": lib.op("softcapped_masked_softmax")}, (0.125, 50.0)),
+                    ("sink", softmax.sink_masked_softmax, {**sink, "public": lib.op("sink_masked_softmax")},
+                     (sinks, 0.125, 2, q))):
+                args = (x, mask, *scalars)
+                want = reference(*args)
+                for suffix, op in ops_.items():
+                    poison()
+                    check_masked(op(*args), want, f"{name}{suffix} {where}")
+        want = softmax.softmax(x)
+        for suffix, op in {**plain, "public": lib.op("softmax")}.items():
+            poison()
+            check_masked(op(x), want, f"softmax{suffix} {dtype} x{tuple(x.shape)}")
+        # scores off a 16-byte boundary: their output does not share their phase, so the scalar path
+        shifted = off_boundary(x, 1)
+        mask = next(masks_for(q, d, dtype))
+        check_masked(lib.op("scaled_masked_softmax")(shifted, mask, 0.125),
+                     softmax.scaled_masked_softmax(x, mask, 0.125), f"shifted scores {dtype} x{tuple(x.shape)}")
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).removeprefix("torch."))

@@ -84,8 +84,8 @@ if [[ $parts == *long-rows* ]]; then
   timeout 120 python3 benchmarks/past_int32.py --rounds 3 --section-out "$OUT/past_int32.md" > "$OUT/past_int32.log" 2>&1 || status=1
 fi
 if [[ $parts == *odd-rows* ]]; then
-  # attention rows of an odd length (not whole 16-byte packs: the kernels' scalar path), never timed
-  # before 2026-11-28: more scalars a thread against the shipped 4, and the library's odd-length row
+  # attention rows of an odd length (not whole 16-byte packs): the EDGES kernels against the scalar path
+  # they took until 2026-11-28 (4 and 16 scalars a thread), and the library's odd-length row
   timeout 200 python3 benchmarks/masked_tuning.py --rounds 2 --shape 4,32,1001 --shape 1,32,4001 \
     --only "rows not in whole packs" --section-out "$OUT/masked_odd.md" > "$OUT/masked_odd.log" 2>&1 || status=1
   timeout 150 python3 benchmarks/library.py --rounds 3 --only "odd length" --section-out "$OUT/library_odd.md" \

@@ -19,7 +19,8 @@ Kernel: the row layout of :mod:`fxkern.library.rmsnorm` (a 256-thread block per 
 elements, 8192 in float32 and 16384 in 16-bit, 1 to 256 threads a row, the row in registers; short
 rows in small blocks of one to four warps); one reduction of (max, sum of ``exp(x - max)``) pairs, or
 (``FXK_TWO_REDUCTIONS``) the max and then the sums shifted to it, then the write. Rows too long for
-registers take an online max/sum pass and a second read.
+registers take an online max/sum pass and a second read. Rows not in whole 16-byte packs (an odd
+prompt length) run in each grid's ``EDGES`` kernel, read in the aligned packs around them.
 """
 
 from __future__ import annotations
@@ -123,6 +124,78 @@ __device__ __forceinline__ void group_max_sum(float& m, float& s, int G, float (
 // FETCH_FIRST, softmax_rows fetches all of a row's packs (fetch<V>: their loads, Raw<V>) before it
 // makes their values (value<V>): the masked kernel makes each pack from two loads, and making it as
 // they arrive sent a thread's loads out a pair at a time (benchmarks/masked_tuning.py).
+// Rows not in whole 16-byte packs (a prompt of odd length: 1001 keys), or a mask that is not aligned, in
+// packs all the same (EDGES in softmax_rows): a row starting p elements past a 16-byte boundary is read
+// in the aligned packs around it, its k-th pack at column k * V - p, so the first and last packs hold
+// elements of the rows beside it (never outside the tensor's 16-byte chunks: no other allocation), which
+// count as -inf and are not written. The output has the scores' phase (the host allocates it, the kernel
+// checks); the mask has its own, its packs shifted in registers into the scores' (funnel). Before
+// 2026-11-28 such rows took the scalar path, 4 elements a thread: 4x32x1001x1001 scaled, masked rows ran
+// at 0.46x inductor in float32 and 0.56x in bfloat16 on an H200 (benchmarks/library.py, "odd length").
+// FXK_EDGES=1 builds a kernel for these rows only (a grid of its own, _grids' EDGES): in the aligned
+// kernels the path took registers their own paths then lacked (spills, and fewer blocks an SM).
+#ifndef FXK_EDGES
+#define FXK_EDGES 0
+#endif
+template <typename T, int V>
+__device__ __forceinline__ int phase(const T* p) {  // elements past the 16-byte boundary before p
+    return (int)((reinterpret_cast<unsigned long long>(p) / sizeof(T)) & (V - 1));
+}
+__device__ __forceinline__ bool same_phase(const void* a, const void* b) {
+    return ((reinterpret_cast<unsigned long long>(a) ^ reinterpret_cast<unsigned long long>(b)) & 15ull) == 0;
+}
+// The V elements starting d elements into a then b (0 <= d < V): a barrel shift of their 32-bit words by
+// selects (rows of different d in one warp do not diverge), then a funnel shift by half a word for an
+// odd d of a 16-bit T.
+template <typename T, int V>
+__device__ __forceinline__ Pack<T, V> funnel(const Pack<T, V>& a, const Pack<T, V>& b, int d) {
+    static_assert(sizeof(T) * V == 16, "16-byte packs");
+    const unsigned* wa = reinterpret_cast<const unsigned*>(a.v);
+    const unsigned* wb = reinterpret_cast<const unsigned*>(b.v);
+    const int bytes = d * (int)sizeof(T), words = bytes >> 2, bits = (bytes & 3) * 8;
+    unsigned w[8], u[6], v[5];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) { w[i] = wa[i]; w[i + 4] = wb[i]; }
+#pragma unroll
+    for (int i = 0; i < 6; ++i) u[i] = (words & 2) ? w[i + 2] : w[i];
+#pragma unroll
+    for (int i = 0; i < 5; ++i) v[i] = (words & 1) ? u[i + 1] : u[i];
+    Pack<T, V> o;
+    unsigned* wo = reinterpret_cast<unsigned*>(o.v);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) wo[i] = __funnelshift_r(v[i], v[i + 1], bits);
+    return o;
+}
+// A pack at column col of a row of D (EDGES): its elements outside the row made -inf.
+template <typename T, int V>
+__device__ __forceinline__ Pack<T, V> edges(Pack<T, V> c, int col, int D) {
+    if (col < 0 || col + V > D) {
+#pragma unroll
+        for (int j = 0; j < V; ++j)
+            if (col + j < 0 || col + j >= D) c.v[j] = from_f<T>(neg_inf());
+    }
+    return c;
+}
+// Stores the pack at column col of the row at yr, but for its elements outside the row (EDGES). The whole
+// pack goes out as one st.global.v4: written as a store of the pack, nvcc merged it with the elements'
+// stores of the other branch into 2- and 4-byte stores (bfloat16 rows of 1001 keys ran at 1267 GB/s
+// so, at 1778 with every pack stored whole: H200, 2026-11-28, benchmarks/masked_tuning.py's diagnostics).
+template <typename T, int V, bool EDGES>
+__device__ __forceinline__ void store_row(T* __restrict__ yr, int col, int D, const Pack<T, V>& c) {
+    if constexpr (EDGES) {
+        if (col < 0 || col + V > D) {
+#pragma unroll
+            for (int j = 0; j < V; ++j)
+                if (col + j >= 0 && col + j < D) yr[col + j] = c.v[j];
+        } else {
+            const unsigned* w = reinterpret_cast<const unsigned*>(c.v);
+            asm("st.global.v4.b32 [%0], {%1, %2, %3, %4};" ::"l"(yr + col), "r"(w[0]), "r"(w[1]), "r"(w[2]), "r"(w[3]));
+        }
+    } else {
+        store<T, V>(yr + col, c);
+    }
+}
+
 template <typename T>
 struct Rows {
     const T* __restrict__ x;
@@ -133,6 +206,11 @@ struct Rows {
     static constexpr bool SINK_ROWS = false;
     template <int V>
     __device__ __forceinline__ Pack<T, V> pack(const Row& r, int col) const { return load<T, V>(r.x + col); }
+    // EDGES: no mask to shift
+    template <int V>
+    __device__ __forceinline__ int mask_shift(const Row&, int) const { return 0; }
+    template <int V>
+    __device__ __forceinline__ Pack<T, V> pack_around(const Row& r, int col, int, int) const { return pack<V>(r, col); }
 };
 
 // T(T(x * scale) + mask): the scaled, masked scores as eager PyTorch rounds them (each op rounds to
@@ -239,6 +317,27 @@ struct MaskedRows {
     }
     template <int V>
     __device__ __forceinline__ Pack<T, V> pack(const Row& r, int col) const { return value<V>(fetch<V>(r, col)); }
+    // EDGES: the mask's phase against the scores' (p), and the scores' pack at col (col = -p mod V) with the
+    // mask's two aligned packs around its columns, each read only where it holds one of the row's elements.
+    template <int V>
+    __device__ __forceinline__ int mask_shift(const Row& r, int p) const { return (phase<T, V>(r.m) - p) & (V - 1); }
+    template <int V> struct Around { Pack<T, V> x, m, m2; };
+    template <int V>
+    __device__ __forceinline__ Around<V> fetch_around(const Row& r, int col, int d, int D) const {
+        Around<V> a{load<T, V>(r.x + col), {}, {}};
+        const T* m = r.m + (col - d);  // 16-byte aligned
+        if (col - d + V > 0) a.m = load<T, V>(m);
+        if (d != 0 && col - d + V < D) a.m2 = load<T, V>(m + V);
+        return a;
+    }
+    template <int V>
+    __device__ __forceinline__ Pack<T, V> value_around(const Around<V>& a, int d) const {
+        return value<V>(Raw<V>{a.x, funnel<T, V>(a.m, a.m2, d)});
+    }
+    template <int V>
+    __device__ __forceinline__ Pack<T, V> pack_around(const Row& r, int col, int d, int D) const {
+        return value_around<V>(fetch_around<V>(r, col, d, D), d);
+    }
     template <int V>
     __device__ __forceinline__ Pack<T, V> value(const Raw<V>& raw) const {
         const Pack<T, V>& a = raw.x;
@@ -370,16 +469,16 @@ __device__ __forceinline__ void exps_rounded(const Pack<T, V>& c, float M, float
 // column (k * G + t) * V); slot is 2 x ROW_WARPS floats of shared memory no other live reduction uses.
 // SINK: the row has one more logit, sink, which counts in its max and sum and is not written; the max
 // taken first, the sum then of exp(T(x - max)) as eager computes it (exp_rounded).
-template <typename T, int V, int NV, bool SINK = false>
+template <typename T, int V, int NV, bool SINK = false, bool EDGES = false>
 __device__ __forceinline__ void write_row(Pack<T, V> (&c)[NV], bool live, int D, int G, int t, T* __restrict__ yr,
-                                          float (*slot)[ROW_WARPS], float sink = 0.0f) {
+                                          float (*slot)[ROW_WARPS], float sink = 0.0f, int p = 0) {
     float m = neg_inf();
     if constexpr (FXK_PAIR_MAX && sizeof(T) == 2 && V % 2 == 0) {
         using P = typename Pair<T>::P;
         P pm = Pair<T>::t(neg_inf(), neg_inf());
 #pragma unroll
         for (int k = 0; k < NV; ++k) {
-            const int col = (k * G + t) * V;
+            const int col = (k * G + t) * V - p;
             if (live && col < D) {
                 const P* pc = reinterpret_cast<const P*>(c[k].v);
 #pragma unroll
@@ -391,7 +490,7 @@ __device__ __forceinline__ void write_row(Pack<T, V> (&c)[NV], bool live, int D,
     } else {
 #pragma unroll
         for (int k = 0; k < NV; ++k) {
-            const int col = (k * G + t) * V;
+            const int col = (k * G + t) * V - p;
             if (live && col < D) {
                 float f[V];
                 to_floats(c[k], f);
@@ -405,7 +504,7 @@ __device__ __forceinline__ void write_row(Pack<T, V> (&c)[NV], bool live, int D,
         float s = t == 0 ? exp_rounded<T>(sink, M) : 0.0f;  // the sink's term, once a row
 #pragma unroll
         for (int k = 0; k < NV; ++k) {
-            const int col = (k * G + t) * V;
+            const int col = (k * G + t) * V - p;
             if (live && col < D) {
                 float e[V];
                 exps_rounded(c[k], M, e);
@@ -416,14 +515,14 @@ __device__ __forceinline__ void write_row(Pack<T, V> (&c)[NV], bool live, int D,
         const float inv = __frcp_rn(group_sum(s, G, slot[1]));
 #pragma unroll
         for (int k = 0; k < NV; ++k) {
-            const int col = (k * G + t) * V;
+            const int col = (k * G + t) * V - p;
             if (live && col < D) {
                 float e[V];
                 opaque(c[k]);
                 exps_rounded(c[k], M, e);
 #pragma unroll
                 for (int j = 0; j < V; ++j) e[j] *= inv;
-                store<T, V>(yr + col, from_floats<T, V>(e));
+                store_row<T, V, EDGES>(yr, col, D, from_floats<T, V>(e));
             }
         }
         return;
@@ -435,7 +534,7 @@ __device__ __forceinline__ void write_row(Pack<T, V> (&c)[NV], bool live, int D,
     float s = 0.0f;
 #pragma unroll
     for (int k = 0; k < NV; ++k) {
-        const int col = (k * G + t) * V;
+        const int col = (k * G + t) * V - p;
         if (live && col < D) {
             float f[V];
             to_floats(c[k], f);
@@ -453,32 +552,50 @@ __device__ __forceinline__ void write_row(Pack<T, V> (&c)[NV], bool live, int D,
     const float inv = __frcp_rn(s);  // 1.0f / s, without the division's slow path
 #pragma unroll
     for (int k = 0; k < NV; ++k) {
-        const int col = (k * G + t) * V;
+        const int col = (k * G + t) * V - p;
         if (live && col < D) {
             float f[V];
             opaque(c[k]);
             to_floats(c[k], f);
 #pragma unroll
             for (int j = 0; j < V; ++j) f[j] = exp_shifted<sizeof(T) == 2>(f[j], m) * inv;
-            store<T, V>(yr + col, from_floats<T, V>(f));
+            store_row<T, V, EDGES>(yr, col, D, from_floats<T, V>(f));
         }
     }
 }
 
-template <typename T, int V, int NV, typename In>
+// EDGES: rows in the aligned packs around them (see phase); the caller checked that a row and V - 1
+// elements more fit in a block's registers.
+template <typename T, int V, int NV, bool EDGES = false, typename In>
 __device__ __forceinline__ void softmax_rows(const In& in, int D, unsigned rows, T* __restrict__ y,
                                              float (*red)[ROW_WARPS]) {
     unsigned begin, end;
     block_rows((unsigned)D, rows, begin, end);
-    const int G = row_group(D, V * NV);
-    if (G * V * NV >= D) {
+    const int G = row_group(EDGES ? D + V - 1 : D, V * NV);
+    if (EDGES || G * V * NV >= D) {
         const int groups = ROW_THREADS >> log2_of(G), g = threadIdx.x >> log2_of(G), t = threadIdx.x & (G - 1);
         for (unsigned first = begin, p = 0; first < end; first += groups, ++p) {
             const unsigned row = first + g;
             const bool live = row < end;
             const auto xr = in.row(row);
+            // EDGES: the row's phase, and its mask's against it (the same for all of the row's threads)
+            const int at = EDGES ? phase<T, V>(xr.x) : 0;
+            const int d = EDGES ? in.template mask_shift<V>(xr, at) : 0;
             Pack<T, V> c[NV];
-            if constexpr (In::FETCH_FIRST) {
+            if constexpr (EDGES && In::FETCH_FIRST) {
+                typename In::template Around<V> raw[NV];
+#pragma unroll
+                for (int k = 0; k < NV; ++k) {
+                    const int col = (k * G + t) * V - at;
+                    if constexpr (In::MAKE_ALL) raw[k] = {};
+                    if (live && col < D) raw[k] = in.template fetch_around<V>(xr, col, d, D);
+                }
+#pragma unroll
+                for (int k = 0; k < NV; ++k) {
+                    const int col = (k * G + t) * V - at;
+                    if (In::MAKE_ALL || (live && col < D)) c[k] = edges<T, V>(in.template value_around<V>(raw[k], d), col, D);
+                }
+            } else if constexpr (In::FETCH_FIRST) {
                 typename In::template Raw<V> raw[NV];
 #pragma unroll
                 for (int k = 0; k < NV; ++k) {
@@ -494,15 +611,20 @@ __device__ __forceinline__ void softmax_rows(const In& in, int D, unsigned rows,
             } else {
 #pragma unroll
                 for (int k = 0; k < NV; ++k) {
-                    const int col = (k * G + t) * V;
-                    if (live && col < D) c[k] = in.template pack<V>(xr, col);
+                    const int col = (k * G + t) * V - at;
+                    if (live && col < D) {
+                        if constexpr (EDGES)
+                            c[k] = edges<T, V>(in.template pack_around<V>(xr, col, d, D), col, D);
+                        else
+                            c[k] = in.template pack<V>(xr, col);
+                    }
                 }
             }
             float sink = 0.0f;
             if constexpr (In::SINK_ROWS) sink = xr.sink;
-            write_row<T, V, NV, In::SINK_ROWS>(c, live, D, G, t, y + xr.o, red + 2 * (p & 1), sink);
+            write_row<T, V, NV, In::SINK_ROWS, EDGES>(c, live, D, G, t, y + xr.o, red + 2 * (p & 1), sink, at);
         }
-    } else {  // long rows: online max and sum, then a second read
+    } else if constexpr (!EDGES) {  // long rows: online max and sum, then a second read
         // columns counted in 64 bits: a row may hold up to 2^31 - 1 elements, and an int column stepped
         // past it wrapped below zero
         for (unsigned row = begin, p = 0; row < end; ++row, ++p) {
@@ -575,10 +697,17 @@ __global__ void __launch_bounds__(ROW_THREADS, sizeof(T) == 4 ? FXK_ROW_BLOCKS_F
     const unsigned rows = (unsigned)n / (unsigned)D;
     constexpr int V = 16 / sizeof(T);
     const fxk::Rows<T> in{x, D};
-    if (D % V == 0 && fxk::aligned16(x) && fxk::aligned16(y))
-        fxk::softmax_rows<T, V, (sizeof(T) == 4 ? FXK_ROW_PACKS_F32 : FXK_ROW_PACKS_HALF)>(in, D, rows, y, red);
-    else
-        fxk::softmax_rows<T, 1, FXK_ROW_SCALARS>(in, D, rows, y, red);
+    constexpr int NV = sizeof(T) == 4 ? FXK_ROW_PACKS_F32 : FXK_ROW_PACKS_HALF;
+    if constexpr (FXK_EDGES) {
+        if (fxk::same_phase(x, y) && D <= ROW_THREADS * V * NV - (V - 1)) {
+            fxk::softmax_rows<T, V, NV, true>(in, D, rows, y, red);
+            return;
+        }
+    } else if (D % V == 0 && fxk::aligned16(x) && fxk::aligned16(y)) {
+        fxk::softmax_rows<T, V, NV>(in, D, rows, y, red);
+        return;
+    }
+    fxk::softmax_rows<T, 1, FXK_ROW_SCALARS>(in, D, rows, y, red);
 }
 
 // softmax(T(T(x * scale) + mask)) over rows of x viewed as (B, H, Q, D), the mask (mB, mH, mQ, D).
@@ -593,10 +722,17 @@ __device__ __forceinline__ void masked_softmax(const T* x, const T* mask, float 
     constexpr int V = 16 / sizeof(T);
     const fxk::MaskedRows<T, CAP, SINK> in(x, mask, DIV ? __frcp_rn(scale) : scale, D, rows, H, Q, mB, mH, mQ, cap,
                                            sinks);
-    if (D % V == 0 && fxk::aligned16(x) && fxk::aligned16(mask) && fxk::aligned16(y))
-        fxk::softmax_rows<T, V, (sizeof(T) == 4 ? FXK_ROW_PACKS_F32 : FXK_ROW_PACKS_HALF)>(in, D, rows, y, red);
-    else
-        fxk::softmax_rows<T, 1, FXK_ROW_SCALARS>(in, D, rows, y, red);
+    constexpr int NV = sizeof(T) == 4 ? FXK_ROW_PACKS_F32 : FXK_ROW_PACKS_HALF;
+    if constexpr (FXK_EDGES) {
+        if (fxk::same_phase(x, y) && D <= ROW_THREADS * V * NV - (V - 1)) {
+            fxk::softmax_rows<T, V, NV, true>(in, D, rows, y, red);
+            return;
+        }
+    } else if (D % V == 0 && fxk::aligned16(x) && fxk::aligned16(mask) && fxk::aligned16(y)) {
+        fxk::softmax_rows<T, V, NV>(in, D, rows, y, red);
+        return;
+    }
+    fxk::softmax_rows<T, 1, FXK_ROW_SCALARS>(in, D, rows, y, red);
 }
 
 template <typename T>
@@ -693,6 +829,8 @@ SINK_MASKED_SOFTMAX = dataclasses.replace(
 # packs) by element size; a block's register-full is the longest row _grid sends it.
 SHORT_BLOCKS = {4: (64, 4), 2: (32, 8)}
 SHORT_ROWS = {size: threads * packs * 16 // size for size, (threads, packs) in SHORT_BLOCKS.items()}
+# The longest rows the 256-thread grids hold in registers, by element size ("_32bit"'s and ""'s).
+ROW_ELEMENTS = {4: 8192, 2: 16384}
 # The masked kernels' rows of up to 2048 elements in small blocks of 4 packs a thread: suffix ->
 # (element size, longest row, threads a block), each at 896 threads an SM (MASKED_TUNING's
 # blocks_narrow one-warp blocks) and 72 registers. A thread fetches 8 packs of scores and mask instead
@@ -709,6 +847,7 @@ SHORT_ROWS = {size: threads * packs * 16 // size for size, (threads, packs) in S
 #   on an H100 0.4% slower), soft-capped 2809 against 2621 (8-16 bytes spilled; 6 an SM, no spill, 2682).
 NARROW_PACKS = 4
 LONG = "_long"  # the masked kernel's 16-bit rows past those, in whole packs (_grids' blocks_long)
+EDGES = "_edges"  # appended to a grid's suffix: its kernel for rows not in whole packs (FXK_EDGES)
 NARROW_GRIDS = {"_short_4packs": (2, 1024, 32), "_4packs_2048": (2, 2048, 64), "_4packs_2048_32bit": (4, 2048, 128)}
 _SMALL_ROWS = max(*SHORT_ROWS.values(), *(longest for _, longest, _ in NARROW_GRIDS.values()))
 
@@ -734,13 +873,13 @@ def _small_blocks(spec: KernelSpec, element_size: int, blocks: int, packs: int |
 def _grids(spec: KernelSpec, blocks_short_32bit: int = 16, blocks_short: int = 32, blocks_f32: int | None = None,
            fetch_first: tuple[str, ...] = (), blocks_narrow: int | None = None,
            narrow: Collection[str] = tuple(NARROW_GRIDS), steps: dict[str, int] | None = None,
-           blocks_long: int | None = None) -> dict[str, KernelSpec]:
+           blocks_long: int | None = None, edges: bool = True) -> dict[str, KernelSpec]:
     """The grids a softmax kernel runs in, by the suffix of their private ops' names.
 
     ``""``: ``spec``'s own, a 256-thread block per 16384 elements (TensorRT plugins carry it; a
     16-bit block's register-full). ``blocks_long``: adds ``LONG``, that grid at ``blocks_long`` blocks
     an SM, for 16-bit rows past the small grids' in whole, aligned packs (``_grid``; rows that are
-    not, such as prompts of an odd length, keep ``""``). ``"_32bit"``: a block per 8192, a float32 block's register-full,
+    not, such as prompts of an odd length, take ``""``'s EDGES kernel). ``"_32bit"``: a block per 8192, a float32 block's register-full,
     ``blocks_f32`` of them an SM (default: the source's), for float32 rows that fit (longer ones keep
     ``spec``'s grid, one block a row up to 16384 elements rather than blocks left without a row).
     ``"_short_32bit"`` and ``"_short"``: the small blocks (``SHORT_BLOCKS``) for float32 and 16-bit
@@ -751,7 +890,9 @@ def _grids(spec: KernelSpec, blocks_short_32bit: int = 16, blocks_short: int = 3
     ``narrow``, small blocks of ``NARROW_PACKS`` packs a thread, as many threads an SM as that many
     one-warp blocks; ``"_short"`` is left out when they hold every 16-bit row it would take (``_grid``
     never picks it then). ``steps``: register-fulls a block of those grids takes, one after another, by
-    suffix (default 1)."""
+    suffix (default 1). ``edges``: each grid but ``LONG`` also as ``suffix + EDGES``, its kernel built
+    for rows not in whole packs (a prompt of odd length) read in the aligned packs around them
+    (``FXK_EDGES``), which ``_grid`` picks for such rows that fit."""
     blocks = f"#define FXK_ROW_BLOCKS_F32 {blocks_f32}\n" if blocks_f32 else ""
     grids = {"": spec, "_32bit": dataclasses.replace(spec, geometry=Custom(row_geometry_8k),
                                                      kernel_source=blocks + spec.kernel_source),
@@ -776,8 +917,12 @@ def _grids(spec: KernelSpec, blocks_short_32bit: int = 16, blocks_short: int = 3
         # kernels, and masked float32 ones 3.5% slower reduced twice, so only these grids take it)
         two = f"#define FXK_TWO_REDUCTIONS 2\n#define FXK_TWO_REDUCTIONS_G {threads}\n" if threads > 32 else ""
         grids[suffix] = dataclasses.replace(grid, kernel_source=two + grid.kernel_source)
-    return {suffix: dataclasses.replace(g, kernel_source="#define FXK_MASK_FETCH_FIRST 1\n" + g.kernel_source)
-            if suffix in fetch_first else g for suffix, g in grids.items()}
+    grids = {suffix: dataclasses.replace(g, kernel_source="#define FXK_MASK_FETCH_FIRST 1\n" + g.kernel_source)
+             if suffix in fetch_first else g for suffix, g in grids.items()}
+    if edges:
+        grids.update({suffix + EDGES: dataclasses.replace(g, kernel_source="#define FXK_EDGES 1\n" + g.kernel_source)
+                      for suffix, g in list(grids.items()) if suffix != LONG})
+    return grids
 
 
 # The masked kernel reads two tensors into registers: it runs half the blocks an SM, each thread with
@@ -798,7 +943,7 @@ MASKED_TUNING = {"blocks_short_32bit": 12, "blocks_short": 16, "blocks_f32": 2,
 # registers a thread and 40 bytes of local memory, where "" made values as loads arrived in 62-64 and
 # none), float32 ones in "_32bit" (96 registers, against 71, at the 2 blocks an SM it had; its float32
 # rows not in whole packs, which it also takes, fetch first too). 16-bit rows not in whole packs (a
-# prompt of odd length) keep "" at 4 blocks an SM: 2 was not timed there. H200, 2026-11-28, GB/s float32 /
+# prompt of odd length) take ""'s EDGES kernel at 4 blocks an SM: 2 was not timed there. H200, 2026-11-28, GB/s float32 /
 # bfloat16 against the grids before (benchmarks/masked_tuning.py --shape ..., section
 # masked_tuning_2x16x4096_1x16x8192_1x4x16384 of docs/benchmarks.md): 2x16x4096x4096 3666 / 3113 against 2712 / 2903; 1x16x8192x8192 (the pieces
 # fxkern.split cuts a 1x32x8192x8192 call into) 3550 / 3089 against 2664 / 2885 (inductor 2942 / 1938);
@@ -829,39 +974,59 @@ SINK_ROWS = f"{NAMESPACE}::_sink_masked_softmax_rows"
 
 
 def _grid(x: torch.Tensor, *others: torch.Tensor, narrow: Collection[str] = ()) -> str:
-    """The suffix of the grid a call on ``x`` runs in (``_grids``), for rows in whole, aligned 16-byte
-    packs (``others``, read alongside ``x``, aligned too): float32 rows of up to 1024 elements, the
-    small blocks; then the first of ``NARROW_GRIDS`` in ``narrow`` (the extra grids the op has,
-    ``_extra_grids``) that holds the row; 16-bit rows of up to 2048, the small blocks; longer 16-bit
-    ones ``LONG`` where ``narrow`` has it. Else the 8192-element grid for float32 rows of up to 8192
-    elements, and 16384 for the rest."""
+    """The suffix of the grid a call on ``x`` runs in (``_grids``). Rows in whole, aligned 16-byte packs
+    (``others``, read alongside ``x``, aligned too) by their length (``_packed_grid``). Other rows of an
+    aligned ``x`` (a prompt of odd length; a mask not aligned) in the ``EDGES`` kernel of the grid for
+    their span, a pack less one element longer, where ``narrow`` (the extra grids the op has,
+    ``_extra_grids``) has it and the row fits its registers. Else the 8192-element grid for float32
+    rows of up to 8192 elements, and 16384 for the rest (their scalar path)."""
     if x.dim() == 0 or not x.dtype.is_floating_point:
         return ""  # the op's own checks refuse these
     d, size = x.shape[-1], x.element_size()
-    whole = (d <= _SMALL_ROWS and d % (16 // size) == 0 and aligned_at_launch(x)
-             and all(aligned_at_launch(t) for t in others))
-    if whole and size == 4 and d <= SHORT_ROWS[4]:
+    pack = 16 // size
+    aligned = aligned_at_launch(x)
+    if d % pack == 0 and aligned and all(aligned_at_launch(t) for t in others):
+        return _packed_grid(d, size, narrow)
+    if aligned and any(suffix.endswith(EDGES) for suffix in narrow):
+        span = d + pack - 1
+        suffix = _packed_grid(span, size, narrow, long_rows=False)
+        if suffix + EDGES in narrow and (suffix not in ("", "_32bit") or span <= ROW_ELEMENTS[size]):
+            return suffix + EDGES
+    return "_32bit" if size == 4 and d <= 8192 else ""
+
+
+
+def _packed_grid(d: int, size: int, narrow: Collection[str] = (), long_rows: bool = True) -> str:
+    """The grid for rows of ``d`` elements of ``size`` bytes in whole packs: float32 rows of up to 1024
+    elements, the small blocks; then the first of ``NARROW_GRIDS`` in ``narrow`` that holds the row;
+    16-bit rows of up to 2048, the small blocks; longer 16-bit ones ``LONG`` where ``narrow`` has it
+    (and ``long_rows``). Else the 8192-element grid for float32 rows of up to 8192 elements, and 16384
+    for the rest."""
+    small = d <= _SMALL_ROWS
+    if small and size == 4 and d <= SHORT_ROWS[4]:
         return "_short_32bit"
-    if whole:
+    if small:
         for suffix, (element_size, longest, _) in NARROW_GRIDS.items():
             if suffix in narrow and element_size == size and d <= longest:
                 return suffix
-    if whole and d <= SHORT_ROWS.get(size, 0):
+    if small and d <= SHORT_ROWS.get(size, 0):
         return "_short"
-    if (LONG in narrow and size == 2 and d > _SMALL_ROWS and d % 8 == 0 and aligned_at_launch(x)
-            and all(aligned_at_launch(t) for t in others)):
+    if long_rows and LONG in narrow and size == 2 and not small:
         return LONG
     return "_32bit" if size == 4 and d <= 8192 else ""
 
 
 def _extra_grids(suffixes: Collection[str]) -> tuple[str, ...]:
     """Of an op's grids (``suffixes``), those ``_grid`` picks only when told the op has them."""
-    return tuple(suffix for suffix in suffixes if suffix in NARROW_GRIDS or suffix == LONG)
+    return tuple(suffix for suffix in suffixes if suffix in NARROW_GRIDS or suffix == LONG or suffix.endswith(EDGES))
+
+
+_SOFTMAX_EXTRA = _extra_grids(SOFTMAX_GRIDS)
 
 
 def grid_for(x: torch.Tensor) -> str:
     """The private op a softmax call runs: ``ROWS`` with the suffix of its grid (``_grid``)."""
-    return ROWS + _grid(x)
+    return ROWS + _grid(x, narrow=_SOFTMAX_EXTRA)
 
 
 # ---- scaled, masked scores ------------------------------------------------------------------------
