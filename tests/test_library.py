@@ -1159,6 +1159,10 @@ def test_rows_not_in_whole_packs_take_the_edges_kernels():
     assert sm.grid_for(torch.zeros(4, 1001)) == sm.ROWS + "_short_32bit" + sm.EDGES
     assert sm.grid_for(torch.zeros(4, 5001)) == sm.ROWS + "_32bit" + sm.EDGES
     assert sm.grid_for(torch.zeros(4, 1024, **bf16)) == sm.ROWS + "_short"
+    # dtypes the kernels do not take reach the op's own check, not a KeyError here (a review found one)
+    for dtype in (torch.float64, torch.float8_e4m3fn):
+        assert sm._grid(torch.zeros(1, 2, 3, 7, dtype=dtype), narrow=extra) == ""
+        assert sm.grid_for(torch.zeros(2, 7, dtype=dtype)) == sm.ROWS
     # every op's CUDA path reaches them
     for grids in (sm.SCALED_MASKED_GRIDS, sm.SOFTCAPPED_MASKED_GRIDS, sm.SINK_MASKED_GRIDS):
         picked = []

@@ -291,7 +291,7 @@ def test_plain_norms_read_transposed_heads_in_place_and_keep_their_layout(dtype)
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).removeprefix("torch."))
 def test_softmax_on_every_grid_for_every_row_length(dtype):
-    # The softmax op launches one of four grids per call (softmax.grid_for); each private op is right
+    # The softmax op launches one of its grids per call (softmax.grid_for); each private op is right
     # on every row length in every dtype, calls the public op never sends it included (the small
     # blocks given rows longer than they hold take the second read with 32 or 64 threads).
     torch.manual_seed(5)
@@ -487,7 +487,8 @@ def test_softmax_of_causally_masked_scores(dtype, keys):
 
 
 # Attention's scores (batch 2, heads 3, q queries, d keys): short rows for each small-block grid, odd
-# ones for the scalar path, and rows long enough for the second read.
+# ones for the EDGES kernels (and the scalar path, run by the other grids), and rows long enough for
+# the second read.
 MASKED_SIZES = ((5, 1), (5, 7), (4, 32), (3, 100), (64, 64), (6, 1023), (4, 1024), (2, 1536), (3, 2048), (2, 4097), (2, 8200),
                 (1, 20011))
 
@@ -658,7 +659,8 @@ def test_rows_not_in_whole_packs_on_every_edges_kernel(dtype):
     scores' phase in registers. Every EDGES grid of the scaled, soft-capped, sink and plain softmax, on
     rows each grid holds and ones it does not (the scalar path then), every phase of a row's start
     (consecutive rows of an odd length) and of the mask's, against eager; and the public ops, which pick
-    them (poisoned memory shows a write past a row's end)."""
+    them (poisoned memory shows an element left unwritten; a write into a neighbour's elements shows
+    where it lands after the neighbour's own)."""
     torch.manual_seed(28)
     pack = 16 // torch.empty((), dtype=dtype).element_size()
     ops = torch.ops.fxkern_lib

@@ -20,7 +20,8 @@ elements, 8192 in float32 and 16384 in 16-bit, 1 to 256 threads a row, the row i
 rows in small blocks of one to four warps); one reduction of (max, sum of ``exp(x - max)``) pairs, or
 (``FXK_TWO_REDUCTIONS``) the max and then the sums shifted to it, then the write. Rows too long for
 registers take an online max/sum pass and a second read. Rows not in whole 16-byte packs (an odd
-prompt length) run in each grid's ``EDGES`` kernel, read in the aligned packs around them.
+prompt length) run in each grid's ``EDGES`` kernel, read in the aligned packs around them, where the
+row fits a block's registers and the scores start on a 16-byte boundary; others take a scalar path.
 """
 
 from __future__ import annotations
@@ -189,7 +190,8 @@ __device__ __forceinline__ void store_row(T* __restrict__ yr, int col, int D, co
                 if (col + j >= 0 && col + j < D) yr[col + j] = c.v[j];
         } else {
             const unsigned* w = reinterpret_cast<const unsigned*>(c.v);
-            asm("st.global.v4.b32 [%0], {%1, %2, %3, %4};" ::"l"(yr + col), "r"(w[0]), "r"(w[1]), "r"(w[2]), "r"(w[3]));
+            asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};" ::"l"(yr + col), "r"(w[0]), "r"(w[1]), "r"(w[2]),
+                         "r"(w[3]));
         }
     } else {
         store<T, V>(yr + col, c);
@@ -466,7 +468,7 @@ __device__ __forceinline__ void exps_rounded(const Pack<T, V>& c, float M, float
 }
 
 // The softmax of a row held in registers, written to yr: c holds this thread's packs of it (the k-th at
-// column (k * G + t) * V); slot is 2 x ROW_WARPS floats of shared memory no other live reduction uses.
+// column (k * G + t) * V - p: p is the row's phase with EDGES, else 0); slot is 2 x ROW_WARPS floats of shared memory no other live reduction uses.
 // SINK: the row has one more logit, sink, which counts in its max and sum and is not written; the max
 // taken first, the sum then of exp(T(x - max)) as eager computes it (exp_rounded).
 template <typename T, int V, int NV, bool SINK = false, bool EDGES = false>
@@ -941,8 +943,8 @@ MASKED_TUNING = {"blocks_short_32bit": 12, "blocks_short": 16, "blocks_f32": 2,
                  "steps": {"_4packs_2048": 2}}
 # Rows past 2048 keys fetched first too: 16-bit ones in whole packs in LONG, at 2 blocks an SM (128
 # registers a thread and 40 bytes of local memory, where "" made values as loads arrived in 62-64 and
-# none), float32 ones in "_32bit" (96 registers, against 71, at the 2 blocks an SM it had; its float32
-# rows not in whole packs, which it also takes, fetch first too). 16-bit rows not in whole packs (a
+# none), float32 ones in "_32bit" (96 registers, against 71, at the 2 blocks an SM it had; its EDGES
+# kernel, which takes float32 rows of up to 8189 not in whole packs, fetches first too). 16-bit rows not in whole packs (a
 # prompt of odd length) take ""'s EDGES kernel at 4 blocks an SM: 2 was not timed there. H200, 2026-11-28, GB/s float32 /
 # bfloat16 against the grids before (benchmarks/masked_tuning.py --shape ..., section
 # masked_tuning_2x16x4096_1x16x8192_1x4x16384 of docs/benchmarks.md): 2x16x4096x4096 3666 / 3113 against 2712 / 2903; 1x16x8192x8192 (the pieces
@@ -990,7 +992,7 @@ def _grid(x: torch.Tensor, *others: torch.Tensor, narrow: Collection[str] = ()) 
     if aligned and any(suffix.endswith(EDGES) for suffix in narrow):
         span = d + pack - 1
         suffix = _packed_grid(span, size, narrow, long_rows=False)
-        if suffix + EDGES in narrow and (suffix not in ("", "_32bit") or span <= ROW_ELEMENTS[size]):
+        if suffix + EDGES in narrow and (suffix not in ("", "_32bit") or span <= ROW_ELEMENTS.get(size, 0)):
             return suffix + EDGES
     return "_32bit" if size == 4 and d <= 8192 else ""
 
