@@ -936,9 +936,9 @@ def _outside(candidates: List[_Candidate], fixed: FrozenSet[str], report: Report
         if named is None:
             kept.append(c)
             continue
-        report.rules[c.rule.name].near_misses.append(NearMiss(c.rule.name, [n.name for n in c.match.nodes],
-                                       f"'{named}' is a value a preserved module call takes or returns "
-                                       f"(preserve_module_call_signature): the match would replace it"))
+        why = (f"'{named}' is a value a preserved module call takes or returns "
+               f"(preserve_module_call_signature): the match would replace it")
+        report.rules[c.rule.name].near_misses.append(NearMiss(c.rule.name, [n.name for n in c.match.nodes], why))
     return kept
 
 
