@@ -145,9 +145,16 @@ def cases():
          softmax.scaled_masked_softmax_float32, lambda dt: attention(8, 32, 512, dt)),
         ("HF attention scaled masked softmax, 2x16x2048x2048", "scaled_masked_softmax_float32",
          softmax.scaled_masked_softmax_float32, lambda dt: attention(2, 16, 2048, dt)),
-        # a prompt of odd length: its rows are not whole 16-byte packs, so they take the kernels' scalar path
+        # a prompt of odd length: its rows are not whole 16-byte packs, so they take the kernels' EDGES grids
         ("HF attention scaled masked softmax, 4x32x1001x1001 (odd length)", "scaled_masked_softmax_float32",
          softmax.scaled_masked_softmax_float32, lambda dt: attention(4, 32, 1001, dt)),
+        ("GPT-OSS attention with sinks, 4x32x1001x1001 (odd length)", "sink_masked_softmax",
+         softmax.sink_masked_softmax, lambda dt: (*attention(4, 32, 1001, dt)[:2], t(32, dtype=dt), 0.125, 4, 1001)),
+        ("Gemma 2 soft-capped masked softmax, 4x16x1001x1001 (odd length)", "softcapped_masked_softmax_float32",
+         softmax.softcapped_masked_softmax_float32,
+         lambda dt: (t(4, 16, 1001, 1001, dtype=dt, scale=800.0), *attention(4, 16, 1001, dt)[1:2], 0.0625, 50.0)),
+        ("HF attention softmax, 131072x1001 (odd length)", "softmax_float32", softmax.softmax_float32,
+         lambda dt: (t(8 * 16 * 1024, 1001, dtype=dt, scale=3.0),)),
         # a long context: 8192 keys a row (half of Llama's 32 heads at batch 1: the whole is 2^31 elements, the
         # call fxkern.split cuts in two of these)
         ("HF attention scaled masked softmax, 1x16x8192x8192", "scaled_masked_softmax_float32",

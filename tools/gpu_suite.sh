@@ -85,10 +85,11 @@ if [[ $parts == *long-rows* ]]; then
 fi
 if [[ $parts == *odd-rows* ]]; then
   # attention rows of an odd length (not whole 16-byte packs): the EDGES kernels against the scalar path
-  # they took until 2026-11-28 (4 and 16 scalars a thread), and the library's odd-length row
+  # they took until 2026-11-28 (4 and 16 scalars a thread), and the library's odd-length rows (masked, sink,
+  # soft-capped and plain softmax)
   timeout 200 python3 benchmarks/masked_tuning.py --rounds 2 --shape 4,32,1001 --shape 1,32,4001 \
     --only "rows not in whole packs" --section-out "$OUT/masked_odd.md" > "$OUT/masked_odd.log" 2>&1 || status=1
-  timeout 150 python3 benchmarks/library.py --rounds 3 --only "odd length" --section-out "$OUT/library_odd.md" \
+  timeout 300 python3 benchmarks/library.py --rounds 3 --only "odd length" --section-out "$OUT/library_odd.md" \
     > "$OUT/library_odd.log" 2>&1 || status=1
 fi
 echo "gpu suite exit status: $status"
