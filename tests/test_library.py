@@ -1133,6 +1133,15 @@ def test_rows_not_in_whole_packs_take_the_edges_kernels():
             assert edges.kernel_source == "#define FXK_EDGES 1\n" + grid.kernel_source, suffix
             assert edges.geometry == grid.geometry and edges.kernel_name == grid.kernel_name, suffix
     assert all("FXK_EDGES 1" not in g.kernel_source for s, g in sm.SCALED_MASKED_GRIDS.items() if not s.endswith(sm.EDGES))
+    # an EDGES kernel fetches first as its grid does, unless edges_fetch_first names others (a tuning variant)
+    fetch = "#define FXK_MASK_FETCH_FIRST 1"
+    for suffix, grid in sm.SCALED_MASKED_GRIDS.items():
+        if suffix.endswith(sm.EDGES):
+            assert (fetch in grid.kernel_source) == (fetch in sm.SCALED_MASKED_GRIDS[suffix[:-len(sm.EDGES)]].kernel_source)
+    apart = sm._grids(sm.SCALED_MASKED_SOFTMAX, **{**sm.MASKED_LONG_TUNING, "edges_fetch_first": ("_32bit",)})
+    assert {s for s, g in apart.items() if s.endswith(sm.EDGES) and fetch in g.kernel_source} == {"_32bit" + sm.EDGES}
+    assert all(apart[s].kernel_source == g.kernel_source for s, g in sm.SCALED_MASKED_GRIDS.items()
+               if not s.endswith(sm.EDGES))
 
     extra = sm._extra_grids(sm.SCALED_MASKED_GRIDS)
     f32, bf16 = dict(dtype=torch.float32), dict(dtype=torch.bfloat16)

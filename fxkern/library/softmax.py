@@ -875,7 +875,8 @@ def _small_blocks(spec: KernelSpec, element_size: int, blocks: int, packs: int |
 def _grids(spec: KernelSpec, blocks_short_32bit: int = 16, blocks_short: int = 32, blocks_f32: int | None = None,
            fetch_first: tuple[str, ...] = (), blocks_narrow: int | None = None,
            narrow: Collection[str] = tuple(NARROW_GRIDS), steps: dict[str, int] | None = None,
-           blocks_long: int | None = None, edges: bool = True) -> dict[str, KernelSpec]:
+           blocks_long: int | None = None, edges: bool = True,
+           edges_fetch_first: Collection[str] | None = None) -> dict[str, KernelSpec]:
     """The grids a softmax kernel runs in, by the suffix of their private ops' names.
 
     ``""``: ``spec``'s own, a 256-thread block per 16384 elements (TensorRT plugins carry it; a
@@ -894,7 +895,8 @@ def _grids(spec: KernelSpec, blocks_short_32bit: int = 16, blocks_short: int = 3
     never picks it then). ``steps``: register-fulls a block of those grids takes, one after another, by
     suffix (default 1). ``edges``: each grid but ``LONG`` also as ``suffix + EDGES``, its kernel built
     for rows not in whole packs (a prompt of odd length) read in the aligned packs around them
-    (``FXK_EDGES``), which ``_grid`` picks for such rows that fit."""
+    (``FXK_EDGES``), which ``_grid`` picks for such rows that fit. ``edges_fetch_first``: the grids whose
+    EDGES kernels fetch first, by the grid's suffix (default: ``fetch_first``'s)."""
     blocks = f"#define FXK_ROW_BLOCKS_F32 {blocks_f32}\n" if blocks_f32 else ""
     grids = {"": spec, "_32bit": dataclasses.replace(spec, geometry=Custom(row_geometry_8k),
                                                      kernel_source=blocks + spec.kernel_source),
@@ -919,12 +921,18 @@ def _grids(spec: KernelSpec, blocks_short_32bit: int = 16, blocks_short: int = 3
         # kernels, and masked float32 ones 3.5% slower reduced twice, so only these grids take it)
         two = f"#define FXK_TWO_REDUCTIONS 2\n#define FXK_TWO_REDUCTIONS_G {threads}\n" if threads > 32 else ""
         grids[suffix] = dataclasses.replace(grid, kernel_source=two + grid.kernel_source)
-    grids = {suffix: dataclasses.replace(g, kernel_source="#define FXK_MASK_FETCH_FIRST 1\n" + g.kernel_source)
-             if suffix in fetch_first else g for suffix, g in grids.items()}
+    def fetched(g: KernelSpec, first: Collection[str], suffix: str) -> KernelSpec:
+        return dataclasses.replace(g, kernel_source="#define FXK_MASK_FETCH_FIRST 1\n" + g.kernel_source) \
+            if suffix in first else g
+
+    out = {suffix: fetched(g, fetch_first, suffix) for suffix, g in grids.items()}
     if edges:
-        grids.update({suffix + EDGES: dataclasses.replace(g, kernel_source="#define FXK_EDGES 1\n" + g.kernel_source)
-                      for suffix, g in list(grids.items()) if suffix != LONG})
-    return grids
+        first = fetch_first if edges_fetch_first is None else edges_fetch_first
+        for suffix, g in grids.items():
+            if suffix != LONG:
+                g = fetched(g, first, suffix)
+                out[suffix + EDGES] = dataclasses.replace(g, kernel_source="#define FXK_EDGES 1\n" + g.kernel_source)
+    return out
 
 
 # The masked kernel reads two tensors into registers: it runs half the blocks an SM, each thread with
