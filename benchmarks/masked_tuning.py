@@ -484,7 +484,7 @@ ODD_VARIANTS = {
     "rows not in whole packs: 16-bit values made as loads arrive": _variant(
         edges_fetch_first=("_short_32bit", "_4packs_2048_32bit", "_32bit")),
     # float32 rows of up to 8189 not in whole packs: the _32bit EDGES kernel, fetched first, holds three packs
-    # a pack (127 registers, 424 bytes of local memory); 1x32x4001 ran 2545 GB/s there, 60% of copy. Untimed:
+    # a pack (127 registers at its 2 blocks an SM, no spill); 1x32x4001 ran 2545 GB/s there, 60% of copy. Untimed:
     "rows not in whole packs: float32 long rows made as loads arrive": _variant(
         edges_fetch_first=("_short_32bit", "_4packs_2048_32bit", "_short_4packs", "_4packs_2048")),
 }
