@@ -468,7 +468,8 @@ __device__ __forceinline__ void exps_rounded(const Pack<T, V>& c, float M, float
 }
 
 // The softmax of a row held in registers, written to yr: c holds this thread's packs of it (the k-th at
-// column (k * G + t) * V - p: p is the row's phase with EDGES, else 0); slot is 2 x ROW_WARPS floats of shared memory no other live reduction uses.
+// column (k * G + t) * V - p: p is the row's phase with EDGES, else 0); slot is 2 x ROW_WARPS floats of
+// shared memory no other live reduction uses.
 // SINK: the row has one more logit, sink, which counts in its max and sum and is not written; the max
 // taken first, the sum then of exp(T(x - max)) as eager computes it (exp_rounded).
 template <typename T, int V, int NV, bool SINK = false, bool EDGES = false>
@@ -595,7 +596,8 @@ __device__ __forceinline__ void softmax_rows(const In& in, int D, unsigned rows,
 #pragma unroll
                 for (int k = 0; k < NV; ++k) {
                     const int col = (k * G + t) * V - at;
-                    if (In::MAKE_ALL || (live && col < D)) c[k] = edges<T, V>(in.template value_around<V>(raw[k], d), col, D);
+                    if (In::MAKE_ALL || (live && col < D))
+                        c[k] = edges<T, V>(in.template value_around<V>(raw[k], d), col, D);
                 }
             } else if constexpr (In::FETCH_FIRST) {
                 typename In::template Raw<V> raw[NV];
@@ -882,7 +884,8 @@ def _grids(spec: KernelSpec, blocks_short_32bit: int = 16, blocks_short: int = 3
     ``""``: ``spec``'s own, a 256-thread block per 16384 elements (TensorRT plugins carry it; a
     16-bit block's register-full). ``blocks_long``: adds ``LONG``, that grid at ``blocks_long`` blocks
     an SM, for 16-bit rows past the small grids' in whole, aligned packs (``_grid``; rows that are
-    not, such as prompts of an odd length, take ``""``'s EDGES kernel). ``"_32bit"``: a block per 8192, a float32 block's register-full,
+    not, such as prompts of an odd length, take ``""``'s EDGES kernel). ``"_32bit"``: a block per 8192,
+    a float32 block's register-full,
     ``blocks_f32`` of them an SM (default: the source's), for float32 rows that fit (longer ones keep
     ``spec``'s grid, one block a row up to 16384 elements rather than blocks left without a row).
     ``"_short_32bit"`` and ``"_short"``: the small blocks (``SHORT_BLOCKS``) for float32 and 16-bit
@@ -952,10 +955,11 @@ MASKED_TUNING = {"blocks_short_32bit": 12, "blocks_short": 16, "blocks_f32": 2,
 # Rows past 2048 keys fetched first too: 16-bit ones in whole packs in LONG, at 2 blocks an SM (128
 # registers a thread and 40 bytes of local memory, where "" made values as loads arrived in 62-64 and
 # none), float32 ones in "_32bit" (96 registers, against 71, at the 2 blocks an SM it had; its EDGES
-# kernel, which takes float32 rows of up to 8189 not in whole packs, fetches first too). 16-bit rows not in whole packs (a
-# prompt of odd length) take ""'s EDGES kernel at 4 blocks an SM: 2 was not timed there. H200, 2026-11-28, GB/s float32 /
-# bfloat16 against the grids before (benchmarks/masked_tuning.py --shape ..., section
-# masked_tuning_2x16x4096_1x16x8192_1x4x16384 of docs/benchmarks.md): 2x16x4096x4096 3666 / 3113 against 2712 / 2903; 1x16x8192x8192 (the pieces
+# kernel, which takes float32 rows of up to 8189 not in whole packs, fetches first too). 16-bit rows not
+# in whole packs (a prompt of odd length) take ""'s EDGES kernel at 4 blocks an SM: 2 was not timed
+# there. H200, 2026-11-28, GB/s float32 / bfloat16 against the grids before (benchmarks/masked_tuning.py
+# --shape ..., section masked_tuning_2x16x4096_1x16x8192_1x4x16384 of docs/benchmarks.md):
+# 2x16x4096x4096 3666 / 3113 against 2712 / 2903; 1x16x8192x8192 (the pieces
 # fxkern.split cuts a 1x32x8192x8192 call into) 3550 / 3089 against 2664 / 2885 (inductor 2942 / 1938);
 # 1x4x16384x16384 bfloat16 3272 against 2968 (float32 rows that long are read twice: level). The sink
 # kernel keeps MASKED_TUNING: its long rows were timed only on it (1x16x8192x8192, 2780 / 2852 GB/s,
@@ -997,13 +1001,12 @@ def _grid(x: torch.Tensor, *others: torch.Tensor, narrow: Collection[str] = ()) 
     aligned = aligned_at_launch(x)
     if d % pack == 0 and aligned and all(aligned_at_launch(t) for t in others):
         return _packed_grid(d, size, narrow)
-    if aligned and any(suffix.endswith(EDGES) for suffix in narrow):
+    if aligned:
         span = d + pack - 1
         suffix = _packed_grid(span, size, narrow, long_rows=False)
         if suffix + EDGES in narrow and (suffix not in ("", "_32bit") or span <= ROW_ELEMENTS.get(size, 0)):
             return suffix + EDGES
     return "_32bit" if size == 4 and d <= 8192 else ""
-
 
 
 def _packed_grid(d: int, size: int, narrow: Collection[str] = (), long_rows: bool = True) -> str:
