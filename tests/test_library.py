@@ -1130,14 +1130,21 @@ def test_rows_not_in_whole_packs_take_the_edges_kernels():
             if suffix == sm.LONG or suffix.endswith(sm.EDGES):
                 continue
             edges = grids[suffix + sm.EDGES]
-            assert edges.kernel_source == "#define FXK_EDGES 1\n" + grid.kernel_source, suffix
+            unfetched = edges.kernel_source.replace("#define FXK_MASK_FETCH_FIRST 1\n", "")
+            assert unfetched == "#define FXK_EDGES 1\n" + grid.kernel_source.replace(
+                "#define FXK_MASK_FETCH_FIRST 1\n", ""), suffix
             assert edges.geometry == grid.geometry and edges.kernel_name == grid.kernel_name, suffix
     assert all("FXK_EDGES 1" not in g.kernel_source for s, g in sm.SCALED_MASKED_GRIDS.items() if not s.endswith(sm.EDGES))
-    # an EDGES kernel fetches first as its grid does, unless edges_fetch_first names others (a tuning variant)
+    # an EDGES kernel fetches first as its grid does, unless edges_fetch_first names others: the scaled,
+    # masked kernel's 16-bit small blocks make values as loads arrive, its float32 ones fetch first
     fetch = "#define FXK_MASK_FETCH_FIRST 1"
-    for suffix, grid in sm.SCALED_MASKED_GRIDS.items():
-        if suffix.endswith(sm.EDGES):
-            assert (fetch in grid.kernel_source) == (fetch in sm.SCALED_MASKED_GRIDS[suffix[:-len(sm.EDGES)]].kernel_source)
+    for grids in (sm.SOFTCAPPED_MASKED_GRIDS, sm.SINK_MASKED_GRIDS):
+        for suffix, grid in grids.items():
+            if suffix.endswith(sm.EDGES):
+                assert (fetch in grid.kernel_source) == (fetch in grids[suffix[:-len(sm.EDGES)]].kernel_source)
+    assert {s for s, g in sm.SCALED_MASKED_GRIDS.items() if s.endswith(sm.EDGES) and fetch in g.kernel_source} \
+        == {s + sm.EDGES for s in ("_short_32bit", "_4packs_2048_32bit", "_32bit")}
+    assert fetch in sm.SCALED_MASKED_GRIDS["_short_4packs"].kernel_source
     apart = sm._grids(sm.SCALED_MASKED_SOFTMAX, **{**sm.MASKED_LONG_TUNING, "edges_fetch_first": ("_32bit",)})
     assert {s for s, g in apart.items() if s.endswith(sm.EDGES) and fetch in g.kernel_source} == {"_32bit" + sm.EDGES}
     assert all(apart[s].kernel_source == g.kernel_source for s, g in sm.SCALED_MASKED_GRIDS.items()

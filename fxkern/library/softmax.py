@@ -965,9 +965,12 @@ MASKED_TUNING = {"blocks_short_32bit": 12, "blocks_short": 16, "blocks_f32": 2,
 # kernel keeps MASKED_TUNING: its long rows were timed only on it (1x16x8192x8192, 2780 / 2852 GB/s,
 # benchmarks/library.py), not fetched first. The soft-capped one keeps its own: its 16-bit rows fetched
 # first ran 2580 against 2816 at 8192 keys (softcap_tuning.py).
+# The EDGES kernels' 16-bit small blocks make values as loads arrive: the mask's two packs around each of
+# the scores' and their shift take registers that fetching a row first needs (H200, 2026-11-28 14:07 UTC,
+# 4x32x1001x1001 bfloat16 2481 GB/s against 2151 fetched first; float32 and 4001 keys level).
 LONG_FETCH_FIRST = (LONG, "_32bit")
 MASKED_LONG_TUNING = {**MASKED_TUNING, "fetch_first": (*MASKED_TUNING["fetch_first"], *LONG_FETCH_FIRST),
-                      "blocks_long": 2}
+                      "blocks_long": 2, "edges_fetch_first": ("_short_32bit", "_4packs_2048_32bit", "_32bit")}
 
 
 SOFTMAX_GRIDS, SCALED_MASKED_GRIDS = _grids(SOFTMAX), _grids(SCALED_MASKED_SOFTMAX, **MASKED_LONG_TUNING)
