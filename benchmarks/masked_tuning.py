@@ -484,6 +484,11 @@ ODD_VARIANTS = {
     # 2026-11-28 16:00 UTC (softmax.MASKED_LONG_TUNING's edges_fetch_first)
     "rows not in whole packs: 16-bit EDGES kernels fetched first (shipped until 2026-11-28 16:00 UTC)": _variant(
         edges_fetch_first=None),
+    # The 16-bit EDGES small blocks load a thread's score packs first, then each pack's mask (since
+    # 2026-11-28 17:00 UTC, MaskedRows::SCORES_FIRST); made pack by pack, each pack's three loads were
+    # waited on before the next pack's (nvdisasm: one pack's loads in flight a thread)
+    "rows not in whole packs: 16-bit EDGES values made pack by pack": _variant(
+        edits=(("#define FXK_EDGES_SCORES_FIRST 1", "#define FXK_EDGES_SCORES_FIRST 0"),)),
     # float32 rows of up to 8189 not in whole packs: the _32bit EDGES kernel, fetched first, holds three packs
     # a pack (127 registers at its 2 blocks an SM, no spill); 1x32x4001 ran 2545 GB/s there, 60% of copy. Untimed:
     "rows not in whole packs: float32 long rows made as loads arrive": _variant(

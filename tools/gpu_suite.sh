@@ -2,7 +2,7 @@
 # The whole GPU suite in one device call: tests (CPU and GPU), the examples on CUDA,
 # and the benchmarks. Run from the repository root on the GPU machine:
 #   bash tools/gpu_suite.sh            (results under $OUT, or ./gpu-out without it)
-#   FXKERN_SUITE="tests" bash tools/gpu_suite.sh    (only some parts: tests examples demo bench multi long-rows odd-rows;
+#   FXKERN_SUITE="tests" bash tools/gpu_suite.sh    (only some parts: tests examples demo bench multi long-rows edges-tests odd-rows;
 #                                                    tests-gpu and tests-rest split the tests in two calls;
 #                                                    three with tests-models and FXKERN_SPLIT_MODELS=1 on tests-rest)
 # "multi" needs two GPUs (the nvidia-h200-x2 kind): torchrun over the demo's rewritten model.
@@ -83,12 +83,22 @@ if [[ $parts == *long-rows* ]]; then
     > "$OUT/library_8192.log" 2>&1 || status=1
   timeout 120 python3 benchmarks/past_int32.py --rounds 3 --section-out "$OUT/past_int32.md" > "$OUT/past_int32.log" 2>&1 || status=1
 fi
+if [[ $parts == *edges-tests* ]]; then
+  # the GPU tests of the softmax kernels' grids and rows only (the EDGES kernels among them): a change to
+  # the row code checked in about a minute, before its timing (odd-rows) in the same call
+  timeout 180 python3 -m pytest -q -p no:cacheprovider tests/test_library_gpu.py \
+    -k "edges or every_grid or special_values or unscaled or several_rows or expanded" > "$OUT/edges_tests.log" 2>&1 \
+    || status=1
+  tail -1 "$OUT/edges_tests.log"
+  grep -E "^(FAILED|ERROR)" "$OUT/edges_tests.log" | head -20
+fi
+
 if [[ $parts == *odd-rows* ]]; then
   # attention rows of an odd length (not whole 16-byte packs): the EDGES kernels against the scalar path
   # they took until 2026-11-28 (4 and 16 scalars a thread), and the library's odd-length rows (masked, sink,
-  # soft-capped and plain softmax)
+  # soft-capped and plain softmax). FXKERN_ODD_ONLY: the masked variants to time (masked_tuning's --only).
   timeout 200 python3 benchmarks/masked_tuning.py --rounds 2 --shape 4,32,1001 --shape 1,32,4001 \
-    --only "rows not in whole packs" --section-out "$OUT/masked_odd.md" > "$OUT/masked_odd.log" 2>&1 || status=1
+    --only "${FXKERN_ODD_ONLY:-rows not in whole packs}" --section-out "$OUT/masked_odd.md" > "$OUT/masked_odd.log" 2>&1 || status=1
   timeout 300 python3 benchmarks/library.py --rounds 3 --only "odd length" --section-out "$OUT/library_odd.md" \
     > "$OUT/library_odd.log" 2>&1 || status=1
 fi

@@ -213,6 +213,11 @@ struct Rows {
     __device__ __forceinline__ int mask_shift(const Row&, int) const { return 0; }
     template <int V>
     __device__ __forceinline__ Pack<T, V> pack_around(const Row& r, int col, int, int) const { return pack<V>(r, col); }
+    static constexpr bool SCORES_FIRST = false;  // pack_around is the scores' load
+    template <int V>
+    __device__ __forceinline__ Pack<T, V> scores_at(const Row& r, int col) const { return pack<V>(r, col); }
+    template <int V>
+    __device__ __forceinline__ Pack<T, V> with_mask(const Row&, const Pack<T, V>& x, int, int, int) const { return x; }
 };
 
 // T(T(x * scale) + mask): the scaled, masked scores as eager PyTorch rounds them (each op rounds to
@@ -239,6 +244,11 @@ struct Rows {
 // FXK_MASK_FETCH_FIRST=1: MaskedRows fetches a row's scores and mask before it makes their values.
 #ifndef FXK_MASK_FETCH_FIRST
 #define FXK_MASK_FETCH_FIRST 0
+#endif
+// FXK_EDGES_SCORES_FIRST=1: MaskedRows' EDGES kernels that do not fetch first load the scores first
+// (MaskedRows::SCORES_FIRST).
+#ifndef FXK_EDGES_SCORES_FIRST
+#define FXK_EDGES_SCORES_FIRST 1
 #endif
 //
 // CAP (Gemma 2's soft-capped scores): T(T(cap * T(tanh(T(T(x * scale) * (1 / cap))))) + mask), each
@@ -325,12 +335,16 @@ struct MaskedRows {
     __device__ __forceinline__ int mask_shift(const Row& r, int p) const { return (phase<T, V>(r.m) - p) & (V - 1); }
     template <int V> struct Around { Pack<T, V> x, m, m2; };
     template <int V>
-    __device__ __forceinline__ Around<V> fetch_around(const Row& r, int col, int d, int D) const {
-        Around<V> a{load<T, V>(r.x + col), {}, {}};
+    __device__ __forceinline__ Around<V> mask_around(const Row& r, const Pack<T, V>& x, int col, int d, int D) const {
+        Around<V> a{x, {}, {}};
         const T* m = r.m + (col - d);  // 16-byte aligned
         if (col - d + V > 0) a.m = load<T, V>(m);
         if (d != 0 && col - d + V < D) a.m2 = load<T, V>(m + V);
         return a;
+    }
+    template <int V>
+    __device__ __forceinline__ Around<V> fetch_around(const Row& r, int col, int d, int D) const {
+        return mask_around<V>(r, load<T, V>(r.x + col), col, d, D);
     }
     template <int V>
     __device__ __forceinline__ Pack<T, V> value_around(const Around<V>& a, int d) const {
@@ -339,6 +353,16 @@ struct MaskedRows {
     template <int V>
     __device__ __forceinline__ Pack<T, V> pack_around(const Row& r, int col, int d, int D) const {
         return value_around<V>(fetch_around<V>(r, col, d, D), d);
+    }
+    // EDGES without FETCH_FIRST: SCORES_FIRST loads all of a thread's score packs, then each pack's mask
+    // and its values. The scores stream from memory; the mask row, read again for every head, mostly
+    // comes from cache. Made pack by pack, each pack's loads waited on before the next pack's.
+    static constexpr bool SCORES_FIRST = FXK_EDGES_SCORES_FIRST;
+    template <int V>
+    __device__ __forceinline__ Pack<T, V> scores_at(const Row& r, int col) const { return load<T, V>(r.x + col); }
+    template <int V>
+    __device__ __forceinline__ Pack<T, V> with_mask(const Row& r, const Pack<T, V>& x, int col, int d, int D) const {
+        return value_around<V>(mask_around<V>(r, x, col, d, D), d);
     }
     template <int V>
     __device__ __forceinline__ Pack<T, V> value(const Raw<V>& raw) const {
@@ -585,6 +609,8 @@ __device__ __forceinline__ void softmax_rows(const In& in, int D, unsigned rows,
             const int at = EDGES ? phase<T, V>(xr.x) : 0;
             const int d = EDGES ? in.template mask_shift<V>(xr, at) : 0;
             Pack<T, V> c[NV];
+            // (scores first in blocks of up to 4 packs a thread: at 8, the 64-register grids spilled 228-284 bytes)
+            constexpr bool scores_first = EDGES && In::SCORES_FIRST && NV <= 4;
             if constexpr (EDGES && In::FETCH_FIRST) {
                 typename In::template Around<V> raw[NV];
 #pragma unroll
@@ -617,10 +643,25 @@ __device__ __forceinline__ void softmax_rows(const In& in, int D, unsigned rows,
                 for (int k = 0; k < NV; ++k) {
                     const int col = (k * G + t) * V - at;
                     if (live && col < D) {
-                        if constexpr (EDGES)
-                            c[k] = edges<T, V>(in.template pack_around<V>(xr, col, d, D), col, D);
+                        if constexpr (scores_first)
+                            c[k] = in.template scores_at<V>(xr, col);
+                        else if constexpr (EDGES)
+                            c[k] = in.template pack_around<V>(xr, col, d, D);
                         else
                             c[k] = in.template pack<V>(xr, col);
+                    }
+                }
+                // EDGES: the -inf padding after every pack's load, not between them: with it beside
+                // each load, nvcc waited for a pack before loading the next, one load in flight a thread
+                // (the plain softmax's bfloat16 rows of 1001 ran at 0.72x inductor, H200, 2026-11-28)
+                if constexpr (EDGES) {
+#pragma unroll
+                    for (int k = 0; k < NV; ++k) {
+                        const int col = (k * G + t) * V - at;
+                        if (live && col < D) {
+                            if constexpr (scores_first) c[k] = in.template with_mask<V>(xr, c[k], col, d, D);
+                            c[k] = edges<T, V>(c[k], col, D);
+                        }
                     }
                 }
             }
