@@ -484,11 +484,14 @@ ODD_VARIANTS = {
     # 2026-11-28 16:00 UTC (softmax.MASKED_LONG_TUNING's edges_fetch_first)
     "rows not in whole packs: 16-bit EDGES kernels fetched first (shipped until 2026-11-28 16:00 UTC)": _variant(
         edges_fetch_first=None),
-    # The 16-bit EDGES small blocks load a thread's score packs first, then each pack's mask (since
-    # 2026-11-28 17:00 UTC, MaskedRows::SCORES_FIRST); made pack by pack, each pack's three loads were
-    # waited on before the next pack's (nvdisasm: one pack's loads in flight a thread)
-    "rows not in whole packs: 16-bit EDGES values made pack by pack": _variant(
-        edits=(("#define FXK_EDGES_SCORES_FIRST 1", "#define FXK_EDGES_SCORES_FIRST 0"),)),
+    # H200, 2026-11-28 16:35 UTC, 4x32x1001 / 1x32x4001 bfloat16, GB/s: the EDGES kernels' -inf padding
+    # apart from the loads in every grid (softmax.FXK_EDGES_PAD_APART 1) 2300 / 2421, where the 16:07 run
+    # had it beside them at 2464 / 2164; the 16-bit small blocks loading all of a thread's score packs
+    # first, then each pack's mask and values, 2290 / 2422 (deleted)
+    "rows not in whole packs: EDGES padding apart from the loads in every grid": _variant(
+        edits=(("#define FXK_EDGES_PAD_APART 2", "#define FXK_EDGES_PAD_APART 1"),)),
+    "rows not in whole packs: EDGES padding beside each load in every grid": _variant(
+        edits=(("#define FXK_EDGES_PAD_APART 2", "#define FXK_EDGES_PAD_APART 0"),)),
     # float32 rows of up to 8189 not in whole packs: the _32bit EDGES kernel, fetched first, holds three packs
     # a pack (127 registers at its 2 blocks an SM, no spill); 1x32x4001 ran 2545 GB/s there, 60% of copy. Untimed:
     "rows not in whole packs: float32 long rows made as loads arrive": _variant(

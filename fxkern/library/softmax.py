@@ -213,11 +213,7 @@ struct Rows {
     __device__ __forceinline__ int mask_shift(const Row&, int) const { return 0; }
     template <int V>
     __device__ __forceinline__ Pack<T, V> pack_around(const Row& r, int col, int, int) const { return pack<V>(r, col); }
-    static constexpr bool SCORES_FIRST = false;  // pack_around is the scores' load
-    template <int V>
-    __device__ __forceinline__ Pack<T, V> scores_at(const Row& r, int col) const { return pack<V>(r, col); }
-    template <int V>
-    __device__ __forceinline__ Pack<T, V> with_mask(const Row&, const Pack<T, V>& x, int, int, int) const { return x; }
+    static constexpr int PAD_APART = 1;  // see FXK_EDGES_PAD_APART
 };
 
 // T(T(x * scale) + mask): the scaled, masked scores as eager PyTorch rounds them (each op rounds to
@@ -245,10 +241,14 @@ struct Rows {
 #ifndef FXK_MASK_FETCH_FIRST
 #define FXK_MASK_FETCH_FIRST 0
 #endif
-// FXK_EDGES_SCORES_FIRST=1: MaskedRows' EDGES kernels that do not fetch first load the scores first
-// (MaskedRows::SCORES_FIRST).
-#ifndef FXK_EDGES_SCORES_FIRST
-#define FXK_EDGES_SCORES_FIRST 1
+// FXK_EDGES_PAD_APART: where an EDGES kernel that does not fetch first makes its packs' out-of-row
+// elements -inf (edges): 1, in a loop of its own after all of a thread's packs are made; 0, beside each
+// pack's load; 2, apart in blocks of more than 4 packs a thread, beside in the others. Beside each
+// load, nvcc waited for a pack before loading the next: the plain softmax (Rows, always apart since)
+// ran its bfloat16 rows of 1001 at 2540 GB/s so, 0.72x inductor, apart at 3917 (H200, 2026-11-28).
+// MaskedRows, whose packs are made as their loads arrive anyway, keeps 2 (benchmarks/masked_tuning.py).
+#ifndef FXK_EDGES_PAD_APART
+#define FXK_EDGES_PAD_APART 2
 #endif
 //
 // CAP (Gemma 2's soft-capped scores): T(T(cap * T(tanh(T(T(x * scale) * (1 / cap))))) + mask), each
@@ -335,16 +335,12 @@ struct MaskedRows {
     __device__ __forceinline__ int mask_shift(const Row& r, int p) const { return (phase<T, V>(r.m) - p) & (V - 1); }
     template <int V> struct Around { Pack<T, V> x, m, m2; };
     template <int V>
-    __device__ __forceinline__ Around<V> mask_around(const Row& r, const Pack<T, V>& x, int col, int d, int D) const {
-        Around<V> a{x, {}, {}};
+    __device__ __forceinline__ Around<V> fetch_around(const Row& r, int col, int d, int D) const {
+        Around<V> a{load<T, V>(r.x + col), {}, {}};
         const T* m = r.m + (col - d);  // 16-byte aligned
         if (col - d + V > 0) a.m = load<T, V>(m);
         if (d != 0 && col - d + V < D) a.m2 = load<T, V>(m + V);
         return a;
-    }
-    template <int V>
-    __device__ __forceinline__ Around<V> fetch_around(const Row& r, int col, int d, int D) const {
-        return mask_around<V>(r, load<T, V>(r.x + col), col, d, D);
     }
     template <int V>
     __device__ __forceinline__ Pack<T, V> value_around(const Around<V>& a, int d) const {
@@ -354,16 +350,7 @@ struct MaskedRows {
     __device__ __forceinline__ Pack<T, V> pack_around(const Row& r, int col, int d, int D) const {
         return value_around<V>(fetch_around<V>(r, col, d, D), d);
     }
-    // EDGES without FETCH_FIRST: SCORES_FIRST loads all of a thread's score packs, then each pack's mask
-    // and its values. The scores stream from memory; the mask row, read again for every head, mostly
-    // comes from cache. Made pack by pack, each pack's loads waited on before the next pack's.
-    static constexpr bool SCORES_FIRST = FXK_EDGES_SCORES_FIRST;
-    template <int V>
-    __device__ __forceinline__ Pack<T, V> scores_at(const Row& r, int col) const { return load<T, V>(r.x + col); }
-    template <int V>
-    __device__ __forceinline__ Pack<T, V> with_mask(const Row& r, const Pack<T, V>& x, int col, int d, int D) const {
-        return value_around<V>(mask_around<V>(r, x, col, d, D), d);
-    }
+    static constexpr int PAD_APART = FXK_EDGES_PAD_APART;
     template <int V>
     __device__ __forceinline__ Pack<T, V> value(const Raw<V>& raw) const {
         const Pack<T, V>& a = raw.x;
@@ -609,8 +596,7 @@ __device__ __forceinline__ void softmax_rows(const In& in, int D, unsigned rows,
             const int at = EDGES ? phase<T, V>(xr.x) : 0;
             const int d = EDGES ? in.template mask_shift<V>(xr, at) : 0;
             Pack<T, V> c[NV];
-            // (scores first in blocks of up to 4 packs a thread: at 8, the 64-register grids spilled 228-284 bytes)
-            constexpr bool scores_first = EDGES && In::SCORES_FIRST && NV <= 4;
+            constexpr bool apart = In::PAD_APART == 1 || (In::PAD_APART == 2 && NV > 4);  // FXK_EDGES_PAD_APART
             if constexpr (EDGES && In::FETCH_FIRST) {
                 typename In::template Around<V> raw[NV];
 #pragma unroll
@@ -643,25 +629,19 @@ __device__ __forceinline__ void softmax_rows(const In& in, int D, unsigned rows,
                 for (int k = 0; k < NV; ++k) {
                     const int col = (k * G + t) * V - at;
                     if (live && col < D) {
-                        if constexpr (scores_first)
-                            c[k] = in.template scores_at<V>(xr, col);
-                        else if constexpr (EDGES)
+                        if constexpr (EDGES && apart)
                             c[k] = in.template pack_around<V>(xr, col, d, D);
+                        else if constexpr (EDGES)
+                            c[k] = edges<T, V>(in.template pack_around<V>(xr, col, d, D), col, D);
                         else
                             c[k] = in.template pack<V>(xr, col);
                     }
                 }
-                // EDGES: the -inf padding after every pack's load, not between them: with it beside
-                // each load, nvcc waited for a pack before loading the next, one load in flight a thread
-                // (the plain softmax's bfloat16 rows of 1001 ran at 0.72x inductor, H200, 2026-11-28)
-                if constexpr (EDGES) {
+                if constexpr (EDGES && apart) {
 #pragma unroll
                     for (int k = 0; k < NV; ++k) {
                         const int col = (k * G + t) * V - at;
-                        if (live && col < D) {
-                            if constexpr (scores_first) c[k] = in.template with_mask<V>(xr, c[k], col, d, D);
-                            c[k] = edges<T, V>(c[k], col, D);
-                        }
+                        if (live && col < D) c[k] = edges<T, V>(c[k], col, D);
                     }
                 }
             }
