@@ -487,7 +487,8 @@ ODD_VARIANTS = {
     # H200, 2026-11-28 16:35 UTC, 4x32x1001 / 1x32x4001 bfloat16, GB/s: the EDGES kernels' -inf padding
     # apart from the loads in every grid (softmax.FXK_EDGES_PAD_APART 1) 2300 / 2421, where the 16:07 run
     # had it beside them at 2464 / 2164; the 16-bit small blocks loading all of a thread's score packs
-    # first, then each pack's mask and values, 2290 / 2422 (deleted)
+    # first, then each pack's mask and values, 2290 / 2422 (deleted). 16:50 UTC, one run at bf1ad89: apart
+    # in the 8-pack grid only (shipped) 2402 / 2418, apart everywhere 2234 / 2422, beside everywhere 2370 / 2192
     "rows not in whole packs: EDGES padding apart from the loads in every grid": _variant(
         edits=(("#define FXK_EDGES_PAD_APART 2", "#define FXK_EDGES_PAD_APART 1"),)),
     "rows not in whole packs: EDGES padding beside each load in every grid": _variant(

@@ -246,7 +246,8 @@ struct Rows {
 // pack's load; 2, apart in blocks of more than 4 packs a thread, beside in the others. Beside each
 // load, nvcc waited for a pack before loading the next: the plain softmax (Rows, always apart since)
 // ran its bfloat16 rows of 1001 at 2540 GB/s so, 0.72x inductor, apart at 3917 (H200, 2026-11-28).
-// MaskedRows, whose packs are made as their loads arrive anyway, keeps 2 (benchmarks/masked_tuning.py).
+// MaskedRows, whose packs are made as their loads arrive anyway, keeps 2: bfloat16 4x32x1001 / 1x32x4001
+// 2402 / 2418 GB/s, against 2234 / 2422 at 1 and 2370 / 2192 at 0 (benchmarks/masked_tuning.py).
 #ifndef FXK_EDGES_PAD_APART
 #define FXK_EDGES_PAD_APART 2
 #endif
