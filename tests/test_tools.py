@@ -1,5 +1,5 @@
-"""tools/same_sass.py and tools/kernel_resources.py: CPU checks of what a kernel-source change does to the machine
-code; tools/model_survey.py: what the library matches in model families beyond the benchmark."""
+"""tools/same_sass.py, tools/kernel_resources.py and tools/loads_in_flight.py: CPU checks of what a kernel-source
+change does to the machine code; tools/model_survey.py: what the library matches in model families beyond the benchmark."""
 
 import os
 import re
@@ -13,6 +13,7 @@ from fxkern import compiler
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
 
 import kernel_resources  # noqa: E402
+import loads_in_flight  # noqa: E402
 import same_sass  # noqa: E402
 
 KERNEL = r"""
@@ -63,6 +64,60 @@ def test_kernel_names_keep_the_instantiation():
     assert same_sass.kernel_name("_Z12softmax_lastI13__nv_bfloat16EvPKT_iiPS1_") == "softmax_last<__nv_bfloat16>"
     assert same_sass.kernel_name("_Z12softmax_lastIfEvPKT_iiPS0_") == "softmax_last<float>"
     assert same_sass.kernel_name("scale_kernel") == "scale_kernel"
+
+
+# ---- tools/loads_in_flight.py: global loads outstanding at once, read from the disassembly ---------
+
+
+def test_loads_are_outstanding_until_a_register_of_theirs_is_read_or_written():
+    walk = loads_in_flight.loads_in_flight
+    together = ["@P0 LDG.E.128 R16, desc[UR10][R2.64] ;", "@!P1 LDG.E.128 R20, desc[UR10][R4.64] ;",
+                "LDG.E.U16 R24, desc[UR10][R6.64] ;", "FADD R8, R19, R23 ;", "FADD R9, R24, R8 ;"]
+    assert walk(together) == loads_in_flight.Loads(wide=2, wide_in_flight=2, all=3, all_in_flight=3)
+    # each pack used before the next is loaded: one in flight
+    one_by_one = ["LDG.E.128 R16, desc[UR10][R2.64] ;", "PRMT R52, R16, 0x7610, R16 ;",
+                  "LDG.E.128 R16, desc[UR10][R4.64] ;", "PRMT R51, R17, 0x7610, R17 ;"]
+    assert walk(one_by_one).wide_in_flight == 1
+    # an address pair holding a pending register (R17 of R16..R19) waits too, as does overwriting one
+    assert walk(["LDG.E.128 R16, desc[UR4][R2.64] ;", "LDG.E R4, desc[UR4][R16.64] ;"]).all_in_flight == 1
+    assert walk(["LDG.E.64 R16, desc[UR4][R2.64] ;", "MOV R17, RZ ;", "LDG.E.64 R18, desc[UR4][R2.64+0x8] ;",
+                 "FADD R0, R18, R19 ;"]).all_in_flight == 1
+    # stores read their operands: a store of a loaded pack waits for it
+    assert walk(["LDG.E.128 R8, desc[UR4][R2.64] ;", "LDG.E.128 R12, desc[UR4][R2.64+0x10] ;",
+                 "STG.E.128 desc[UR4][R4.64], R8 ;"]).wide_in_flight == 2
+
+
+# Eight independent 16-byte loads summed, and eight whose addresses each come from the load before
+# (a chain: the thread has to wait for each).
+EIGHT = r"""
+extern "C" __global__ void eight(const float4* x, float* y) {
+    float4 v[8];
+#pragma unroll
+    for (int k = 0; k < 8; ++k) v[k] = x[threadIdx.x + k * 256];
+    float s = 0.0f;
+#pragma unroll
+    for (int k = 0; k < 8; ++k) s += v[k].x + v[k].y + v[k].z + v[k].w;
+    y[threadIdx.x] = s;
+}
+extern "C" __global__ void chained(const int4* x, int* y) {
+    int i = threadIdx.x, s = 0;
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+        const int4 v = x[i];
+        s += v.y + v.z + v.w;
+        i = v.x;
+    }
+    y[threadIdx.x] = s;
+}
+"""
+
+
+def test_loads_in_flight_of_compiled_kernels(fresh_cache, nvdisasm):
+    cubin = compiler.compile_source(EIGHT, [], arch="sm_90").cubin
+    walked = {name: loads_in_flight.loads_in_flight(code) for name, code in same_sass.functions(cubin, nvdisasm).items()}
+    # (ptxas may start the sum once seven are out, and issue the eighth after it)
+    assert walked["eight"].wide == 8 and walked["eight"].wide_in_flight >= 6
+    assert walked["chained"].wide == 8 and walked["chained"].wide_in_flight == 1
 
 
 # ---- tools/kernel_resources.py: ptxas's register and spill report, read on the CPU ----------------
