@@ -99,6 +99,8 @@ if [[ $parts == *odd-rows* ]]; then
   # soft-capped and plain softmax). FXKERN_ODD_ONLY: the masked variants to time (masked_tuning's --only).
   timeout 200 python3 benchmarks/masked_tuning.py --rounds 2 --shape 4,32,1001 --shape 1,32,4001 \
     --only "${FXKERN_ODD_ONLY:-rows not in whole packs}" --section-out "$OUT/masked_odd.md" > "$OUT/masked_odd.log" 2>&1 || status=1
+  timeout 150 python3 benchmarks/softcap_tuning.py --rounds 2 --shape 4,16,1001 --only "rows not in whole packs" \
+    --section-out "$OUT/softcap_odd.md" > "$OUT/softcap_odd.log" 2>&1 || status=1
   timeout 300 python3 benchmarks/library.py --rounds 3 --only "odd length" --section-out "$OUT/library_odd.md" \
     > "$OUT/library_odd.log" 2>&1 || status=1
 fi
