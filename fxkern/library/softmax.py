@@ -251,6 +251,12 @@ struct Rows {
 #ifndef FXK_EDGES_PAD_APART
 #define FXK_EDGES_PAD_APART 2
 #endif
+// FXK_EDGES_FETCH_GROUP: an EDGES kernel that fetches first fetches this many of a thread's packs,
+// then makes their values, then the next ones (default: all at once). Each pack holds three packs'
+// registers until made: the 16-bit small blocks fetching all 4 spilled 64 bytes (masked_tuning.py).
+#ifndef FXK_EDGES_FETCH_GROUP
+#define FXK_EDGES_FETCH_GROUP 64
+#endif
 //
 // CAP (Gemma 2's soft-capped scores): T(T(cap * T(tanh(T(T(x * scale) * (1 / cap))))) + mask), each
 // op rounded to T as eager rounds it (its division by a Python number multiplies by the float32
@@ -599,18 +605,24 @@ __device__ __forceinline__ void softmax_rows(const In& in, int D, unsigned rows,
             Pack<T, V> c[NV];
             constexpr bool apart = In::PAD_APART == 1 || (In::PAD_APART == 2 && NV > 4);  // FXK_EDGES_PAD_APART
             if constexpr (EDGES && In::FETCH_FIRST) {
-                typename In::template Around<V> raw[NV];
+                // FXK_EDGES_FETCH_GROUP packs at a time (each pack's scores and two mask packs)
+                constexpr int GROUP = FXK_EDGES_FETCH_GROUP < NV ? FXK_EDGES_FETCH_GROUP : NV;
+                static_assert(NV % GROUP == 0, "FXK_EDGES_FETCH_GROUP divides a thread's packs");
 #pragma unroll
-                for (int k = 0; k < NV; ++k) {
-                    const int col = (k * G + t) * V - at;
-                    if constexpr (In::MAKE_ALL) raw[k] = {};
-                    if (live && col < D) raw[k] = in.template fetch_around<V>(xr, col, d, D);
-                }
+                for (int k0 = 0; k0 < NV; k0 += GROUP) {
+                    typename In::template Around<V> raw[GROUP];
 #pragma unroll
-                for (int k = 0; k < NV; ++k) {
-                    const int col = (k * G + t) * V - at;
-                    if (In::MAKE_ALL || (live && col < D))
-                        c[k] = edges<T, V>(in.template value_around<V>(raw[k], d), col, D);
+                    for (int i = 0; i < GROUP; ++i) {
+                        const int col = ((k0 + i) * G + t) * V - at;
+                        if constexpr (In::MAKE_ALL) raw[i] = {};
+                        if (live && col < D) raw[i] = in.template fetch_around<V>(xr, col, d, D);
+                    }
+#pragma unroll
+                    for (int i = 0; i < GROUP; ++i) {
+                        const int col = ((k0 + i) * G + t) * V - at;
+                        if (In::MAKE_ALL || (live && col < D))
+                            c[k0 + i] = edges<T, V>(in.template value_around<V>(raw[i], d), col, D);
+                    }
                 }
             } else if constexpr (In::FETCH_FIRST) {
                 typename In::template Raw<V> raw[NV];
