@@ -800,11 +800,12 @@ def main(argv=None) -> None:
                      doc=__doc__)
 
 
-def compare_variants(variants: dict, base, pattern, scalars: tuple, x_scale: float, prefix: str, section: str,
+def compare_variants(variants: dict, base, pattern, scalars, x_scale: float, prefix: str, section: str,
                      script: str, args, title: str, doc: str) -> None:
     """Time each variant of the masked kernel ``base`` (its ops named ``fxkern_tune::<prefix>_<i>``)
     and inductor's ``pattern`` on ``SHAPES`` x ``DTYPES``: scores of randn times ``x_scale``, the
-    causal mask, ``scalars`` after them. Candidates are checked against ``pattern`` first (labels in
+    causal mask, ``scalars`` after them (a tuple, or a callable ``(b, h, s, dtype)`` giving each
+    case's: the sink kernel's sinks, batch and queries). Candidates are checked against ``pattern`` first (labels in
     parentheses are diagnostics, not checked). Writes ``section``, titled ``title``, with ``doc``'s
     third paragraph as its description."""
     import fxkern.library
@@ -818,24 +819,25 @@ def compare_variants(variants: dict, base, pattern, scalars: tuple, x_scale: flo
         for dt in DTYPES:
             x = (torch.randn(b, h, s, s, device="cuda") * x_scale).to(dt)
             mask = torch.full((s, s), torch.finfo(dt).min, device="cuda", dtype=dt).triu(1).expand(b, 1, s, s).contiguous()
-            want = pattern(x, mask, *scalars)
+            extra = scalars(b, h, s, dt) if callable(scalars) else scalars
+            want = pattern(x, mask, *extra)
             for label, (fn, _) in list(fns.items()):
                 if not label.startswith("("):
                     try:
-                        torch.testing.assert_close(fn(x, mask, *scalars), want, rtol=1.6e-2, atol=1e-5)
+                        torch.testing.assert_close(fn(x, mask, *extra), want, rtol=1.6e-2, atol=1e-5)
                     except Exception as e:  # a wrong or unlaunchable variant is named and left out, never timed
                         print(f"variant {label!r} is wrong at {b}x{h}x{s}x{s} {dt}, left out: {e}", flush=True)
                         del fns[label]
-            compiled(x, mask, *scalars)
-            cases.append((f"{b}x{h}x{s}x{s} {str(dt)[6:]}", x, mask))
+            compiled(x, mask, *extra)
+            cases.append((f"{b}x{h}x{s}x{s} {str(dt)[6:]}", x, mask, extra))
     runners = {"inductor": compiled, **{label: fn for label, (fn, _) in fns.items()}}
     table = common.bandwidth_rows(
-        runners, [((x, mask, *scalars), 2 * x.numel() * x.element_size() + mask.numel() * mask.element_size())
-                  for _, x, mask in cases], args.rounds)
+        runners, [((x, mask, *extra), 2 * x.numel() * x.element_size() + mask.numel() * mask.element_size())
+                  for _, x, mask, extra in cases], args.rounds)
     regs = {label: registers(names) for label, (_, names) in fns.items()}
     if getattr(args, "shape", None):  # other shapes: a section of their own, the default shapes' kept
         section += "".join(f"_{b}x{h}x{s}" for b, h, s in args.shape)
-    body = common.variant_section(title, script, args, doc, [name for name, _, _ in cases], table,
+    body = common.variant_section(title, script, args, doc, [name for name, *_ in cases], table,
                                   extra=("registers", regs))
     common.emit(section, body, args.section_out)
 

@@ -18,6 +18,7 @@ def test_benchmarks_without_a_gpu_leave_the_measured_sections_alone(monkeypatch,
     import library
     import masked_tuning
     import past_int32
+    import sink_tuning
     import softcap_tuning
 
     written = []
@@ -25,17 +26,19 @@ def test_benchmarks_without_a_gpu_leave_the_measured_sections_alone(monkeypatch,
     library.main([])
     masked_tuning.main(["--only", "staged"])
     softcap_tuning.main([])
+    sink_tuning.main([])
     cohere_tuning.main([])
     gate_tuning.main([])
     past_int32.main([])
     assert written == []
     out = capsys.readouterr().out
-    assert out.count("no GPU on this machine, nothing measured") == 6, out
+    assert out.count("no GPU on this machine, nothing measured") == 7, out
 
 
 @pytest.mark.parametrize("script,module,spec", [("rope_tuning", "rotary", None), ("norm_rope_tuning", "norm_rotary", None),
                                                 ("masked_tuning", "softmax", "SCALED_MASKED_SOFTMAX"),
                                                 ("softcap_tuning", "softmax", "SOFTCAPPED_MASKED_SOFTMAX"),
+                                                ("sink_tuning", "softmax", "SINK_MASKED_SOFTMAX"),
                                                 ("cohere_tuning", "layernorm", None),
                                                 ("gate_tuning", "swiglu", "CLAMPED_SWIGLU")])
 def test_every_tuning_variants_edits_find_their_text_in_the_kernel_source(script, module, spec):
@@ -59,6 +62,9 @@ SOFTMAX_KNOBS = {
     "one reduction": "#define FXK_TWO_REDUCTIONS 0\n",
     "two reductions everywhere": "#define FXK_TWO_REDUCTIONS 2\n#define FXK_TWO_REDUCTIONS_G 1024\n",
     "exp2f": "#define FXK_EXP_FTZ 0\n",
+    # the EDGES kernels' (rows of an odd length) fetch in groups, and their padding beside each load
+    "EDGES fetched two packs at a time": "#define FXK_EDGES 1\n#define FXK_MASK_FETCH_FIRST 1\n#define FXK_EDGES_FETCH_GROUP 2\n",
+    "EDGES padding beside the loads": "#define FXK_EDGES 1\n#define FXK_EDGES_PAD_APART 0\n",
 }
 
 

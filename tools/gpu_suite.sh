@@ -2,7 +2,7 @@
 # The whole GPU suite in one device call: tests (CPU and GPU), the examples on CUDA,
 # and the benchmarks. Run from the repository root on the GPU machine:
 #   bash tools/gpu_suite.sh            (results under $OUT, or ./gpu-out without it)
-#   FXKERN_SUITE="tests" bash tools/gpu_suite.sh    (only some parts: tests examples demo bench multi long-rows edges-tests odd-rows;
+#   FXKERN_SUITE="tests" bash tools/gpu_suite.sh    (only some parts: tests examples demo bench multi long-rows edges-tests odd-rows sink-rows;
 #                                                    tests-gpu and tests-rest split the tests in two calls;
 #                                                    three with tests-models and FXKERN_SPLIT_MODELS=1 on tests-rest)
 # "multi" needs two GPUs (the nvidia-h200-x2 kind): torchrun over the demo's rewritten model.
@@ -104,5 +104,10 @@ if [[ $parts == *odd-rows* ]]; then
   timeout 300 python3 benchmarks/library.py --rounds 3 --only "odd length" --section-out "$OUT/library_odd.md" \
     > "$OUT/library_odd.log" 2>&1 || status=1
 fi
+if [[ $parts == *sink-rows* ]]; then
+  # GPT-OSS's attention with sinks at 8192 and 1001 keys against the scaled, masked kernel's tuning
+  timeout 240 python3 benchmarks/sink_tuning.py --rounds 2 --section-out "$OUT/sink.md" > "$OUT/sink.log" 2>&1 || status=1
+fi
+
 echo "gpu suite exit status: $status"
 exit $status
