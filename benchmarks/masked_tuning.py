@@ -805,9 +805,9 @@ def compare_variants(variants: dict, base, pattern, scalars, x_scale: float, pre
     """Time each variant of the masked kernel ``base`` (its ops named ``fxkern_tune::<prefix>_<i>``)
     and inductor's ``pattern`` on ``SHAPES`` x ``DTYPES``: scores of randn times ``x_scale``, the
     causal mask, ``scalars`` after them (a tuple, or a callable ``(b, h, s, dtype)`` giving each
-    case's: the sink kernel's sinks, batch and queries). Candidates are checked against ``pattern`` first (labels in
-    parentheses are diagnostics, not checked). Writes ``section``, titled ``title``, with ``doc``'s
-    third paragraph as its description."""
+    case's: the sink kernel's sinks, batch and queries). Candidates are checked against ``pattern``
+    first (labels in parentheses are diagnostics, not checked). Writes ``section``, titled ``title``,
+    with ``doc``'s third paragraph as its description."""
     import fxkern.library
 
     fxkern.library.rules()
