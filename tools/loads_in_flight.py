@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import re
-import subprocess
 import sys
 import tempfile
 from dataclasses import dataclass
@@ -30,7 +29,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from same_sass import _DUMP, ROOT, functions, kernel_name, nvdisasm  # noqa: E402
+from same_sass import ROOT, dump, functions, kernel_name, nvdisasm  # noqa: E402
 
 _REG = re.compile(r"(?<![\w.])R(\d+)((?:\.\w+)*)")
 _WIDTH = {"128": 4, "64": 2}
@@ -98,7 +97,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     tool = nvdisasm()
     with tempfile.TemporaryDirectory(prefix="fxkern-loads-") as tmp:
-        subprocess.run([sys.executable, "-c", _DUMP, tmp], cwd=ROOT, check=True)
+        dump(ROOT, Path(tmp))
         rows = []
         for cubin in sorted(Path(tmp).glob("*.cubin")):
             op = cubin.stem.replace("__", "::", 1)
