@@ -494,11 +494,9 @@ ODD_VARIANTS = {
     "rows not in whole packs: EDGES padding beside each load in every grid": _variant(
         edits=(("#define FXK_EDGES_PAD_APART 2", "#define FXK_EDGES_PAD_APART 0"),)),
     # The 16-bit small blocks fetching first hold three packs a pack until made: all 4 at once spilled 64
-    # bytes (above). Fetched two packs at a time (softmax's FXK_EDGES_FETCH_GROUP), the float32 ones as
-    # shipped. Untimed:
-    "rows not in whole packs: 16-bit EDGES kernels fetched first, two packs at a time": _variant(
-        edges_fetch_first=None, edits=(("#define FXK_EDGES_FETCH_GROUP 64",
-                                        "#define FXK_EDGES_FETCH_GROUP (sizeof(T) == 2 ? 2 : 64)"),)),
+    # bytes (above). Fetched two packs at a time (72 registers, no spill) they ran 2152 GB/s against the
+    # shipped 2477 at 4x32x1001 bfloat16 (H200, 2026-11-28 19:03 UTC; float32 and 4001 keys level); that
+    # variant and its knob (FXK_EDGES_FETCH_GROUP) were then deleted.
     # float32 rows of up to 8189 not in whole packs: the _32bit EDGES kernel, fetched first, holds three packs
     # a pack (127 registers at its 2 blocks an SM, no spill). Made as loads arrive instead (76 registers) it
     # ran 2372 GB/s against 2542 at 1x32x4001 (H200, 2026-11-28 16:07 UTC); that variant was then deleted.

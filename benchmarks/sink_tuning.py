@@ -29,28 +29,29 @@ SHAPES = [(1, 16, 8192), (4, 32, 1001)]
 
 
 def _variant(edits=(), **tuning) -> dict:
-    """A variant: the sink kernel's grids (softmax.MASKED_TUNING) changed as ``tuning`` says, and ``edits``
-    to softmax.SOURCE."""
+    """A variant: the grids of MASKED_TUNING (the sink kernel's until 2026-11-28) changed as ``tuning`` says,
+    and ``edits`` to softmax.SOURCE."""
     from fxkern.library import softmax
 
     return {"tuning": {**softmax.MASKED_TUNING, **tuning}, "edits": edits}
 
 
 def _as_masked(**changes) -> dict:
-    """The scaled, masked kernel's tuning (softmax.MASKED_LONG_TUNING) for the sink kernel's grids."""
+    """The scaled, masked kernel's tuning (softmax.MASKED_LONG_TUNING, the sink kernel's own) changed as
+    ``changes`` says."""
     from fxkern.library import softmax
 
     return {"tuning": {**softmax.MASKED_LONG_TUNING, **changes}, "edits": ()}
 
 
-# The sink kernel keeps MASKED_TUNING: its long rows were timed only on it (1x16x8192x8192, H200,
-# 2026-11-28: 2780 / 2852 GB/s float32 / bfloat16, 66-68% of copy), where the scaled, masked kernel's
-# long rows fetched first (LONG at 2 blocks an SM, "_32bit") gained 7-33%; and its odd rows' 16-bit
-# EDGES small blocks fetch first, where the masked kernel's made values as loads arrive 15% faster
-# (2126 GB/s in bfloat16 at 4x32x1001, 50% of copy). Untimed:
+# The sink kernel keeps the scaled, masked kernel's tuning (softmax.MASKED_LONG_TUNING) since 2026-11-28
+# 19:20 UTC. H200, 19:03 UTC, GB/s float32 / bfloat16, 1x16x8192x8192 and 4x32x1001x1001 (section
+# sink_tuning_h200_1128 of docs/benchmarks.md): that tuning 3791 / 3353 and 3359 / 2419 against
+# MASKED_TUNING's 2774 / 2873 and 3358 / 2111; long rows fetched first alone 3791 / 3352 and 3359 / 2111;
+# the 16-bit EDGES small blocks made as loads arrive alone 2778 / 2870 and 3358 / 2418.
 VARIANTS: dict[str, dict] = {
-    "shipped": _variant(),
-    "the scaled, masked kernel's tuning (long rows fetched first, 16-bit EDGES made as loads arrive)": _as_masked(),
+    "shipped": _as_masked(),
+    "MASKED_TUNING (shipped until 2026-11-28 19:20 UTC)": _variant(),
     "long rows fetched first only": _as_masked(edges_fetch_first=None),
     "16-bit EDGES small blocks made as loads arrive only": _variant(
         edges_fetch_first=("_short_32bit", "_4packs_2048_32bit")),

@@ -62,8 +62,7 @@ SOFTMAX_KNOBS = {
     "one reduction": "#define FXK_TWO_REDUCTIONS 0\n",
     "two reductions everywhere": "#define FXK_TWO_REDUCTIONS 2\n#define FXK_TWO_REDUCTIONS_G 1024\n",
     "exp2f": "#define FXK_EXP_FTZ 0\n",
-    # the EDGES kernels' (rows of an odd length) fetch in groups, and their padding beside each load
-    "EDGES fetched two packs at a time": "#define FXK_EDGES 1\n#define FXK_MASK_FETCH_FIRST 1\n#define FXK_EDGES_FETCH_GROUP 2\n",
+    # the EDGES kernels' (rows of an odd length) padding beside each load
     "EDGES padding beside the loads": "#define FXK_EDGES 1\n#define FXK_EDGES_PAD_APART 0\n",
 }
 

@@ -1077,7 +1077,8 @@ def test_masked_softmax_fetches_long_rows_first_and_the_others_keep_their_grids(
     fetch a row's scores and mask before making their values: 16-bit ones in whole packs in their own
     grid (LONG) at 2 blocks an SM, float32 ones in "_32bit". 16-bit rows not in whole packs (an odd
     length) take the EDGES kernel of the "" grid, not LONG; the "" grid stays the spec's own (TensorRT
-    plugins carry it). The soft-capped and sink kernels keep their grids; those ops never pick LONG."""
+    plugins carry it). The sink kernel takes the same grids (benchmarks/sink_tuning.py); the soft-capped one
+    keeps its own and never picks LONG."""
     from fxkern.library import softmax as sm
 
     def prefix(grid, spec):
@@ -1093,8 +1094,12 @@ def test_masked_softmax_fetches_long_rows_first_and_the_others_keep_their_grids(
     for grids, spec in ((masked, sm.SCALED_MASKED_SOFTMAX), (sm.SOFTCAPPED_MASKED_GRIDS, sm.SOFTCAPPED_MASKED_SOFTMAX),
                         (sm.SINK_MASKED_GRIDS, sm.SINK_MASKED_SOFTMAX), (sm.SOFTMAX_GRIDS, sm.SOFTMAX)):
         assert grids[""] is spec
-    assert sm.LONG not in sm.SOFTCAPPED_MASKED_GRIDS and sm.LONG not in sm.SINK_MASKED_GRIDS
-    assert prefix(sm.SINK_MASKED_GRIDS["_32bit"], sm.SINK_MASKED_SOFTMAX) == {"#define FXK_ROW_BLOCKS_F32 2"}
+    # the sink kernel takes the masked kernel's tuning (its long rows fetched first); the soft-capped one not
+    assert sm.LONG not in sm.SOFTCAPPED_MASKED_GRIDS
+    sink = sm.SINK_MASKED_GRIDS
+    assert prefix(sink[sm.LONG], sm.SINK_MASKED_SOFTMAX) == prefix(masked[sm.LONG], sm.SCALED_MASKED_SOFTMAX)
+    assert prefix(sink["_32bit"], sm.SINK_MASKED_SOFTMAX) == prefix(masked["_32bit"], sm.SCALED_MASKED_SOFTMAX)
+    assert set(sink) == set(masked)
 
     extra = sm._extra_grids(masked)
     assert set(extra) == {*sm.NARROW_GRIDS, sm.LONG} | {s for s in masked if s.endswith(sm.EDGES)}
@@ -1108,11 +1113,12 @@ def test_masked_softmax_fetches_long_rows_first_and_the_others_keep_their_grids(
     assert sm._grid(torch.zeros(1, 2, 3, 8192, **bf16), narrow=tuple(sm.NARROW_GRIDS)) == ""  # an op without it
     assert sm._grid(torch.zeros(1, 2, 3, 8192), torch.zeros(1, 1, 3, 8192), narrow=extra) == "_32bit"
     # the op's CUDA path hands a long 16-bit row to LONG, an odd one to ""'s EDGES kernel
-    picked = []
-    on_cuda = sm._masked_on_cuda({s: (lambda s: lambda *a: picked.append(s))(s) for s in masked}, "op")
-    for d in (8192, 8191):
-        on_cuda(torch.zeros(1, 2, 3, d, **bf16), torch.zeros(1, 1, 3, d, **bf16), 0.5)
-    assert picked == [sm.LONG, sm.EDGES]
+    for grids in (masked, sm.SINK_MASKED_GRIDS):
+        picked = []
+        on_cuda = sm._masked_on_cuda({s: (lambda s: lambda *a: picked.append(s))(s) for s in grids}, "op")
+        for d in (8192, 8191):
+            on_cuda(torch.zeros(1, 2, 3, d, **bf16), torch.zeros(1, 1, 3, d, **bf16), 0.5)
+        assert picked == [sm.LONG, sm.EDGES]
 
 
 
@@ -1135,15 +1141,18 @@ def test_rows_not_in_whole_packs_take_the_edges_kernels():
                 "#define FXK_MASK_FETCH_FIRST 1\n", ""), suffix
             assert edges.geometry == grid.geometry and edges.kernel_name == grid.kernel_name, suffix
     assert all("FXK_EDGES 1" not in g.kernel_source for s, g in sm.SCALED_MASKED_GRIDS.items() if not s.endswith(sm.EDGES))
-    # an EDGES kernel fetches first as its grid does, unless edges_fetch_first names others: the scaled,
-    # masked kernel's 16-bit small blocks make values as loads arrive, its float32 ones fetch first
+    # an EDGES kernel fetches first as its grid does, unless edges_fetch_first names others: the masked
+    # kernels' 16-bit small blocks make values as loads arrive, their float32 ones fetch first
     fetch = "#define FXK_MASK_FETCH_FIRST 1"
-    for grids in (sm.SOFTCAPPED_MASKED_GRIDS, sm.SINK_MASKED_GRIDS):
-        for suffix, grid in grids.items():
-            if suffix.endswith(sm.EDGES):
-                assert (fetch in grid.kernel_source) == (fetch in grids[suffix[:-len(sm.EDGES)]].kernel_source)
-    assert {s for s, g in sm.SCALED_MASKED_GRIDS.items() if s.endswith(sm.EDGES) and fetch in g.kernel_source} \
-        == {s + sm.EDGES for s in ("_short_32bit", "_4packs_2048_32bit", "_32bit")}
+    fetched = {s + sm.EDGES for s in ("_short_32bit", "_4packs_2048_32bit", "_32bit")}
+    for grids in (sm.SCALED_MASKED_GRIDS, sm.SOFTCAPPED_MASKED_GRIDS, sm.SINK_MASKED_GRIDS):
+        assert {s for s, g in grids.items() if s.endswith(sm.EDGES) and fetch in g.kernel_source} == fetched
+        assert fetch not in grids["_short_4packs" + sm.EDGES].kernel_source
+        assert fetch in grids["_short_4packs"].kernel_source
+    default = sm._grids(sm.SINK_MASKED_SOFTMAX, **{**sm.MASKED_LONG_TUNING, "edges_fetch_first": None})
+    for suffix, grid in default.items():  # without edges_fetch_first, each EDGES kernel as its grid
+        if suffix.endswith(sm.EDGES):
+            assert (fetch in grid.kernel_source) == (fetch in default[suffix[:-len(sm.EDGES)]].kernel_source)
     assert fetch in sm.SCALED_MASKED_GRIDS["_short_4packs"].kernel_source
     apart = sm._grids(sm.SCALED_MASKED_SOFTMAX, **{**sm.MASKED_LONG_TUNING, "edges_fetch_first": ("_32bit",)})
     assert {s for s, g in apart.items() if s.endswith(sm.EDGES) and fetch in g.kernel_source} == {"_32bit" + sm.EDGES}

@@ -251,12 +251,6 @@ struct Rows {
 #ifndef FXK_EDGES_PAD_APART
 #define FXK_EDGES_PAD_APART 2
 #endif
-// FXK_EDGES_FETCH_GROUP: an EDGES kernel that fetches first fetches this many of a thread's packs,
-// then makes their values, then the next ones (default: all at once). Each pack holds three packs'
-// registers until made: the 16-bit small blocks fetching all 4 spilled 64 bytes (masked_tuning.py).
-#ifndef FXK_EDGES_FETCH_GROUP
-#define FXK_EDGES_FETCH_GROUP 64
-#endif
 //
 // CAP (Gemma 2's soft-capped scores): T(T(cap * T(tanh(T(T(x * scale) * (1 / cap))))) + mask), each
 // op rounded to T as eager rounds it (its division by a Python number multiplies by the float32
@@ -605,24 +599,20 @@ __device__ __forceinline__ void softmax_rows(const In& in, int D, unsigned rows,
             Pack<T, V> c[NV];
             constexpr bool apart = In::PAD_APART == 1 || (In::PAD_APART == 2 && NV > 4);  // FXK_EDGES_PAD_APART
             if constexpr (EDGES && In::FETCH_FIRST) {
-                // FXK_EDGES_FETCH_GROUP packs at a time (each pack's scores and two mask packs)
-                constexpr int GROUP = FXK_EDGES_FETCH_GROUP < NV ? FXK_EDGES_FETCH_GROUP : NV;
-                static_assert(NV % GROUP == 0, "FXK_EDGES_FETCH_GROUP divides a thread's packs");
+                // each pack holds its scores and two mask packs until made (a thread's packs fetched two
+                // at a time cost the 16-bit small blocks 13%: benchmarks/masked_tuning.py)
+                typename In::template Around<V> raw[NV];
 #pragma unroll
-                for (int k0 = 0; k0 < NV; k0 += GROUP) {
-                    typename In::template Around<V> raw[GROUP];
+                for (int k = 0; k < NV; ++k) {
+                    const int col = (k * G + t) * V - at;
+                    if constexpr (In::MAKE_ALL) raw[k] = {};
+                    if (live && col < D) raw[k] = in.template fetch_around<V>(xr, col, d, D);
+                }
 #pragma unroll
-                    for (int i = 0; i < GROUP; ++i) {
-                        const int col = ((k0 + i) * G + t) * V - at;
-                        if constexpr (In::MAKE_ALL) raw[i] = {};
-                        if (live && col < D) raw[i] = in.template fetch_around<V>(xr, col, d, D);
-                    }
-#pragma unroll
-                    for (int i = 0; i < GROUP; ++i) {
-                        const int col = ((k0 + i) * G + t) * V - at;
-                        if (In::MAKE_ALL || (live && col < D))
-                            c[k0 + i] = edges<T, V>(in.template value_around<V>(raw[i], d), col, D);
-                    }
+                for (int k = 0; k < NV; ++k) {
+                    const int col = (k * G + t) * V - at;
+                    if (In::MAKE_ALL || (live && col < D))
+                        c[k] = edges<T, V>(in.template value_around<V>(raw[k], d), col, D);
                 }
             } else if constexpr (In::FETCH_FIRST) {
                 typename In::template Raw<V> raw[NV];
@@ -996,9 +986,10 @@ MASKED_TUNING = {"blocks_short_32bit": 12, "blocks_short": 16, "blocks_f32": 2,
 # 2x16x4096x4096 3666 / 3113 against 2712 / 2903; 1x16x8192x8192 (the pieces
 # fxkern.split cuts a 1x32x8192x8192 call into) 3550 / 3089 against 2664 / 2885 (inductor 2942 / 1938);
 # 1x4x16384x16384 bfloat16 3272 against 2968 (float32 rows that long are read twice: level). The sink
-# kernel keeps MASKED_TUNING: its long rows were timed only on it (1x16x8192x8192, 2780 / 2852 GB/s,
-# benchmarks/library.py), not fetched first. The soft-capped one keeps its own: its 16-bit rows fetched
-# first ran 2580 against 2816 at 8192 keys (softcap_tuning.py).
+# kernel takes this tuning too (benchmarks/sink_tuning.py, H200, 2026-11-28 19:03 UTC, GB/s float32 /
+# bfloat16: 1x16x8192x8192 3791 / 3353 against MASKED_TUNING's 2774 / 2873; 4x32x1001x1001 3359 / 2419
+# against 3358 / 2111). The soft-capped one keeps its own: its 16-bit rows fetched first ran 2580 against
+# 2816 at 8192 keys (softcap_tuning.py).
 # The EDGES kernels' 16-bit small blocks make values as loads arrive: the mask's two packs around each of
 # the scores' and their shift take registers that fetching a row first needs (H200, 2026-11-28 14:07 UTC,
 # 4x32x1001x1001 bfloat16 2481 GB/s against 2151 fetched first; float32 and 4001 keys level).
@@ -1011,11 +1002,14 @@ SOFTMAX_GRIDS, SCALED_MASKED_GRIDS = _grids(SOFTMAX), _grids(SCALED_MASKED_SOFTM
 # The soft-capped kernel's: float32 rows of up to 8192 fetched before their values are made too, since
 # tanhf's branches otherwise kept a thread's loads apart, and float32 small blocks 16 an SM, where
 # they keep 32 bytes in local memory and are still the fastest (benchmarks/softcap_tuning.py: float32
-# +17% at 512 keys, +14% at 2048, against the masked softmax's tuning; bfloat16 level).
+# +17% at 512 keys, +14% at 2048, against the masked softmax's tuning; bfloat16 level). Its EDGES
+# kernels' 16-bit small blocks make values as loads arrive, as the masked softmax's do (softcap_tuning.py,
+# H200, 2026-11-28 19:03 UTC: 4x16x1001x1001 bfloat16 2040 GB/s against 1780 fetched first; float32 level).
 SOFTCAP_TUNING = {**MASKED_TUNING, "blocks_short_32bit": 16,
-                  "fetch_first": ("_short", *NARROW_GRIDS, "_32bit", "_short_32bit")}
+                  "fetch_first": ("_short", *NARROW_GRIDS, "_32bit", "_short_32bit"),
+                  "edges_fetch_first": MASKED_LONG_TUNING["edges_fetch_first"]}
 SOFTCAPPED_MASKED_GRIDS = _grids(SOFTCAPPED_MASKED_SOFTMAX, **SOFTCAP_TUNING)
-SINK_MASKED_GRIDS = _grids(SINK_MASKED_SOFTMAX, **MASKED_TUNING)
+SINK_MASKED_GRIDS = _grids(SINK_MASKED_SOFTMAX, **MASKED_LONG_TUNING)
 SOFTMAX_32BIT, SOFTMAX_SHORT_32BIT, SOFTMAX_SHORT = (SOFTMAX_GRIDS[k] for k in ("_32bit", "_short_32bit", "_short"))
 ROWS, ROWS_32BIT = f"{NAMESPACE}::_softmax_rows", f"{NAMESPACE}::_softmax_rows_32bit"
 ROWS_SHORT, ROWS_SHORT_32BIT = f"{NAMESPACE}::_softmax_rows_short", f"{NAMESPACE}::_softmax_rows_short_32bit"
