@@ -451,6 +451,16 @@ LONG_VARIANTS = {
                                                     grids=("",)),
     "16-bit long rows fetched first, 2 blocks an SM": small_packs(8, 2, threads=256, longer_than=2048, grids=("",)),
     "16-bit long rows fetched first, 3 blocks an SM": small_packs(8, 3, threads=256, longer_than=2048, grids=("",)),
+    # float32 rows of 2049-8192 run "_32bit": 256 threads a row of 8 packs, 2 blocks an SM (16 warps; the
+    # soft-capped kernel at 53% of copy at 8192 keys, as far from memory's speed as inductor, its
+    # exact tanhf's chains waiting on too few warps). These hold a row in twice the threads at half the
+    # packs a thread. Untimed:
+    "float32 rows of 8192 in 512-thread blocks of 4 packs, 2 an SM, fetched first": small_packs(
+        4, 2, threads=512, size=4, longer_than=2048, grids=("_32bit",)),
+    "float32 rows of 8192 in 512-thread blocks of 4 packs, 2 an SM": small_packs(
+        4, 2, fetch_first=False, threads=512, size=4, longer_than=2048, grids=("_32bit",)),
+    "float32 rows of 8192 in 1024-thread blocks of 2 packs, 1 an SM, fetched first": small_packs(
+        2, 1, threads=1024, size=4, longer_than=2048, grids=("_32bit",)),
 }
 
 # 2026-11-28 10:35 UTC, H200, 1x16x8192x8192, GB/s float32 / bfloat16: the grids then shipped 2664 / 2892

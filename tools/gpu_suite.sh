@@ -2,7 +2,7 @@
 # The whole GPU suite in one device call: tests (CPU and GPU), the examples on CUDA,
 # and the benchmarks. Run from the repository root on the GPU machine:
 #   bash tools/gpu_suite.sh            (results under $OUT, or ./gpu-out without it)
-#   FXKERN_SUITE="tests" bash tools/gpu_suite.sh    (only some parts: tests examples demo bench multi long-rows edges-tests odd-rows sink-rows;
+#   FXKERN_SUITE="tests" bash tools/gpu_suite.sh    (only some parts: tests examples demo bench multi long-rows edges-tests odd-rows sink-rows f32-rows;
 #                                                    tests-gpu and tests-rest split the tests in two calls;
 #                                                    three with tests-models and FXKERN_SPLIT_MODELS=1 on tests-rest)
 # "multi" needs two GPUs (the nvidia-h200-x2 kind): torchrun over the demo's rewritten model.
@@ -103,6 +103,14 @@ if [[ $parts == *odd-rows* ]]; then
     --section-out "$OUT/softcap_odd.md" > "$OUT/softcap_odd.log" 2>&1 || status=1
   timeout 300 python3 benchmarks/library.py --rounds 3 --only "odd length" --section-out "$OUT/library_odd.md" \
     > "$OUT/library_odd.log" 2>&1 || status=1
+fi
+if [[ $parts == *f32-rows* ]]; then
+  # float32 rows of 8192 keys in 512- and 1024-thread blocks (twice the warps an SM of "_32bit"'s), the
+  # soft-capped kernel first (53% of copy there, level with inductor), then the masked one
+  timeout 150 python3 benchmarks/softcap_tuning.py --rounds 2 --shape 1,16,8192 --only "float32 rows of 8192" \
+    --section-out "$OUT/softcap_f32.md" > "$OUT/softcap_f32.log" 2>&1 || status=1
+  timeout 150 python3 benchmarks/masked_tuning.py --rounds 2 --shape 1,16,8192 --only "float32 rows of 8192" \
+    --section-out "$OUT/masked_f32.md" > "$OUT/masked_f32.log" 2>&1 || status=1
 fi
 if [[ $parts == *sink-rows* ]]; then
   # GPT-OSS's attention with sinks at 8192 and 1001 keys against the scaled, masked kernel's tuning
