@@ -454,7 +454,7 @@ LONG_VARIANTS = {
     # float32 rows of 2049-8192 run "_32bit": 256 threads a row of 8 packs, 2 blocks an SM (16 warps; the
     # soft-capped kernel at 53% of copy at 8192 keys, as far from memory's speed as inductor, its
     # exact tanhf's chains waiting on too few warps). These hold a row in twice the threads at half the
-    # packs a thread. H200, 2026-11-28 19:49-19:51 UTC, 1x16x8192x8192 float32 GB/s (sections
+    # packs a thread. H200, 2026-11-28 19:42 UTC, 1x16x8192x8192 float32 GB/s (sections
     # softcap_tuning_f32_8192_h200_1128 and masked_tuning_f32_8192_h200_1128 of docs/benchmarks.md):
     # soft-capped: shipped 2235, 512-thread blocks fetched first 2740 (+23%), made as loads arrive 2342,
     # 1024-thread blocks 1313 (inductor 2186); masked: shipped 3559, 3241, 2359, 1392 (inductor 2942).

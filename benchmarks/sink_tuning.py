@@ -45,13 +45,13 @@ def _as_masked(**changes) -> dict:
 
 
 # The sink kernel keeps the scaled, masked kernel's tuning (softmax.MASKED_LONG_TUNING) since 2026-11-28
-# 19:20 UTC. H200, 19:03 UTC, GB/s float32 / bfloat16, 1x16x8192x8192 and 4x32x1001x1001 (section
+# 19:16 UTC. H200, 19:03 UTC, GB/s float32 / bfloat16, 1x16x8192x8192 and 4x32x1001x1001 (section
 # sink_tuning_h200_1128 of docs/benchmarks.md): that tuning 3791 / 3353 and 3359 / 2419 against
 # MASKED_TUNING's 2774 / 2873 and 3358 / 2111; long rows fetched first alone 3791 / 3352 and 3359 / 2111;
 # the 16-bit EDGES small blocks made as loads arrive alone 2778 / 2870 and 3358 / 2418.
 VARIANTS: dict[str, dict] = {
     "shipped": _as_masked(),
-    "MASKED_TUNING (shipped until 2026-11-28 19:20 UTC)": _variant(),
+    "MASKED_TUNING (shipped until 2026-11-28 19:16 UTC)": _variant(),
     "long rows fetched first only": _as_masked(edges_fetch_first=None),
     "16-bit EDGES small blocks made as loads arrive only": _variant(
         edges_fetch_first=("_short_32bit", "_4packs_2048_32bit")),

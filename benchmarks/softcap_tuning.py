@@ -136,9 +136,9 @@ VARIANTS: dict[str, dict] = {
     # masked_tuning.LONG_VARIANTS: 16-bit rows of 8192 keys (--shape 1,16,8192) in other blocks
     **{label: {**_variant(), **v} for label, v in LONG_VARIANTS.items()},
     # Rows of an odd length (--shape 4,16,1001) run the EDGES kernels; their 16-bit small blocks make values
-    # as loads arrive since 2026-11-28 19:20 UTC (H200, 19:03 UTC: bfloat16 2040 GB/s against 1780 fetched
+    # as loads arrive since 2026-11-28 19:16 UTC (H200, 19:03 UTC: bfloat16 2040 GB/s against 1780 fetched
     # first, float32 level; section softcap_tuning_odd_rows_h200_1128 of docs/benchmarks.md)
-    "rows not in whole packs: 16-bit EDGES values fetched first (shipped until 2026-11-28 19:20 UTC)": _variant(
+    "rows not in whole packs: 16-bit EDGES values fetched first (shipped until 2026-11-28 19:16 UTC)": _variant(
         edges_fetch_first=None),
     # diagnostics: what tanhf would cost bfloat16, and what rounding each step to bfloat16, as eager does, costs
     "(tanhf in bfloat16 too)": _variant(edits=(("tanh_<IsBf16<T>::value>(", "tanh_<false>("),)),
