@@ -44,7 +44,7 @@ def _as_masked(**changes) -> dict:
     return {"tuning": {**softmax.MASKED_LONG_TUNING, **changes}, "edits": ()}
 
 
-# The sink kernel keeps the scaled, masked kernel's tuning (softmax.MASKED_LONG_TUNING) since 2026-11-28
+# The sink kernel takes the scaled, masked kernel's tuning (softmax.MASKED_LONG_TUNING) since 2026-11-28
 # 19:16 UTC. H200, 19:03 UTC, GB/s float32 / bfloat16, 1x16x8192x8192 and 4x32x1001x1001 (section
 # sink_tuning_h200_1128 of docs/benchmarks.md): that tuning 3791 / 3353 and 3359 / 2419 against
 # MASKED_TUNING's 2774 / 2873 and 3358 / 2111; long rows fetched first alone 3791 / 3352 and 3359 / 2111;
