@@ -1417,20 +1417,22 @@ def _rewrite_tree(gm: fx.GraphModule, tree: _Analysis, inplace: bool, recompile:
     return new, renamed
 
 
-def apply(program: Any, rules: Union[RuleSet, Sequence[Rule], None] = None, *, verify: bool = False,
+def apply(program: Any, rules: Union[RuleSet, Sequence[Rule], None] = None, *, verify: Union[bool, int] = False,
           ir: Optional[Union[str, Sequence[str]]] = None, inplace: bool = False) -> Any:
     """Replace every safe match of ``rules`` (default: the default rule set) and every
     ``fxkern.region`` in an ExportedProgram or GraphModule; returns a rewritten copy of the same kind.
 
     ``verify=True`` runs old and new once, on random values of the program's example inputs'
     shapes and dtypes, and raises :class:`VerificationError` on the first output that differs, naming
-    the rule whose matches alone change it and where they matched. One sample: an op that is
-    wrong only for some values can pass. On a CPU program the ops run their references, so it
-    checks the rewrite's wiring and the references, not the kernels.
+    the rule whose matches alone change it and where they matched. ``verify=N`` (an int) draws N
+    such samples: an op that is wrong only for some values can pass one sample and fail among
+    several. On a CPU program the ops run their references, so it checks the rewrite's wiring and
+    the references, not the kernels.
     ``inplace=True`` (GraphModules only: a compiler pass owns its graph) rewrites
     ``program`` itself and skips the copy.
     """
     irs = _irs(ir)
+    samples = _samples(verify)
     if inplace and not isinstance(program, fx.GraphModule):
         raise TypeError("inplace=True takes an fx.GraphModule; an ExportedProgram is always copied")
     if isinstance(program, torch.export.ExportedProgram):
@@ -1438,25 +1440,27 @@ def apply(program: Any, rules: Union[RuleSet, Sequence[Rule], None] = None, *, v
         if gm is None:
             return program
         new = program._update(gm, _rename_outputs(program.graph_signature, renamed))
-        if verify:
+        if samples:
             def alone(rule: str) -> Callable:
                 g, r = base.rewrite(tree.only(rule), False)
                 return program._update(g, _rename_outputs(program.graph_signature, r)).module()
-            args, kwargs = _program_inputs(program)
-            _verify(program.module(), new.module(), args, kwargs, tree, alone,
-                    [s.arg.name if hasattr(s.arg, "name") else str(s.arg) for s in program.graph_signature.output_specs
-                     if str(s.kind).endswith("USER_OUTPUT")])
+            old_fn, new_fn = program.module(), new.module()
+            names = [s.arg.name if hasattr(s.arg, "name") else str(s.arg) for s in program.graph_signature.output_specs
+                     if str(s.kind).endswith("USER_OUTPUT")]
+            for sample in range(samples):
+                args, kwargs = _program_inputs(program)
+                _verify(old_fn, new_fn, args, kwargs, tree, alone, names, (sample, samples))
         return new
     if isinstance(program, fx.GraphModule):
-        if verify and inplace:
+        if samples and inplace:
             raise TypeError("verify=True compares old and new: it cannot be combined with inplace=True")
         _check_aten(program)
         gm, _, tree, base = _rewritten(program, rules, irs, inplace)
         if gm is None:
             return program
-        if verify:
+        for sample in range(samples):
             _verify(program, gm, *_graph_module_inputs(program), tree,
-                    lambda rule: base.rewrite(tree.only(rule), False)[0], _output_names(program))
+                    lambda rule: base.rewrite(tree.only(rule), False)[0], _output_names(program), (sample, samples))
         return gm
     raise TypeError(f"apply takes an ExportedProgram or an fx.GraphModule, not {type(program).__name__}")
 
@@ -1572,10 +1576,22 @@ def _mismatch(a: Any, b: Any) -> Optional[str]:
     return None
 
 
+def _samples(verify: Any) -> int:
+    """How many random samples ``apply``'s ``verify`` asks for: True 1, False 0, an int that many."""
+    if isinstance(verify, bool):
+        return int(verify)
+    if not isinstance(verify, int):
+        raise TypeError(f"verify={verify!r}: give True, False, or a number of random samples (an int)")
+    if verify < 0:
+        raise ValueError(f"verify={verify}: a number of random samples is 0 or more")
+    return verify
+
+
 def _verify(old: Callable, new: Callable, args: Tuple, kwargs: Dict, tree: _Analysis,
-            alone: Callable[[str], Callable], names: List[str]) -> None:
-    """Run ``old`` and ``new`` on one set of inputs; on the first output that differs, rewrite with
-    each rule's matches alone (``alone(rule)``) to say which rule changed it, and where it matched."""
+            alone: Callable[[str], Callable], names: List[str], sample: Tuple[int, int] = (0, 1)) -> None:
+    """Run ``old`` and ``new`` on one set of inputs (sample ``sample[0]`` of ``sample[1]``); on the
+    first output that differs, rewrite with each rule's matches alone (``alone(rule)``) to say which
+    rule changed it, and where it matched."""
     olds, news = _run_apart(old, args, kwargs), _run_apart(new, args, kwargs)
     if len(olds) != len(news):
         raise VerificationError(f"the rewritten program returns {len(news)} outputs, the original {len(olds)}")
@@ -1597,7 +1613,9 @@ def _verify(old: Callable, new: Callable, args: Tuple, kwargs: Dict, tree: _Anal
         else:
             blame = (f"no rule changes it alone ({', '.join(rules)}): their replacements "
                      f"together do; apply them one at a time to see which pair")
-        raise VerificationError(f"output {i}{name} changed after the rewrite: {blame}.\n{why}")
+        drawn = (f" (random sample {sample[0] + 1} of {sample[1]}" + ("; the ones before it passed)" if sample[0] else ")")
+                 if sample[1] > 1 else "")
+        raise VerificationError(f"output {i}{name} changed after the rewrite{drawn}: {blame}.\n{why}")
 
 
 def _run_apart(fn: Callable, args: Tuple, kwargs: Dict) -> List[Any]:

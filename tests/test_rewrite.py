@@ -911,6 +911,37 @@ def test_verify_catches_a_wrong_rewrite():
         fxkern.apply(ep, rs, verify=True)
 
 
+def _wrong_past_two(x, b, r):
+    """bias_gelu_res, but wrong where x's first element is past 2 (about 2% of standard normal draws)."""
+    right = F.gelu(x + b, approximate="tanh") + r
+    return right + (x.reshape(-1)[0] > 2).to(x.dtype)
+
+
+@pytest.fixture(scope="module")
+def wrong_past_two():
+    return fxkern.cuda_kernel_op("fxkern_test::wrong_past_two", spec_like(bias_gelu_res), reference=_wrong_past_two)
+
+
+@pytest.mark.parametrize("kind", ["program", "graph_module"])
+def test_verify_with_several_samples_catches_an_op_wrong_only_for_some_values(wrong_past_two, kind):
+    """verify=N draws N random inputs: an op wrong for a few values passes one draw and fails among
+    many, and the error says which draw found it. Seeded: the first draw misses, a later one hits."""
+    op = wrong_past_two
+    rs = RuleSet()
+    fxkern.replace(bias_gelu_res, op, name="sometimes_wrong", rules=rs)
+    ep = export(Fn(bias_gelu_res), torch.randn(4, 8), torch.randn(8), torch.randn(4, 8))
+    program = ep if kind == "program" else ep.module()
+    torch.manual_seed(0)
+    assert count_target(fxkern.apply(program, rs, verify=True), op) == 1  # one draw: passes
+    torch.manual_seed(0)
+    with pytest.raises(fxkern.VerificationError, match=r"random sample (\d+) of 200; the ones before it passed"):
+        fxkern.apply(program, rs, verify=200)
+    for bad, error in ((-1, ValueError), (1.5, TypeError), ("yes", TypeError)):
+        with pytest.raises(error, match="verify="):
+            fxkern.apply(program, rs, verify=bad)
+    assert count_target(fxkern.apply(program, rs, verify=0), op) == 1
+
+
 class TwoBlocks(torch.nn.Module):
     def forward(self, x, b, r, w):
         y = F.gelu(x + b, approximate="tanh") + r
