@@ -1453,7 +1453,8 @@ def apply(program: Any, rules: Union[RuleSet, Sequence[Rule], None] = None, *, v
         return new
     if isinstance(program, fx.GraphModule):
         if samples and inplace:
-            raise TypeError("verify=True compares old and new: it cannot be combined with inplace=True")
+            raise TypeError(f"verify={verify!r} compares old and new: it cannot be combined with inplace=True "
+                            "(verify a copy: inplace=False)")
         _check_aten(program)
         gm, _, tree, base = _rewritten(program, rules, irs, inplace)
         if gm is None:
@@ -1580,11 +1581,13 @@ def _samples(verify: Any) -> int:
     """How many random samples ``apply``'s ``verify`` asks for: True 1, False 0, an int that many."""
     if isinstance(verify, bool):
         return int(verify)
-    if not isinstance(verify, int):
-        raise TypeError(f"verify={verify!r}: give True, False, or a number of random samples (an int)")
-    if verify < 0:
+    try:
+        n = operator.index(verify)  # an int, or a NumPy integer
+    except TypeError:
+        raise TypeError(f"verify={verify!r}: give True, False, or a number of random samples (an int)") from None
+    if n < 0:
         raise ValueError(f"verify={verify}: a number of random samples is 0 or more")
-    return verify
+    return n
 
 
 def _verify(old: Callable, new: Callable, args: Tuple, kwargs: Dict, tree: _Analysis,
@@ -1645,8 +1648,9 @@ def _program_inputs(program: torch.export.ExportedProgram) -> Tuple[Tuple, Dict]
     else:
         user = [n for n, s in zip(program.graph.nodes, program.graph_signature.input_specs)
                 if str(s.kind).endswith("USER_INPUT")]
-        args, kwargs = tuple(_concrete(n.meta.get("val")) for n in user), {}
-    return tuple(_concrete(a) if isinstance(a, torch.Tensor) else a for a in args), kwargs
+        args, kwargs = tuple(n.meta.get("val") for n in user), {}
+    args, kwargs = torch.utils._pytree.tree_map(_concrete, (tuple(args), dict(kwargs)))  # keywords redrawn too
+    return args, kwargs
 
 
 def _graph_module_inputs(gm: fx.GraphModule) -> Tuple[Tuple[Any, ...], Dict[str, Any]]:
@@ -1654,7 +1658,7 @@ def _graph_module_inputs(gm: fx.GraphModule) -> Tuple[Tuple[Any, ...], Dict[str,
     (``ep.module()`` takes the model's own arguments, keywords included, and flattens them)."""
     args = [_concrete(n.meta.get("val")) for n in gm.graph.nodes if n.op == "placeholder"]
     if any(a is None for a in args):
-        raise VerificationError("verify=True needs meta['val'] on every placeholder (an exported or fake-traced graph)")
+        raise VerificationError("verify needs meta['val'] on every placeholder (an exported or fake-traced graph)")
     in_spec = getattr(getattr(gm.graph._codegen, "pytree_info", None), "in_spec", None)
     if in_spec is None:
         return tuple(args), {}

@@ -6,6 +6,7 @@ import sys
 import textwrap
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -923,7 +924,7 @@ def wrong_past_two():
 
 
 @pytest.mark.parametrize("kind", ["program", "graph_module"])
-def test_verify_with_several_samples_catches_an_op_wrong_only_for_some_values(wrong_past_two, kind):
+def test_verify_with_several_samples_catches_an_op_wrong_only_for_some_values(wrong_past_two, wrong_bgr, kind):
     """verify=N draws N random inputs: an op wrong for a few values passes one draw and fails among
     many, and the error says which draw found it. Seeded: the first draw misses, a later one hits."""
     op = wrong_past_two
@@ -939,7 +940,34 @@ def test_verify_with_several_samples_catches_an_op_wrong_only_for_some_values(wr
     for bad, error in ((-1, ValueError), (1.5, TypeError), ("yes", TypeError)):
         with pytest.raises(error, match="verify="):
             fxkern.apply(program, rs, verify=bad)
-    assert count_target(fxkern.apply(program, rs, verify=0), op) == 1
+    torch.manual_seed(0)
+    with pytest.raises(fxkern.VerificationError):
+        fxkern.apply(program, rs, verify=np.int64(200))  # a NumPy count
+    # verify=0 checks nothing: an op wrong for every value passes
+    always = RuleSet()
+    fxkern.replace(bias_gelu_res, wrong_bgr, name="always_wrong", rules=always)
+    assert count_target(fxkern.apply(program, always, verify=0), wrong_bgr) == 1
+    with pytest.raises(fxkern.VerificationError):
+        fxkern.apply(program, always, verify=1)
+    if kind == "graph_module":
+        with pytest.raises(TypeError, match="verify=3 .* inplace=True"):
+            fxkern.apply(program, rs, verify=3, inplace=True)
+
+
+def test_verify_draws_keyword_inputs_afresh_each_sample(wrong_past_two):
+    """A program exported with keyword inputs gets them redrawn in every sample, as its positional
+    ones: a difference that shows only for some values of a keyword input is found."""
+
+    class KeywordX(torch.nn.Module):
+        def forward(self, b, r, *, x):
+            return bias_gelu_res(x, b, r)
+
+    ep = torch.export.export(KeywordX(), (torch.randn(8), torch.randn(4, 8)), {"x": torch.zeros(4, 8)})
+    rs = RuleSet()
+    fxkern.replace(bias_gelu_res, wrong_past_two, name="sometimes_wrong", rules=rs)
+    torch.manual_seed(0)
+    with pytest.raises(fxkern.VerificationError, match="random sample"):
+        fxkern.apply(ep, rs, verify=200)  # x kept at its example's zeros would never pass 2
 
 
 class TwoBlocks(torch.nn.Module):
