@@ -1459,9 +1459,10 @@ def apply(program: Any, rules: Union[RuleSet, Sequence[Rule], None] = None, *, v
         gm, _, tree, base = _rewritten(program, rules, irs, inplace)
         if gm is None:
             return program
+        names = _output_names(program)
         for sample in range(samples):
             _verify(program, gm, *_graph_module_inputs(program), tree,
-                    lambda rule: base.rewrite(tree.only(rule), False)[0], _output_names(program), (sample, samples))
+                    lambda rule: base.rewrite(tree.only(rule), False)[0], names, (sample, samples))
         return gm
     raise TypeError(f"apply takes an ExportedProgram or an fx.GraphModule, not {type(program).__name__}")
 
@@ -1616,8 +1617,10 @@ def _verify(old: Callable, new: Callable, args: Tuple, kwargs: Dict, tree: _Anal
         else:
             blame = (f"no rule changes it alone ({', '.join(rules)}): their replacements "
                      f"together do; apply them one at a time to see which pair")
-        drawn = (f" (random sample {sample[0] + 1} of {sample[1]}" + ("; the ones before it passed)" if sample[0] else ")")
-                 if sample[1] > 1 else "")
+        drawn = ""
+        if sample[1] > 1:
+            passed = "; the ones before it passed" if sample[0] else ""
+            drawn = f" (random sample {sample[0] + 1} of {sample[1]}{passed})"
         raise VerificationError(f"output {i}{name} changed after the rewrite{drawn}: {blame}.\n{why}")
 
 
@@ -1649,8 +1652,7 @@ def _program_inputs(program: torch.export.ExportedProgram) -> Tuple[Tuple, Dict]
         user = [n for n, s in zip(program.graph.nodes, program.graph_signature.input_specs)
                 if str(s.kind).endswith("USER_INPUT")]
         args, kwargs = tuple(n.meta.get("val") for n in user), {}
-    args, kwargs = torch.utils._pytree.tree_map(_concrete, (tuple(args), dict(kwargs)))  # keywords redrawn too
-    return args, kwargs
+    return torch.utils._pytree.tree_map(_concrete, (tuple(args), dict(kwargs)))  # keywords redrawn too
 
 
 def _graph_module_inputs(gm: fx.GraphModule) -> Tuple[Tuple[Any, ...], Dict[str, Any]]:
